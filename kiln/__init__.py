@@ -1,0 +1,2 @@
+"""kiln: a compiler for PyTorch programs."""
+from kiln.config import config  # noqa: F401

@@ -1,0 +1,87 @@
+"""The compile context: what one compile did, stage by stage.
+
+Every pass runs through ``run_pass``, which records the pass name, its time and its output
+IR. ``kiln.explain``, ``KILN_DEBUG`` dumps and the HTML report all read this record.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+
+_ids = itertools.count()
+_local = threading.local()
+
+# Stage names in pipeline order; compile_times is reported in this order.
+STAGES = ("capture", "meta", "autograd", "decomp", "lowering", "scheduling", "codegen", "build")
+
+
+class CompileContext:
+    def __init__(self, name: str):
+        self.compile_id = next(_ids)
+        self.name = name
+        self.artifacts: list[tuple[str, str, object]] = []  # (stage, pass name, IR)
+        self.stage_times: dict[str, float] = {}
+        self.pass_times: list[tuple[str, str, float]] = []
+        self.kernel_count = 0
+        self.extern_calls = 0
+        self.kernels: list = []
+        self.guards: list[str] = []
+        self.graph_breaks: list = []
+        self.events: list[dict] = []
+
+    def record(self, stage: str, name: str, ir):
+        self.artifacts.append((stage, name, ir))
+
+    def artifact(self, name: str):
+        for _, n, ir in reversed(self.artifacts):
+            if n == name:
+                return ir
+        raise KeyError(f"no artifact named {name!r}; have {[n for _, n, _ in self.artifacts]}")
+
+    def add_time(self, stage: str, seconds: float):
+        self.stage_times[stage] = self.stage_times.get(stage, 0.0) + seconds
+
+
+def current() -> CompileContext | None:
+    return getattr(_local, "ctx", None)
+
+
+@contextlib.contextmanager
+def compiling(name: str):
+    prev = current()
+    ctx = CompileContext(name)
+    _local.ctx = ctx
+    try:
+        yield ctx
+    finally:
+        _local.ctx = prev
+
+
+def run_pass(stage: str, fn, ir, *args, name: str | None = None, **kwargs):
+    """Run one named pass IR -> IR, timing it and keeping its output for later inspection."""
+    name = name or fn.__name__
+    t0 = time.perf_counter()
+    out = fn(ir, *args, **kwargs)
+    dt = time.perf_counter() - t0
+    ctx = current()
+    if ctx is not None:
+        ctx.add_time(stage, dt)
+        ctx.pass_times.append((stage, name, dt))
+        ctx.record(stage, name, out)
+    from kiln import log
+
+    log.pass_done(stage, name, dt, out)
+    return out
+
+
+@contextlib.contextmanager
+def timed(stage: str):
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        ctx = current()
+        if ctx is not None:
+            ctx.add_time(stage, time.perf_counter() - t0)

@@ -1,0 +1,193 @@
+"""The loop IR.
+
+Two levels, each a handful of small slotted node types:
+
+* scalar expressions (``Load``, ``Const``, ``IndexValue``, ``Call``): the body of a loop, as a
+  function of the index symbols ``i0 .. i{n-1}``. Index math is sympy.
+* buffers: ``InputBuffer`` (a graph input), ``Pointwise`` (a computed buffer whose element at
+  index ``i`` is ``body``), ``Extern`` (a library call: mm, bmm ...), and ``Alias`` (a graph
+  output that is a view of another buffer).
+
+Views never appear as buffers: lowering turns them into index transforms inside loaders.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import sympy
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def index_symbol(k: int) -> sympy.Symbol:
+    return sympy.Symbol(f"i{k}", integer=True, nonnegative=True)
+
+
+def index_symbols(n: int) -> list[sympy.Symbol]:
+    return [index_symbol(k) for k in range(n)]
+
+
+# ------------------------------------------------------------------ scalar expressions
+class Expr:
+    __slots__ = ()
+
+
+class Load(Expr):
+    __slots__ = ("buffer", "index", "dtype")
+
+    def __init__(self, buffer: str, index: sympy.Expr, dtype: torch.dtype):
+        self.buffer, self.index, self.dtype = buffer, sympy.sympify(index), dtype
+
+    def __repr__(self):
+        return f"load({self.buffer}, {self.index})"
+
+
+class Const(Expr):
+    __slots__ = ("value", "dtype")
+
+    def __init__(self, value, dtype: torch.dtype):
+        self.value, self.dtype = value, dtype
+
+    def __repr__(self):
+        return f"{self.value!r}:{_dt(self.dtype)}"
+
+
+class IndexValue(Expr):
+    """An index expression used as a value (iota, masks built from positions)."""
+    __slots__ = ("index", "dtype")
+
+    def __init__(self, index: sympy.Expr, dtype: torch.dtype = torch.int64):
+        self.index, self.dtype = sympy.sympify(index), dtype
+
+    def __repr__(self):
+        return f"index({self.index})"
+
+
+class Call(Expr):
+    """A scalar op from the codegen op table (``add``, ``exp``, ``where``, ``cast`` ...)."""
+    __slots__ = ("op", "args", "dtype")
+
+    def __init__(self, op: str, args: tuple, dtype: torch.dtype):
+        self.op, self.args, self.dtype = op, tuple(args), dtype
+
+    def __repr__(self):
+        if self.op == "cast":
+            return f"cast({self.args[0]!r}, {_dt(self.dtype)})"
+        return f"{self.op}({', '.join(map(repr, self.args))})"
+
+
+def walk(expr: Expr):
+    """Post-order traversal of an expression tree."""
+    if isinstance(expr, Call):
+        for a in expr.args:
+            yield from walk(a)
+    yield expr
+
+
+def loads_of(expr: Expr) -> list[Load]:
+    return [e for e in walk(expr) if isinstance(e, Load)]
+
+
+def substitute_loads(expr: Expr, fn) -> Expr:
+    """Rebuild expr with every Load replaced by fn(load) (fn returns an Expr or None to keep)."""
+    if isinstance(expr, Load):
+        return fn(expr) or expr
+    if isinstance(expr, Call):
+        return Call(expr.op, tuple(substitute_loads(a, fn) for a in expr.args), expr.dtype)
+    return expr
+
+
+def _dt(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+# ------------------------------------------------------------------ buffers
+class Buffer:
+    __slots__ = ()
+
+    def numel(self):
+        return math.prod(self.shape)
+
+
+class InputBuffer(Buffer):
+    __slots__ = ("name", "shape", "stride", "dtype", "device")
+
+    def __init__(self, name, shape, stride, dtype, device):
+        self.name, self.shape, self.stride = name, tuple(shape), tuple(stride)
+        self.dtype, self.device = dtype, device
+
+    def __repr__(self):
+        return f"{self.name} = Input({_dt(self.dtype)}{list(self.shape)}, stride={list(self.stride)})"
+
+
+class Pointwise(Buffer):
+    """``name[i] = body(i)`` over ``shape``, stored with ``stride``."""
+    __slots__ = ("name", "shape", "stride", "dtype", "device", "body", "origins")
+
+    def __init__(self, name, shape, stride, dtype, device, body: Expr, origins=()):
+        self.name, self.shape, self.stride = name, tuple(shape), tuple(stride)
+        self.dtype, self.device, self.body = dtype, device, body
+        self.origins = tuple(origins)
+
+    def store_index(self) -> sympy.Expr:
+        return sum((s * st for s, st in zip(index_symbols(len(self.shape)), self.stride)), sympy.Integer(0))
+
+    def reads(self) -> set[str]:
+        return {ld.buffer for ld in loads_of(self.body)}
+
+    def __repr__(self):
+        idx = ", ".join(str(s) for s in index_symbols(len(self.shape)))
+        return (f"{self.name} = Pointwise({_dt(self.dtype)}{list(self.shape)}, stride={list(self.stride)})\n"
+                f"    [{idx}] -> {self.body!r}")
+
+
+class TensorRef:
+    """A strided view of a buffer, as a library call or an output alias receives it."""
+    __slots__ = ("buffer", "shape", "stride", "offset")
+
+    def __init__(self, buffer: str, shape, stride, offset=0):
+        self.buffer, self.shape, self.stride, self.offset = buffer, tuple(shape), tuple(stride), offset
+
+    def __repr__(self):
+        return f"{self.buffer}.as_strided({list(self.shape)}, {list(self.stride)}, {self.offset})"
+
+
+class Extern(Buffer):
+    """A library op called from the wrapper (cuBLAS/MKL through torch.mm and friends)."""
+    __slots__ = ("name", "op", "inputs", "kwargs", "shape", "stride", "dtype", "device", "origins")
+
+    def __init__(self, name, op, inputs, kwargs, shape, stride, dtype, device, origins=()):
+        self.name, self.op, self.inputs, self.kwargs = name, op, tuple(inputs), dict(kwargs)
+        self.shape, self.stride, self.dtype, self.device = tuple(shape), tuple(stride), dtype, device
+        self.origins = tuple(origins)
+
+    def reads(self) -> set[str]:
+        return {r.buffer for r in self.inputs if isinstance(r, TensorRef)}
+
+    def __repr__(self):
+        args = ", ".join(repr(r) for r in self.inputs)
+        return f"{self.name} = Extern {self.op!r}({args}) -> {_dt(self.dtype)}{list(self.shape)}"
+
+
+class LoopProgram:
+    """The whole loop IR of one graph: inputs, buffers in order, and what the graph returns.
+
+    ``outputs`` holds buffer names or TensorRefs (outputs that alias a buffer through a view)
+    or plain Python values.
+    """
+    __slots__ = ("inputs", "buffers", "outputs", "device")
+
+    def __init__(self, inputs, buffers, outputs, device):
+        self.inputs, self.buffers, self.outputs, self.device = inputs, buffers, outputs, device
+
+    def buffer(self, name):
+        for b in self.inputs + self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def __str__(self):
+        lines = [repr(b) for b in self.inputs] + [repr(b) for b in self.buffers]
+        lines.append(f"return {self.outputs!r}")
+        return "\n".join(lines) + "\n"

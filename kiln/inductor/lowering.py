@@ -1,0 +1,135 @@
+"""Lowering rule makers: how a prim becomes loop IR.
+
+A lowered tensor is a ``TValue``: a shape and dtype plus a *loader*, a function from a list of
+sympy index expressions to a scalar ``Expr``. Pointwise prims compose loaders, views transform
+indices, and nothing is materialized until a consumer needs memory (``LoweringContext.realize``).
+The rules are registered next to each prim in ``kiln/ops/prims.py``.
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+
+from kiln.inductor import ir
+from kiln.meta.tensor_meta import contiguous_strides
+
+
+class TValue:
+    __slots__ = ("shape", "dtype", "device", "loader", "ref", "origins")
+
+    def __init__(self, shape, dtype, device, loader, ref=None, origins=()):
+        self.shape, self.dtype, self.device = tuple(shape), dtype, device
+        self.loader, self.ref, self.origins = loader, ref, tuple(origins)
+
+    @classmethod
+    def of_ref(cls, ref: ir.TensorRef, dtype, device, origins=()):
+        def load(idx):
+            offset = ref.offset + sum((i * s for i, s in zip(idx, ref.stride)), sympy.Integer(0))
+            return ir.Load(ref.buffer, offset, dtype)
+        return cls(ref.shape, dtype, device, load, ref, origins)
+
+
+def _operand(x, dtype):
+    """Loader for one operand: a TValue's loader or a scalar constant."""
+    if isinstance(x, TValue):
+        return x.loader
+    const = ir.Const(x, dtype)
+    return lambda idx: const
+
+
+def pointwise(op: str):
+    """Rule for an elementwise prim whose codegen name is ``op``."""
+    def rule(ctx, meta, *args):
+        tensors = [a for a in args if isinstance(a, TValue)]
+        operand_dtype = tensors[0].dtype if tensors else meta.dtype
+        loaders = [_operand(a, operand_dtype) for a in args]
+        out_dtype = meta.dtype
+
+        def load(idx):
+            return ir.Call(op, tuple(ld(idx) for ld in loaders), out_dtype)
+        return TValue(meta.shape, out_dtype, meta.device, load)
+    return rule
+
+
+def where_rule(ctx, meta, pred, a, b):
+    loaders = [_operand(pred, ir_bool()), _operand(a, meta.dtype), _operand(b, meta.dtype)]
+    return TValue(meta.shape, meta.dtype, meta.device,
+                  lambda idx: ir.Call("where", tuple(ld(idx) for ld in loaders), meta.dtype))
+
+
+def ir_bool():
+    import torch
+    return torch.bool
+
+
+def convert_rule(ctx, meta, x, dtype):
+    if x.dtype == dtype:
+        return x
+    return TValue(meta.shape, dtype, meta.device, lambda idx: ir.Call("cast", (x.loader(idx),), dtype))
+
+
+def broadcast_in_dim_rule(ctx, meta, x, shape, broadcast_dims):
+    def src_index(idx):
+        return [0 if x.shape[k] == 1 and shape[d] != 1 else idx[d] for k, d in enumerate(broadcast_dims)]
+
+    ref = None
+    if x.ref is not None:
+        stride = [0] * len(shape)
+        for k, d in enumerate(broadcast_dims):
+            stride[d] = 0 if (x.shape[k] == 1 and shape[d] != 1) else x.ref.stride[k]
+        ref = ir.TensorRef(x.ref.buffer, shape, stride, x.ref.offset)
+    return TValue(shape, x.dtype, x.device, lambda idx: x.loader(src_index(idx)), ref)
+
+
+def permute_rule(ctx, meta, x, dims):
+    inverse = [0] * len(dims)
+    for out_d, in_d in enumerate(dims):
+        inverse[in_d] = out_d
+    ref = None
+    if x.ref is not None:
+        ref = ir.TensorRef(x.ref.buffer, meta.shape, [x.ref.stride[d] for d in dims], x.ref.offset)
+    return TValue(meta.shape, x.dtype, x.device,
+                  lambda idx: x.loader([idx[inverse[k]] for k in range(len(dims))]), ref)
+
+
+def _unravel(flat, shape):
+    out = []
+    for size in reversed(shape):
+        out.append(flat % size if size != 1 else sympy.Integer(0))
+        flat = sympy.floor(flat / size) if size != 1 else flat
+    return list(reversed(out))
+
+
+def reshape_rule(ctx, meta, x, shape):
+    shape = tuple(meta.shape)
+    ref = None
+    if x.ref is not None and _is_contiguous(x.ref):
+        ref = ir.TensorRef(x.ref.buffer, shape, contiguous_strides(shape), x.ref.offset)
+        return TValue.of_ref(ref, x.dtype, x.device)
+
+    def load(idx):
+        strides = contiguous_strides(shape)
+        flat = sum((i * s for i, s in zip(idx, strides)), sympy.Integer(0))
+        return x.loader(_unravel(flat, x.shape))
+    return TValue(shape, x.dtype, x.device, load)
+
+
+def _is_contiguous(ref: ir.TensorRef) -> bool:
+    expected = contiguous_strides(ref.shape)
+    return all(sz == 1 or st == ex for sz, st, ex in zip(ref.shape, ref.stride, expected))
+
+
+def extern_rule(ctx, meta, *args, **kwargs):
+    """Library ops (mm, bmm ...): realize the operands, call the library from the wrapper."""
+    refs = [ctx.realize(a) if isinstance(a, TValue) else a for a in args]
+    name = ctx.new_name("buf")
+    node = ir.Extern(name, ctx.current_op, refs, kwargs, meta.shape, meta.stride, meta.dtype,
+                     meta.device, ctx.current_origins)
+    ctx.add_buffer(node)
+    ref = ir.TensorRef(name, meta.shape, meta.stride, 0)
+    return TValue.of_ref(ref, meta.dtype, meta.device)
+
+
+def numel(shape):
+    return math.prod(shape)

@@ -1,0 +1,84 @@
+"""TensorMeta: everything about a tensor except its data."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def contiguous_strides(shape) -> tuple:
+    strides = []
+    acc = 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc = acc * max(size, 1) if isinstance(size, int) else acc * size
+    return tuple(reversed(strides))
+
+
+class TensorMeta:
+    __slots__ = ("shape", "stride", "dtype", "device", "requires_grad")
+
+    def __init__(self, shape, stride, dtype, device, requires_grad=False):
+        self.shape = tuple(shape)
+        self.stride = tuple(stride)
+        self.dtype = dtype
+        self.device = torch.device(device) if not isinstance(device, torch.device) else device
+        self.requires_grad = requires_grad
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorMeta":
+        return cls(t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+
+    @classmethod
+    def contiguous(cls, shape, dtype, device, requires_grad=False) -> "TensorMeta":
+        return cls(shape, contiguous_strides(shape), dtype, device, requires_grad)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self):
+        return math.prod(self.shape)
+
+    def is_contiguous(self) -> bool:
+        expected = contiguous_strides(self.shape)
+        return all(sz == 1 or st == ex for sz, st, ex in zip(self.shape, self.stride, expected))
+
+    def with_(self, **kw) -> "TensorMeta":
+        vals = {s: getattr(self, s) for s in self.__slots__}
+        vals.update(kw)
+        return TensorMeta(**vals)
+
+    def fake(self) -> torch.Tensor:
+        """A tensor on torch's meta device with this metadata (no data)."""
+        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device="meta")
+
+    def random(self, device=None) -> torch.Tensor:
+        """A real tensor with this metadata and random contents (for repro scripts and tests)."""
+        device = device or self.device
+        size = 1 + sum((s - 1) * st for s, st in zip(self.shape, self.stride)) if self.numel() else 0
+        if self.dtype.is_floating_point:
+            base = torch.randn(size, device=device).to(self.dtype)
+        elif self.dtype == torch.bool:
+            base = torch.rand(size, device=device) > 0.5
+        else:
+            base = torch.randint(-8, 8, (size,), device=device).to(self.dtype)
+        return torch.as_strided(base, self.shape, self.stride)
+
+    def __eq__(self, other):
+        return isinstance(other, TensorMeta) and all(
+            getattr(self, s) == getattr(other, s) for s in self.__slots__)
+
+    def __hash__(self):
+        return hash((self.shape, self.stride, self.dtype, str(self.device), self.requires_grad))
+
+    def __repr__(self):
+        dt = str(self.dtype).replace("torch.", "")
+        s = f"{dt}{list(self.shape)}"
+        if not self.is_contiguous():
+            s += f" stride={list(self.stride)}"
+        if self.device.type != "cpu":
+            s += f" {self.device}"
+        if self.requires_grad:
+            s += " grad"
+        return s

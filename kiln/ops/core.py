@@ -1,0 +1,168 @@
+"""Core ops: the normalized calls captured graphs contain.
+
+A core op has torch's semantics (broadcasting, type promotion, Python scalars) and an eager
+implementation in torch. Its meta rule sits below its definition; its decomposition to prims is
+in ``decompositions.py``; its VJP rule belongs to the autograd stage.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kiln.meta.tensor_meta import TensorMeta
+from kiln.ops.promotion import Promotion, broadcast_shapes, promoted_dtypes
+from kiln.ops.registry import META_RULES, define
+
+
+def _core(name, eager, **kw):
+    return define("core", name, eager, **kw)
+
+
+class CoreOpError(TypeError):
+    pass
+
+
+def _tensor_metas(args):
+    return [a for a in args if isinstance(a, TensorMeta)]
+
+
+def _device_of(ts):
+    for t in ts:
+        if t.ndim > 0 and t.device.type != "cpu":
+            return t.device
+    for t in ts:
+        if t.device.type != "cpu":
+            return t.device
+    return ts[0].device
+
+
+def elementwise_meta(name, kind: Promotion):
+    def rule(*args):
+        ts = _tensor_metas(args)
+        if not ts:
+            raise CoreOpError(f"[meta] core.{name}: needs a tensor operand")
+        shape = broadcast_shapes(*(t.shape for t in ts))
+        _, result = promoted_dtypes(args, kind)
+        grad = result.is_floating_point and any(t.requires_grad for t in ts)
+        return TensorMeta.contiguous(shape, result, _device_of(ts), grad)
+    return rule
+
+
+# ------------------------------------------------------------------ elementwise
+UNARY = {
+    # name: (eager, promotion)
+    "neg": (torch.neg, Promotion.DEFAULT),
+    "abs": (torch.abs, Promotion.DEFAULT),
+    "relu": (torch.relu, Promotion.DEFAULT),
+    "exp": (torch.exp, Promotion.INT_TO_FLOAT),
+    "log": (torch.log, Promotion.INT_TO_FLOAT),
+    "sqrt": (torch.sqrt, Promotion.INT_TO_FLOAT),
+    "rsqrt": (torch.rsqrt, Promotion.INT_TO_FLOAT),
+    "tanh": (torch.tanh, Promotion.INT_TO_FLOAT),
+    "sigmoid": (torch.sigmoid, Promotion.INT_TO_FLOAT),
+}
+
+BINARY = {
+    "mul": (torch.mul, Promotion.DEFAULT),
+    "div": (torch.true_divide, Promotion.INT_TO_FLOAT),
+    "maximum": (torch.maximum, Promotion.DEFAULT),
+    "minimum": (torch.minimum, Promotion.DEFAULT),
+    "eq": (torch.eq, Promotion.ALWAYS_BOOL),
+    "ne": (torch.ne, Promotion.ALWAYS_BOOL),
+    "lt": (torch.lt, Promotion.ALWAYS_BOOL),
+    "le": (torch.le, Promotion.ALWAYS_BOOL),
+    "gt": (torch.gt, Promotion.ALWAYS_BOOL),
+    "ge": (torch.ge, Promotion.ALWAYS_BOOL),
+}
+
+PROMOTION: dict = {}
+
+
+def _define_elementwise(table):
+    ops = {}
+    for name, (eager, kind) in table.items():
+        op = _core(name, eager)
+        META_RULES[op] = elementwise_meta(name, kind)
+        PROMOTION[op] = kind
+        ops[name] = op
+    return ops
+
+
+_unary = _define_elementwise(UNARY)
+_binary = _define_elementwise(BINARY)
+neg, abs, relu, exp, log = (_unary[n] for n in ("neg", "abs", "relu", "exp", "log"))
+sqrt, rsqrt, tanh, sigmoid = (_unary[n] for n in ("sqrt", "rsqrt", "tanh", "sigmoid"))
+div, maximum, minimum = _binary["div"], _binary["maximum"], _binary["minimum"]
+mul = _binary["mul"]
+eq, ne, lt, le, gt, ge = (_binary[n] for n in ("eq", "ne", "lt", "le", "gt", "ge"))
+
+
+# add and sub carry alpha: add(a, b, alpha) = a + alpha * b
+def _add_eager(a, b, alpha=1):
+    return torch.add(a, b, alpha=alpha) if alpha != 1 else torch.add(a, b)
+
+
+def _sub_eager(a, b, alpha=1):
+    return torch.sub(a, b, alpha=alpha) if alpha != 1 else torch.sub(a, b)
+
+
+add = _core("add", _add_eager)
+sub = _core("sub", _sub_eager)
+for _op, _name in ((add, "add"), (sub, "sub")):
+    META_RULES[_op] = (lambda rule: lambda a, b, alpha=1: rule(a, b))(elementwise_meta(_name, Promotion.DEFAULT))
+    PROMOTION[_op] = Promotion.DEFAULT
+
+where = _core("where", torch.where)
+
+
+@META_RULES.register(where)
+def _where_meta(cond, a, b):
+    ts = _tensor_metas((cond, a, b))
+    if isinstance(cond, TensorMeta) and cond.dtype != torch.bool:
+        raise CoreOpError(f"[meta] core.where: condition must be bool, got {cond.dtype}")
+    shape = broadcast_shapes(*(t.shape for t in ts))
+    _, result = promoted_dtypes((a, b), Promotion.DEFAULT)
+    grad = any(t.requires_grad for t in _tensor_metas((a, b)))
+    return TensorMeta.contiguous(shape, result, _device_of(ts), grad)
+
+
+def _to_dtype_eager(x, dtype):
+    return x.to(dtype)
+
+
+to_dtype = _core("to_dtype", _to_dtype_eager)
+
+
+@META_RULES.register(to_dtype)
+def _to_dtype_meta(x, dtype):
+    return TensorMeta.contiguous(x.shape, dtype, x.device, x.requires_grad and dtype.is_floating_point)
+
+
+# ------------------------------------------------------------------ library-backed
+linear = _core("linear", F.linear)
+
+
+@META_RULES.register(linear)
+def _linear_meta(x, weight, bias=None):
+    if weight.ndim != 2 or x.ndim == 0 or x.shape[-1] != weight.shape[1]:
+        raise CoreOpError(f"[meta] core.linear: input {list(x.shape)} does not match weight "
+                          f"{list(weight.shape)}")
+    if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
+        raise CoreOpError(f"[meta] core.linear: dtypes differ (input {x.dtype}, weight {weight.dtype}"
+                          f"{', bias ' + str(bias.dtype) if bias is not None else ''})")
+    shape = tuple(x.shape[:-1]) + (weight.shape[0],)
+    grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    return TensorMeta.contiguous(shape, x.dtype, x.device, grad)
+
+
+mm = _core("mm", torch.mm)
+
+
+@META_RULES.register(mm)
+def _mm_meta(a, b):
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise CoreOpError(f"[meta] core.mm: cannot multiply {list(a.shape)} by {list(b.shape)}")
+    if a.dtype != b.dtype:
+        raise CoreOpError(f"[meta] core.mm: dtypes differ ({a.dtype} vs {b.dtype})")
+    return TensorMeta.contiguous((a.shape[0], b.shape[1]), a.dtype, a.device,
+                                 a.requires_grad or b.requires_grad)

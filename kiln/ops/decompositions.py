@@ -1,0 +1,102 @@
+"""Decompositions: core ops written as plain Python over prims.
+
+Each function receives Proxies (and Python values) and calls prims; calling a prim on a Proxy
+records a node. The broadcasting and type promotion that core ops do implicitly become
+explicit ``broadcast_in_dim`` and ``convert_element_type`` prims here.
+"""
+from __future__ import annotations
+
+from kiln.graph.proxy import Proxy
+from kiln.ops import core, prims
+from kiln.ops.promotion import Promotion, broadcast_shapes, promoted_dtypes, scalar_for
+from kiln.ops.registry import DECOMPOSITIONS
+
+
+def to_dtype(x, dtype):
+    return x if x.dtype == dtype else prims.convert_element_type(x, dtype)
+
+
+def broadcast_to(x, shape):
+    shape = tuple(shape)
+    if tuple(x.shape) == shape:
+        return x
+    return prims.broadcast_in_dim(x, shape, tuple(range(len(shape) - x.ndim, len(shape))))
+
+
+def elementwise_operands(args, kind: Promotion):
+    """Promote and broadcast operands; returns (operands, compute dtype, result dtype)."""
+    compute, result = promoted_dtypes(args, kind)
+    shape = broadcast_shapes(*(a.shape for a in args if isinstance(a, Proxy)))
+    out = []
+    for a in args:
+        if isinstance(a, Proxy):
+            out.append(broadcast_to(to_dtype(a, compute), shape))
+        else:
+            out.append(scalar_for(a, compute))
+    return out, compute, result
+
+
+def _elementwise(prim, kind):
+    def decomp(*args):
+        operands, _, result = elementwise_operands(args, kind)
+        out = prim(*operands)
+        return to_dtype(out, result) if kind != Promotion.ALWAYS_BOOL else out
+    return decomp
+
+
+_SAME_NAME = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
+              "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge")
+for _name in _SAME_NAME:
+    _core_op = getattr(core, _name)
+    DECOMPOSITIONS[_core_op] = _elementwise(getattr(prims, _name), core.PROMOTION[_core_op])
+
+
+@DECOMPOSITIONS.register(core.relu)
+def relu(x):
+    return prims.maximum(x, scalar_for(0, x.dtype))
+
+
+def _with_alpha(prim):
+    def decomp(a, b, alpha=1):
+        (a, b), compute, _ = elementwise_operands((a, b), Promotion.DEFAULT)
+        if alpha != 1:
+            b = prims.mul(b, scalar_for(alpha, compute)) if isinstance(b, Proxy) else b * alpha
+        return prim(a, b)
+    return decomp
+
+
+DECOMPOSITIONS[core.add] = _with_alpha(prims.add)
+DECOMPOSITIONS[core.sub] = _with_alpha(prims.sub)
+
+
+@DECOMPOSITIONS.register(core.where)
+def where(cond, a, b):
+    (a, b), compute, _ = elementwise_operands((a, b), Promotion.DEFAULT)
+    shape = broadcast_shapes(*(t.shape for t in (cond, a, b) if isinstance(t, Proxy)))
+    a = broadcast_to(a, shape) if isinstance(a, Proxy) else a
+    b = broadcast_to(b, shape) if isinstance(b, Proxy) else b
+    cond = broadcast_to(cond, shape) if isinstance(cond, Proxy) else cond
+    return prims.where(cond, a, b)
+
+
+@DECOMPOSITIONS.register(core.to_dtype)
+def _to_dtype(x, dtype):
+    return to_dtype(x, dtype)
+
+
+@DECOMPOSITIONS.register(core.mm)
+def mm(a, b):
+    return prims.mm(a, b)
+
+
+@DECOMPOSITIONS.register(core.linear)
+def linear(x, weight, bias=None):
+    out_features, in_features = weight.shape
+    lead = tuple(x.shape[:-1])
+    x2 = x if x.ndim == 2 else prims.reshape(x, (-1, in_features))
+    out = prims.mm(x2, prims.permute(weight, (1, 0)))
+    if bias is not None:
+        out = prims.add(out, broadcast_to(bias, out.shape))
+    if x.ndim != 2:
+        out = prims.reshape(out, lead + (out_features,))
+    return out

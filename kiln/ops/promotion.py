@@ -1,0 +1,131 @@
+"""torch's broadcasting and type-promotion rules, computed on metadata.
+
+Promotion follows torch's three priority classes: tensors with dimensions, zero-dim tensors,
+and Python scalars. A lower class can only raise the result's *category*
+(bool < integer < floating < complex), never its width within a category.
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from kiln.meta.tensor_meta import TensorMeta
+
+
+class Promotion(enum.Enum):
+    DEFAULT = "default"          # add, mul, where ...: the promoted type
+    INT_TO_FLOAT = "int_to_float"  # exp, div ...: integers and bools become the default float
+    ALWAYS_BOOL = "always_bool"   # comparisons: compute in the promoted type, return bool
+    BOOL_TO_LONG = "bool_to_long"  # sum-like ops: bools count as int64
+
+
+def _category(dtype: torch.dtype) -> int:
+    if dtype == torch.bool:
+        return 0
+    if dtype.is_complex:
+        return 3
+    if dtype.is_floating_point:
+        return 2
+    return 1
+
+
+def _scalar_dtype(x) -> torch.dtype:
+    if isinstance(x, bool):
+        return torch.bool
+    if isinstance(x, int):
+        return torch.int64
+    if isinstance(x, float):
+        return torch.get_default_dtype()
+    if isinstance(x, complex):
+        return torch.complex64 if torch.get_default_dtype() == torch.float32 else torch.complex128
+    raise TypeError(f"type promotion: {type(x).__name__} is not a number")
+
+
+def _meta(x):
+    m = getattr(x, "meta", x)
+    return m if isinstance(m, TensorMeta) else None
+
+
+def _promote_class(dtypes):
+    out = None
+    for d in dtypes:
+        out = d if out is None else torch.promote_types(out, d)
+    return out
+
+
+def _to_complex(dtype):
+    return {torch.float16: torch.complex32, torch.float32: torch.complex64,
+            torch.float64: torch.complex128}.get(dtype, torch.complex64)
+
+
+def _combine(higher, lower):
+    """Fold a lower priority class into a higher one: only its category may win."""
+    if higher is None:
+        return lower
+    if lower is None:
+        return higher
+    ch, cl = _category(higher), _category(lower)
+    if ch >= cl:
+        return higher
+    if cl == 3 and ch == 2:
+        return _to_complex(higher)
+    return lower
+
+
+def result_type(*args) -> torch.dtype:
+    dims, zeros, scalars = [], [], []
+    for a in args:
+        if a is None:
+            continue
+        m = _meta(a)
+        if m is not None:
+            (dims if m.ndim > 0 else zeros).append(m.dtype)
+        elif isinstance(a, torch.Tensor):
+            (dims if a.dim() > 0 else zeros).append(a.dtype)
+        else:
+            scalars.append(_scalar_dtype(a))
+    return _combine(_promote_class(dims), _combine(_promote_class(zeros), _promote_class(scalars)))
+
+
+def promoted_dtypes(args, kind: Promotion) -> tuple[torch.dtype, torch.dtype]:
+    """(compute dtype, result dtype) for an elementwise op under a promotion kind."""
+    compute = result_type(*args)
+    if kind == Promotion.INT_TO_FLOAT and _category(compute) < 2:
+        compute = torch.get_default_dtype()
+    if kind == Promotion.BOOL_TO_LONG and compute == torch.bool:
+        compute = torch.int64
+    result = torch.bool if kind == Promotion.ALWAYS_BOOL else compute
+    return compute, result
+
+
+def broadcast_shapes(*shapes) -> tuple:
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for s in shapes:
+        for i, size in enumerate(s):
+            j = ndim - len(s) + i
+            if size == 1:
+                continue
+            if out[j] == 1:
+                out[j] = size
+            elif out[j] != size:
+                raise ValueError(f"shapes {[tuple(x) for x in shapes]} cannot be broadcast "
+                                 f"(dimension {j}: {out[j]} vs {size})")
+    return tuple(out)
+
+
+def is_number(x) -> bool:
+    return isinstance(x, (bool, int, float, complex))
+
+
+def scalar_for(value, dtype: torch.dtype):
+    """A Python scalar cast to the Python type that matches dtype's category."""
+    c = _category(dtype)
+    if c == 0:
+        return bool(value)
+    if c == 1:
+        return int(value)
+    if c == 2:
+        return float(value)
+    return complex(value)
