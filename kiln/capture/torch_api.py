@@ -1,0 +1,231 @@
+"""The capture table: which torch callable, Tensor method or operator becomes which core op.
+
+Adapters take what the user wrote, with tensors as graph ``Proxy`` objects and everything else
+as plain Python values, normalize the arguments (keyword names, ``alpha``, defaults, operand
+order) and call core ops. Adding an op to capture is one line in one of the tables below.
+An adapter raises ``Unsupported`` for argument forms it does not cover.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kiln.capture.errors import Unsupported
+from kiln.graph import Proxy
+from kiln.ops import core
+
+
+def _is_tensor(x) -> bool:
+    return isinstance(x, Proxy)
+
+
+def _no_out(name, kwargs):
+    if kwargs.get("out") is not None:
+        raise Unsupported(f"{name}(out=...) is not supported")
+
+
+# ------------------------------------------------------------------ adapters
+def unary(op):
+    def adapter(input, *, out=None):
+        _no_out(op.name, {"out": out})
+        return op(input)
+    adapter.__name__ = op.name
+    return adapter
+
+
+def with_alpha(op):
+    def adapter(input, other, *, alpha=1, out=None):
+        _no_out(op.name, {"out": out})
+        return op(input, other, alpha=alpha) if alpha != 1 else op(input, other)
+    adapter.__name__ = op.name
+    return adapter
+
+
+def binary(op):
+    def adapter(input, other, *, out=None):
+        _no_out(op.name, {"out": out})
+        return op(input, other)
+    adapter.__name__ = op.name
+    return adapter
+
+
+# torch's comparison and maximum/minimum kernels want a tensor first: swap a leading scalar.
+_SWAPPED = {core.lt: core.gt, core.gt: core.lt, core.le: core.ge, core.ge: core.le,
+            core.eq: core.eq, core.ne: core.ne, core.maximum: core.maximum, core.minimum: core.minimum}
+
+
+def tensor_first(op):
+    def adapter(input, other, *, out=None):
+        _no_out(op.name, {"out": out})
+        if not _is_tensor(input) and _is_tensor(other):
+            return _SWAPPED[op](other, input)
+        return op(input, other)
+    adapter.__name__ = op.name
+    return adapter
+
+
+def div(input, other, *, rounding_mode=None, out=None):
+    _no_out("div", {"out": out})
+    if rounding_mode is not None:
+        raise Unsupported(f"div(rounding_mode={rounding_mode!r}) is not supported")
+    return core.div(input, other)
+
+
+def where(condition, input=None, other=None, *, out=None):
+    _no_out("where", {"out": out})
+    if input is None or other is None:
+        raise Unsupported("torch.where(condition) with one argument is not supported")
+    return core.where(condition, input, other)
+
+
+def matmul(input, other, *, out=None):
+    _no_out("matmul", {"out": out})
+    if not (_is_tensor(input) and _is_tensor(other)) or input.ndim != 2 or other.ndim != 2:
+        raise Unsupported("matmul is only supported for two 2-D tensors (core.mm)")
+    return core.mm(input, other)
+
+
+def relu_functional(input, inplace=False):
+    if inplace:
+        raise Unsupported("F.relu(inplace=True) is not supported")
+    return core.relu(input)
+
+
+def linear(input, weight, bias=None):
+    return core.linear(input, weight, bias) if bias is not None else core.linear(input, weight)
+
+
+def square(input):
+    return core.mul(input, input)
+
+
+def positive(input):
+    return input
+
+
+# ------------------------------------------------------------------ Tensor methods
+def _same_device(x, device) -> bool:
+    device = torch.device(device)
+    return device.type == x.device.type and (device.index is None or device.index == x.device.index)
+
+
+def to(self, *args, **kwargs):
+    dtype = kwargs.pop("dtype", None)
+    device = kwargs.pop("device", None)
+    kwargs.pop("non_blocking", None)
+    if kwargs.pop("copy", False) or kwargs.pop("memory_format", None) is not None or kwargs:
+        raise Unsupported(f"Tensor.to with arguments {sorted(kwargs) or 'copy/memory_format'}")
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, (str, torch.device)):
+            device = a
+        elif _is_tensor(a):
+            dtype, device = a.dtype, a.device
+        else:
+            raise Unsupported(f"Tensor.to({type(a).__name__}) is not supported")
+    if device is not None and not _same_device(self, device):
+        raise Unsupported(f"Tensor.to(device={device}) across devices is not supported")
+    if dtype is None or dtype == self.dtype:
+        return self  # torch returns the tensor itself
+    return core.to_dtype(self, dtype)
+
+
+def cast_to(dtype):
+    def adapter(self, memory_format=None):
+        return self if self.dtype == dtype else core.to_dtype(self, dtype)
+    adapter.__name__ = str(dtype)
+    return adapter
+
+
+def type_as(self, other):
+    return self if self.dtype == other.dtype else core.to_dtype(self, other.dtype)
+
+
+def where_method(self, condition, other):
+    return core.where(condition, self, other)
+
+
+def size(self, dim=None):
+    return tuple(self.shape) if dim is None else self.shape[dim]
+
+
+def contiguous(self, memory_format=None):
+    # Every core op produces a contiguous result; inputs keep their strides, which only
+    # changes the layout, not the values, of what a later op reads.
+    return self
+
+
+TORCH_FUNCTIONS = {
+    torch.add: with_alpha(core.add),
+    torch.sub: with_alpha(core.sub), torch.subtract: with_alpha(core.sub),
+    torch.mul: binary(core.mul), torch.multiply: binary(core.mul),
+    torch.div: div, torch.divide: div, torch.true_divide: binary(core.div),
+    torch.maximum: tensor_first(core.maximum), torch.minimum: tensor_first(core.minimum),
+    torch.eq: tensor_first(core.eq), torch.ne: tensor_first(core.ne),
+    torch.lt: tensor_first(core.lt), torch.le: tensor_first(core.le),
+    torch.gt: tensor_first(core.gt), torch.ge: tensor_first(core.ge),
+    torch.neg: unary(core.neg), torch.negative: unary(core.neg), torch.abs: unary(core.abs),
+    torch.relu: unary(core.relu), torch.exp: unary(core.exp), torch.log: unary(core.log),
+    torch.sqrt: unary(core.sqrt), torch.rsqrt: unary(core.rsqrt),
+    torch.tanh: unary(core.tanh), torch.sigmoid: unary(core.sigmoid),
+    torch.square: square,
+    torch.where: where,
+    torch.mm: matmul, torch.matmul: matmul,
+    F.relu: relu_functional, F.linear: linear,
+    F.sigmoid: unary(core.sigmoid), F.tanh: unary(core.tanh),
+}
+
+TENSOR_METHODS = {
+    "add": with_alpha(core.add), "sub": with_alpha(core.sub), "subtract": with_alpha(core.sub),
+    "mul": binary(core.mul), "multiply": binary(core.mul),
+    "div": div, "divide": div, "true_divide": binary(core.div),
+    "maximum": tensor_first(core.maximum), "minimum": tensor_first(core.minimum),
+    "eq": tensor_first(core.eq), "ne": tensor_first(core.ne), "lt": tensor_first(core.lt),
+    "le": tensor_first(core.le), "gt": tensor_first(core.gt), "ge": tensor_first(core.ge),
+    "neg": unary(core.neg), "negative": unary(core.neg), "abs": unary(core.abs),
+    "relu": unary(core.relu), "exp": unary(core.exp), "log": unary(core.log),
+    "sqrt": unary(core.sqrt), "rsqrt": unary(core.rsqrt), "tanh": unary(core.tanh),
+    "sigmoid": unary(core.sigmoid), "square": square,
+    "where": where_method, "mm": matmul, "matmul": matmul,
+    "to": to, "type_as": type_as,
+    "float": cast_to(torch.float32), "half": cast_to(torch.float16), "double": cast_to(torch.float64),
+    "bfloat16": cast_to(torch.bfloat16), "int": cast_to(torch.int32), "long": cast_to(torch.int64),
+    "bool": cast_to(torch.bool),
+    "contiguous": contiguous,
+    # metadata queries: answered from TensorMeta, return Python values (the shape guard covers them)
+    "size": size, "dim": lambda self: self.ndim, "ndimension": lambda self: self.ndim,
+    "numel": lambda self: self.numel(), "stride": lambda self, dim=None: self.stride(dim),
+    "is_contiguous": lambda self, memory_format=None: self.meta.is_contiguous(),
+    "is_floating_point": lambda self: self.dtype.is_floating_point,
+}
+
+# Tensor attributes that are Python values computed from the tensor's metadata.
+TENSOR_ATTRIBUTES = {
+    "shape": lambda t: torch.Size(t.shape),
+    "dtype": lambda t: t.dtype,
+    "device": lambda t: t.device,
+    "ndim": lambda t: t.ndim,
+    "requires_grad": lambda t: t.meta.requires_grad,
+    "is_cuda": lambda t: t.device.type == "cuda",
+}
+
+# Operator spelling (dis's argrepr for BINARY_OP / COMPARE_OP) -> adapter.
+BINARY_OPERATORS = {
+    "+": with_alpha(core.add), "-": with_alpha(core.sub), "*": binary(core.mul),
+    "/": binary(core.div), "@": matmul,
+    "<": tensor_first(core.lt), "<=": tensor_first(core.le), ">": tensor_first(core.gt),
+    ">=": tensor_first(core.ge), "==": tensor_first(core.eq), "!=": tensor_first(core.ne),
+}
+
+UNARY_OPERATORS = {"-": unary(core.neg), "+": positive, "abs": unary(core.abs)}
+
+
+def callable_name(fn) -> str:
+    mod = getattr(fn, "__module__", None) or ""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    if mod in ("torch", "torch._C._VariableFunctions") or mod.startswith("torch._C"):
+        mod = "torch"
+    if mod == "torch.nn.functional":
+        mod = "F"
+    return f"{mod}.{name}" if mod and mod != "builtins" else name

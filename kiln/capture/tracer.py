@@ -1,0 +1,489 @@
+"""The tracer: state shared by all frames of one capture, and the ``trace`` entry point.
+
+The tracer owns the graph being built, the graph inputs (each with the source expression that
+fetches it), the guards, and the listing of interpreted bytecode. ``wrap`` turns a real Python
+value reached from the frame's inputs into a Variable, installing the guards that make
+specializing on it safe.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+
+import torch
+
+from kiln import log
+from kiln.capture import torch_api
+from kiln.capture.builtins import is_builtin
+from kiln.capture.errors import Unsupported
+from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, Source,
+                                 closure_source, make_fetch)
+from kiln.capture.instructions import listing
+from kiln.capture.interpreter import Frame
+from kiln.capture.values import (BuiltinVariable, CellVariable, ConstantVariable, DictVariable,
+                                 FunctionVariable, LazyVariable, ListVariable, ModuleVariable,
+                                 OpaqueVariable, PYTHON_OPERATORS, PythonModuleVariable,
+                                 TensorVariable, TorchFunctionVariable, TupleVariable, Variable,
+                                 _Sequence, is_constant)
+from kiln.graph import Graph, Proxy
+from kiln.meta import TensorMeta
+
+MAX_INLINE_DEPTH = 32
+_CO_GENERATOR_LIKE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+                      | inspect.CO_ITERABLE_COROUTINE)
+
+
+@dataclasses.dataclass
+class CaptureResult:
+    graph: Graph
+    input_sources: list          # str per placeholder: expression over L (and G)
+    fetch: object                # fetch(L) -> tuple of graph inputs
+    fetch_source: str
+    guards: list                 # str per guard: boolean expression over L and G
+    guard_source: str
+    guard_fn: object             # guard(L, G) -> bool
+    rebuild: object              # rebuild(outputs) -> what the function returned
+    bytecode: str
+    code: types.CodeType
+
+
+class Tracer:
+    def __init__(self, fn_name: str):
+        self.graph = Graph(fn_name)
+        self.guards = GuardSet()
+        self.input_sources: list[Source] = []
+        self._tensor_inputs: dict[int, tuple[TensorVariable, Source, torch.Tensor]] = {}
+        self._var_of_node: dict = {}
+        self._placeholder_names: set[str] = set()
+        self.steps = 0
+        self._executed: list[str] = []
+        self._listed_codes: dict = {}
+
+    # ---------------------------------------------------------------- bytecode log
+    def record_instruction(self, frame, inst):
+        if frame.code not in self._listed_codes:
+            self._listed_codes[frame.code] = listing(frame.code, frame.instructions)
+        self._executed.append(f"{'  ' * frame.depth}{frame.code.co_name}:{inst.lineno} {inst}")
+
+    def bytecode_listing(self) -> str:
+        listed = "\n\n".join(self._listed_codes.values())
+        return f"{listed}\n\n# executed instructions\n" + "\n".join(self._executed)
+
+    # ---------------------------------------------------------------- wrapping real values
+    @staticmethod
+    def attr_source(parent: Source | None, name: str):
+        return AttrSource(parent, name) if parent is not None else None
+
+    def wrap_constant(self, value) -> Variable:
+        """A value computed during the trace (no source, no guard)."""
+        return self.wrap(value, None)
+
+    def wrap(self, value, source: Source | None, guard: bool = True) -> Variable:
+        guard = guard and source is not None
+        if isinstance(value, torch.Tensor):
+            return self._wrap_tensor(value, source)
+        if isinstance(value, torch.Size) or is_constant(value) and not isinstance(value, tuple):
+            if guard:
+                if isinstance(value, type):
+                    self.guards.identity(source, value)
+                elif isinstance(value, (range, slice, torch.Size)):
+                    self.guards.add(source, f"{{}} == {value!r}")
+                else:
+                    self.guards.constant(source, value)
+            if isinstance(value, type) and is_builtin(value):
+                return BuiltinVariable(value, source)
+            return ConstantVariable(value, source)
+        if isinstance(value, (tuple, list)):
+            if guard:
+                self.guards.add(source, f"type({{}}) is {type(value).__name__} and len({{}}) == {len(value)}")
+            items = [self.wrap(v, ItemSource(source, i) if source is not None else None, guard)
+                     for i, v in enumerate(value)]
+            if type(value) is tuple:
+                return TupleVariable(items, source)
+            if type(value) is list:
+                return ListVariable(items, source)
+            raise Unsupported(f"{type(value).__name__} values are not supported")
+        if type(value) is dict:
+            if not all(isinstance(k, (str, int)) for k in value):
+                raise Unsupported("dicts with non-str/int keys are not supported")
+            if guard:
+                self.guards.add(source, f"type({{}}) is dict and list({{}}) == {list(value)!r}")
+            return DictVariable({k: self.wrap(v, ItemSource(source, k) if source is not None else None, guard)
+                                 for k, v in value.items()}, source)
+        if isinstance(value, torch.nn.Module):
+            if source is None:
+                raise Unsupported(f"{type(value).__name__} module created or reached without a source")
+            self.guards.identity(source, value)
+            self.guards.add(source, f"{{}}.training is {value.training}")
+            return ModuleVariable(value, source)
+        if guard:
+            self.guards.identity(source, value)
+        if isinstance(value, types.ModuleType):
+            return PythonModuleVariable(value, source)
+        if _is_hashable(value) and value in torch_api.TORCH_FUNCTIONS:
+            return TorchFunctionVariable(value, source)
+        if is_builtin(value):
+            return BuiltinVariable(value, source)
+        if isinstance(value, types.FunctionType):
+            if (value.__module__ or "").startswith("torch"):
+                return TorchFunctionVariable(value, source)  # torch's Python code is not inlined
+            return FunctionVariable(value, source=source)
+        if isinstance(value, types.MethodType) and isinstance(value.__self__, torch.nn.Module):
+            owner = self.wrap(value.__self__, self.attr_source(source, "__self__"))
+            return FunctionVariable(value.__func__, self_var=owner)
+        if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+            mod = getattr(value, "__module__", None) or ""
+            if mod.startswith("torch") or isinstance(getattr(value, "__self__", None), type):
+                return TorchFunctionVariable(value, source)
+        return OpaqueVariable(value, source)
+
+    def _wrap_tensor(self, t: torch.Tensor, source: Source | None) -> TensorVariable:
+        if source is None:
+            raise Unsupported("a tensor constant (created outside the traced inputs) is not supported")
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            raise Unsupported(f"tensor subclass {type(t).__name__} is not supported")
+        seen = self._tensor_inputs.get(id(t))
+        if seen is not None:
+            var, first_source, _ = seen
+            if first_source != source:
+                self.guards.same_object(source, first_source)
+            return var
+        self.guards.tensor(source, t)
+        name = _placeholder_name(source)
+        node = self.graph.placeholder(name, TensorMeta.of(t))
+        var = TensorVariable(Proxy(node), type(t), source)
+        self._var_of_node[node] = var
+        self._tensor_inputs[id(t)] = (var, source, t)  # keeping t alive keeps its id unique
+        self.input_sources.append(source)
+        return var
+
+    # ---------------------------------------------------------------- calling the capture table
+    def unwrap(self, v: Variable, what: str):
+        if isinstance(v, TensorVariable):
+            return v.proxy
+        if isinstance(v, ConstantVariable):
+            return v.value
+        if isinstance(v, TupleVariable):
+            return tuple(self.unwrap(x, what) for x in v.items)
+        if isinstance(v, ListVariable):
+            return [self.unwrap(x, what) for x in v.items]
+        raise Unsupported(f"{what}: argument {v} is not supported")
+
+    def wrap_result(self, out):
+        if isinstance(out, Proxy):
+            var = self._var_of_node.get(out.node)
+            if var is None:
+                var = self._var_of_node[out.node] = TensorVariable(out)
+            return var
+        if isinstance(out, tuple) and not isinstance(out, torch.Size):
+            return TupleVariable([self.wrap_result(o) for o in out])
+        if isinstance(out, list):
+            return ListVariable([self.wrap_result(o) for o in out])
+        return self.wrap_constant(out)
+
+    def call_adapter(self, adapter, args, kwargs, name: str):
+        py_args = [self.unwrap(a, name) for a in args]
+        py_kwargs = {k: self.unwrap(v, name) for k, v in kwargs.items()}
+        try:
+            out = adapter(*py_args, **py_kwargs)
+        except Unsupported as e:
+            if not e.reason.startswith(name):
+                e.reason = f"{name}: {e.reason}"
+                e.args = (e.reason,)
+            raise
+        except Exception as e:
+            # Bad arguments or a meta rule refusing the inputs: eager torch will report it.
+            raise Unsupported(f"{name} failed during capture: {type(e).__name__}: {e}") from e
+        return self.wrap_result(out)
+
+    # ---------------------------------------------------------------- operators
+    def binary_op(self, op: str, a: Variable, b: Variable) -> Variable:
+        inplace = op.endswith("=") and op not in ("==", "!=", "<=", ">=")
+        base = op[:-1] if inplace else op
+        if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
+            adapter = torch_api.BINARY_OPERATORS.get(base)
+            if adapter is None:
+                raise Unsupported(f"operator {base} on tensors is not supported by the capture table")
+            result = self.call_adapter(adapter, [a, b], {}, f"operator {op}")
+            if inplace and isinstance(a, TensorVariable):
+                return self._inplace_update(a, result, op)
+            return result
+        if isinstance(a, _Sequence) and isinstance(b, _Sequence) and base == "+":
+            if inplace and isinstance(a, ListVariable):
+                a.check_mutable()
+                a.items.extend(b.items)
+                return a
+            if type(a) is type(b):
+                return type(a)(a.items + b.items)
+        if isinstance(a, _Sequence) and base == "*" and isinstance(b, ConstantVariable):
+            return type(a)(a.items * b.as_python())
+        fn = PYTHON_OPERATORS.get(base)
+        if fn is None:
+            raise Unsupported(f"operator {op} is not supported")
+        try:
+            x, y = a.as_python(), b.as_python()
+        except Unsupported:
+            raise Unsupported(f"operator {op} between {a} and {b} is not supported") from None
+        try:
+            return self.wrap_constant(fn(x, y))
+        except Exception as e:
+            raise Unsupported(f"{x!r} {op} {y!r} raised {e!r}") from None
+
+    def _inplace_update(self, target: TensorVariable, result: TensorVariable, op: str):
+        # In-place ops on tensors made inside the graph are functionalized: the tracker (which
+        # every alias on the stack and in locals shares) now points at the new value.
+        if target.source is not None:
+            raise Unsupported(f"in-place {op} on an input tensor is not supported")
+        old, new = target.proxy.meta, result.proxy.meta
+        if old.shape != new.shape or old.dtype != new.dtype:
+            raise Unsupported(f"in-place {op} would change the tensor's shape or dtype")
+        target.proxy = result.proxy
+        self._var_of_node[result.proxy.node] = target
+        return target
+
+    def unary_op(self, op: str, v: Variable) -> Variable:
+        if isinstance(v, TensorVariable):
+            return self.call_adapter(torch_api.UNARY_OPERATORS[op], [v], {}, f"unary {op}")
+        x = v.as_python()
+        return self.wrap_constant(-x if op == "-" else +x)
+
+    def getitem(self, container: Variable, key: Variable) -> Variable:
+        if isinstance(container, (_Sequence, DictVariable, ModuleVariable)):
+            return container.getitem(self, key)
+        if isinstance(container, TensorVariable):
+            raise Unsupported("tensor indexing is not supported by the capture table")
+        try:
+            return self.wrap_constant(container.as_python()[key.as_python()])
+        except Unsupported:
+            raise
+        except Exception as e:
+            raise Unsupported(f"subscript raised {e!r}") from None
+
+    # ---------------------------------------------------------------- inlining
+    def inline_call(self, fn: FunctionVariable, args, kwargs, parent: Frame | None = None):
+        code = fn.code
+        if code.co_flags & _CO_GENERATOR_LIKE:
+            raise Unsupported(f"calling generator or coroutine {fn.qualname} is not supported")
+        parent = parent or self._current_frame
+        if parent is not None and parent.depth + 1 > MAX_INLINE_DEPTH:
+            raise Unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls")
+        locals_ = bind_arguments(fn, self, args, kwargs)
+        cells = {}
+        for i, name in enumerate(code.co_freevars):
+            cell = fn.closure[i] if fn.fn is None else None
+            if cell is None:
+                real = fn.fn.__closure__[i]
+                try:
+                    contents = real.cell_contents
+                except ValueError:
+                    contents_var = None
+                else:
+                    src = closure_source(fn.source, i) if fn.source is not None else None
+                    contents_var = LazyVariable(contents, src)
+                cell = CellVariable(contents_var)
+            cells[name] = cell
+        module = (fn.fn.__module__ if fn.fn is not None else None) or fn.globals.get("__name__", "") or ""
+        trusted = module.startswith("torch")
+        globals_source = self._globals_source(fn)
+        frame = Frame(self, code, fn.globals, globals_source, locals_, cells, parent=parent,
+                      trusted=trusted)
+        return self.run_frame(frame)
+
+    _current_frame: Frame | None = None
+
+    def run_frame(self, frame: Frame) -> Variable:
+        prev = self._current_frame
+        self._current_frame = frame
+        try:
+            return frame.run()
+        finally:
+            self._current_frame = prev
+
+    def _globals_source(self, fn: FunctionVariable):
+        if fn.globals is self.root_globals:
+            return None
+        if fn.source is not None:
+            return AttrSource(fn.source, "__globals__")
+        return ModuleGlobalsSource(fn.globals.get("__name__", "?"))
+
+
+class ModuleGlobalsSource(Source):
+    """The globals dict of a module, for functions reached without a source (methods)."""
+    __slots__ = ("module",)
+
+    def __init__(self, module):
+        self.module = module
+
+    def expr(self, base=None):
+        return f"__import__('sys').modules[{self.module!r}].__dict__"
+
+
+def _is_hashable(value) -> bool:
+    try:
+        hash(value)
+        return True
+    except TypeError:
+        return False
+
+
+def _placeholder_name(source: Source) -> str:
+    parts = []
+    s = source
+    while s is not None:
+        if isinstance(s, AttrSource):
+            parts.append(s.attr)
+        elif isinstance(s, ItemSource):
+            parts.append(str(s.key))
+        elif isinstance(s, LocalSource):
+            parts.append(s.name)
+        else:
+            parts.append(getattr(s, "name", "g"))
+        s = s.parent
+    parts = [p for p in reversed(parts) if p not in ("self", "L")]
+    return "_".join(parts) or "input"
+
+
+def bind_arguments(fn: FunctionVariable, tx: Tracer, args, kwargs) -> dict:
+    """Map a call's Variables onto the callee's parameter names, with defaults filled in."""
+    code = fn.code
+    proto = types.FunctionType(code, {}, code.co_name, None,
+                               tuple(types.CellType() for _ in code.co_freevars))
+    if fn.fn is not None:
+        defaults = fn.fn.__defaults__ or ()
+        kwdefaults = fn.fn.__kwdefaults__ or {}
+        dsrc = tx.attr_source(fn.source, "__defaults__")
+        ksrc = tx.attr_source(fn.source, "__kwdefaults__")
+        proto.__defaults__ = tuple(
+            LazyVariable(v, ItemSource(dsrc, i) if dsrc else None) for i, v in enumerate(defaults)) or None
+        proto.__kwdefaults__ = {k: LazyVariable(v, ItemSource(ksrc, k) if ksrc else None)
+                                for k, v in kwdefaults.items()} or None
+    else:
+        proto.__defaults__ = tuple(fn.defaults) or None
+        proto.__kwdefaults__ = dict(fn.kwdefaults) or None
+    try:
+        bound = inspect.signature(proto).bind(*args, **kwargs)
+    except TypeError as e:
+        raise Unsupported(f"calling {fn.qualname}: {e}") from None
+    bound.apply_defaults()
+    out = {}
+    for name, param in inspect.signature(proto).parameters.items():
+        value = bound.arguments[name]
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            value = TupleVariable(list(value))
+        elif param.kind is inspect.Parameter.VAR_KEYWORD:
+            value = DictVariable(dict(value))
+        out[name] = value
+    return out
+
+
+def frame_locals(fn, args: tuple, kwargs: dict) -> dict:
+    """``L`` for a call ``fn(*args, **kwargs)``: what guards, fetch and input_sources read.
+
+    It is the frame's locals at entry, as CPython's ``frame.f_locals`` has them: every
+    parameter by name (``self`` for a bound method; defaults filled in; ``*args`` as a tuple,
+    ``**kwargs`` as a dict), and every free variable of a closure by name.
+    """
+    func, bound_self = _unbind(fn)
+    sig_args = (bound_self, *args) if bound_self is not None else tuple(args)
+    ba = inspect.signature(func).bind(*sig_args, **kwargs)
+    ba.apply_defaults()
+    L = dict(ba.arguments)
+    for name, cell in zip(func.__code__.co_freevars, func.__closure__ or ()):
+        try:
+            L[name] = cell.cell_contents
+        except ValueError:
+            pass
+    return L
+
+
+def _unbind(fn):
+    if isinstance(fn, types.MethodType):
+        return fn.__func__, fn.__self__
+    if isinstance(fn, types.FunctionType):
+        return fn, None
+    raise Unsupported(f"capturing {type(fn).__name__} objects is not supported (need a function "
+                      "or a bound method)")
+
+
+def trace(fn, args: tuple = (), kwargs: dict | None = None) -> CaptureResult:
+    """Interpret ``fn(*args, **kwargs)``'s bytecode symbolically; see the module docstring."""
+    kwargs = kwargs or {}
+    func, bound_self = _unbind(fn)
+    code = func.__code__
+    if code.co_flags & _CO_GENERATOR_LIKE:
+        raise Unsupported(f"capturing generator or coroutine {func.__qualname__} is not supported",
+                          code.co_filename, code.co_firstlineno, "")
+    L = frame_locals(fn, args, kwargs)
+    tx = Tracer(_graph_name(code.co_name))
+    tx.root_globals = func.__globals__
+    nparams = code.co_argcount + code.co_kwonlyargcount
+    nparams += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    locals_ = {name: LazyVariable(L[name], LocalSource(name)) for name in code.co_varnames[:nparams]
+               if name in L}
+    locals_.update({name: LazyVariable(L[name], LocalSource(name))
+                    for name in code.co_cellvars if name in L and name not in locals_})
+    cells = {name: CellVariable(LazyVariable(L[name], LocalSource(name)) if name in L else None)
+             for name in code.co_freevars}
+    root = Frame(tx, code, func.__globals__, None, locals_, cells)
+    ret = tx.run_frame(root)
+
+    proxies: list[Proxy] = []
+    spec = _output_spec(ret, proxies)
+    filename, lineno, line = root.location(root.current)
+    with tx.graph.inherit(source=f"{filename}:{lineno}: {line}"):
+        tx.graph.output(tuple(proxies))
+
+    input_sources = [s.expr() for s in tx.input_sources]
+    fetch_source, fetch = make_fetch(tx.input_sources, func.__globals__)
+    guard_source, guard_fn = tx.guards.compile()
+    result = CaptureResult(
+        graph=tx.graph, input_sources=input_sources, fetch=fetch, fetch_source=fetch_source,
+        guards=tx.guards.exprs(), guard_source=guard_source, guard_fn=guard_fn,
+        rebuild=_make_rebuild(spec), bytecode=tx.bytecode_listing(), code=code)
+    log.log("bytecode", "%s", result.bytecode)
+    log.log("guards", "%s", guard_source)
+    return result
+
+
+def _graph_name(name: str) -> str:
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return name if name.isidentifier() else "forward"
+
+
+def _output_spec(v: Variable, proxies: list):
+    if isinstance(v, TensorVariable):
+        proxies.append(v.proxy)
+        return ("tensor", len(proxies) - 1)
+    if isinstance(v, ConstantVariable):
+        return ("const", v.value)
+    if isinstance(v, TupleVariable):
+        return ("tuple", [_output_spec(x, proxies) for x in v.items])
+    if isinstance(v, ListVariable):
+        return ("list", [_output_spec(x, proxies) for x in v.items])
+    if isinstance(v, DictVariable):
+        return ("dict", list(v.items), [_output_spec(x, proxies) for x in v.items.values()])
+    raise Unsupported(f"returning {v} is not supported")
+
+
+def _make_rebuild(spec):
+    def build(s, outputs):
+        kind = s[0]
+        if kind == "tensor":
+            return outputs[s[1]]
+        if kind == "const":
+            return s[1]
+        if kind == "tuple":
+            return tuple(build(x, outputs) for x in s[1])
+        if kind == "list":
+            return [build(x, outputs) for x in s[1]]
+        return {k: build(x, outputs) for k, x in zip(s[1], s[2])}
+
+    def rebuild(outputs):
+        return build(spec, outputs)
+
+    rebuild.spec = spec
+    return rebuild
+
+
+__all__ = ["trace", "CaptureResult", "Tracer", "frame_locals"]

@@ -1,0 +1,521 @@
+"""Value trackers: what the symbolic interpreter keeps on its stack and in its locals.
+
+Every Python value the traced code touches is represented by a ``Variable``:
+
+- ``TensorVariable``: a tensor, as a ``kiln.graph.Proxy`` into the graph being built;
+- ``ConstantVariable``: an immutable Python value we specialize on (int, float, bool, str,
+  None, torch.dtype, torch.device, torch.Size, range, slice, a class);
+- ``TupleVariable`` / ``ListVariable`` / ``DictVariable``: containers of Variables;
+- ``ModuleVariable``: an ``nn.Module`` (calling it inlines its ``forward``);
+- ``FunctionVariable``: a user Python function (calling it inlines its bytecode);
+- ``BuiltinVariable`` / ``TorchFunctionVariable``: callables handled by a table;
+- ``MethodVariable``: ``obj.name`` bound to a tracked object (``x.relu``, ``lst.append``);
+- ``PythonModuleVariable``, ``IteratorVariable``, ``CellVariable``, ``NullVariable``,
+  ``LazyVariable`` (an argument not yet read), ``OpaqueVariable`` (anything else: it can be
+  passed around but not used).
+
+A Variable with a ``source`` came from the frame's inputs; the guards that make reusing the
+capture safe are installed when such a value is wrapped (``Tracer.wrap``).
+"""
+from __future__ import annotations
+
+import operator
+import types
+
+import torch
+
+from kiln.capture import torch_api
+from kiln.capture.errors import Unsupported
+from kiln.capture.guards import ItemSource
+
+CONSTANT_TYPES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device,
+                  type(Ellipsis), torch.memory_format, torch.layout, range, slice, torch.Size)
+
+
+def is_constant(value) -> bool:
+    if type(value) in CONSTANT_TYPES:
+        return True
+    if type(value) is tuple and all(is_constant(v) for v in value):
+        return True
+    return isinstance(value, type)
+
+
+class Variable:
+    source = None
+
+    def python_type(self):
+        raise Unsupported(f"the type of {self} is not known")
+
+    def as_python(self):
+        """The Python value, for values capture can compute with (constants, containers of them)."""
+        raise Unsupported(f"{self} is not a Python constant")
+
+    def is_python_constant(self) -> bool:
+        try:
+            self.as_python()
+            return True
+        except Unsupported:
+            return False
+
+    def getattr(self, tx, name):
+        raise Unsupported(f"attribute {name!r} of {self} is not supported")
+
+    def call(self, tx, args, kwargs):
+        raise Unsupported(f"calling {self} is not supported")
+
+    def iterate(self, tx) -> list:
+        raise Unsupported(f"iterating over {self} is not supported")
+
+    def truth(self, tx) -> bool:
+        return bool(self.as_python())
+
+    def __repr__(self):
+        return type(self).__name__
+
+
+class NullVariable(Variable):
+    """The NULL that CPython 3.11+ pushes below a callable (PUSH_NULL, LOAD_GLOBAL's flag bit)."""
+
+    def __repr__(self):
+        return "NULL"
+
+
+NULL = NullVariable()
+
+
+class LazyVariable(Variable):
+    """An input value not read yet: it is wrapped (and guarded) on first use."""
+
+    def __init__(self, value, source):
+        self.value = value
+        self.source = source
+
+
+class ConstantVariable(Variable):
+    def __init__(self, value, source=None):
+        self.value = value
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python(self):
+        return self.value
+
+    def getattr(self, tx, name):
+        try:
+            attr = getattr(self.value, name)
+        except AttributeError as e:
+            raise Unsupported(str(e)) from None
+        if is_constant(attr):
+            return ConstantVariable(attr)
+        if callable(attr):
+            return MethodVariable(self, name)
+        raise Unsupported(f"attribute {name!r} of {self.value!r} is not supported")
+
+    def iterate(self, tx):
+        try:
+            return [ConstantVariable(v) for v in self.value]
+        except TypeError:
+            raise Unsupported(f"{self.value!r} is not iterable") from None
+
+    def __repr__(self):
+        return f"Constant({self.value!r})"
+
+
+class TensorVariable(Variable):
+    def __init__(self, proxy, python_type=torch.Tensor, source=None):
+        self.proxy = proxy
+        self._type = python_type
+        self.source = source
+
+    def python_type(self):
+        return self._type
+
+    def getattr(self, tx, name):
+        if name in torch_api.TENSOR_ATTRIBUTES:
+            return ConstantVariable(torch_api.TENSOR_ATTRIBUTES[name](self.proxy))
+        if name in torch_api.TENSOR_METHODS:
+            return MethodVariable(self, name)
+        raise Unsupported(f"Tensor.{name} is not supported by the capture table")
+
+    def iterate(self, tx):
+        raise Unsupported("iterating over a tensor is not supported")
+
+    def truth(self, tx):
+        raise Unsupported("data-dependent branch: the truth value of a tensor depends on its data")
+
+    def __repr__(self):
+        return f"Tensor({self.proxy.node.name}: {self.proxy.meta})"
+
+
+class _Sequence(Variable):
+    kind = tuple
+
+    def __init__(self, items, source=None):
+        self.items = list(items)
+        self.source = source
+
+    def python_type(self):
+        return self.kind
+
+    def as_python(self):
+        return self.kind(v.as_python() for v in self.items)
+
+    def iterate(self, tx):
+        return list(self.items)
+
+    def truth(self, tx):
+        return bool(self.items)
+
+    def getitem(self, tx, key):
+        key = key.as_python()
+        if isinstance(key, slice):
+            return type(self)(self.items[key])
+        if not isinstance(key, int):
+            raise Unsupported(f"indexing a {self.kind.__name__} with {type(key).__name__}")
+        try:
+            return self.items[key]
+        except IndexError:
+            raise Unsupported(f"{self.kind.__name__} index {key} out of range") from None
+
+    def getattr(self, tx, name):
+        if name in ("index", "count"):
+            return MethodVariable(self, name)
+        raise Unsupported(f"attribute {name!r} of a {self.kind.__name__} is not supported")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in ("index", "count"):
+            value = getattr(self.as_python(), name)(*[a.as_python() for a in args])
+            return ConstantVariable(value)
+        raise Unsupported(f"{self.kind.__name__}.{name} is not supported")
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.items!r})"
+
+
+class TupleVariable(_Sequence):
+    kind = tuple
+
+
+class ListVariable(_Sequence):
+    kind = list
+
+    def getattr(self, tx, name):
+        if name in ("append", "extend", "insert", "pop", "index", "count"):
+            return MethodVariable(self, name)
+        return super().getattr(tx, name)
+
+    def check_mutable(self):
+        if self.source is not None:
+            raise Unsupported("mutating a list that is an input of the function is not supported")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in ("index", "count"):
+            return super().call_method(tx, name, args, kwargs)
+        self.check_mutable()
+        if kwargs:
+            raise Unsupported(f"list.{name} with keyword arguments")
+        if name == "append" and len(args) == 1:
+            self.items.append(args[0])
+        elif name == "extend" and len(args) == 1:
+            self.items.extend(args[0].iterate(tx))
+        elif name == "insert" and len(args) == 2:
+            self.items.insert(args[0].as_python(), args[1])
+        elif name == "pop" and len(args) <= 1:
+            return self.items.pop(*(a.as_python() for a in args))
+        else:
+            raise Unsupported(f"list.{name} with {len(args)} arguments is not supported")
+        return ConstantVariable(None)
+
+
+class DictVariable(Variable):
+    def __init__(self, items: dict, source=None):
+        self.items = dict(items)  # Python constant key -> Variable
+        self.source = source
+
+    def python_type(self):
+        return dict
+
+    def as_python(self):
+        return {k: v.as_python() for k, v in self.items.items()}
+
+    def iterate(self, tx):
+        return [ConstantVariable(k) for k in self.items]
+
+    def truth(self, tx):
+        return bool(self.items)
+
+    def getitem(self, tx, key):
+        key = key.as_python()
+        if key not in self.items:
+            raise Unsupported(f"key {key!r} is not in the dict")
+        return self.items[key]
+
+    def getattr(self, tx, name):
+        if name in ("keys", "values", "items", "get", "update"):
+            return MethodVariable(self, name)
+        raise Unsupported(f"attribute {name!r} of a dict is not supported")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "keys":
+            return TupleVariable([ConstantVariable(k) for k in self.items])
+        if name == "values":
+            return TupleVariable(list(self.items.values()))
+        if name == "items":
+            return TupleVariable([TupleVariable([ConstantVariable(k), v]) for k, v in self.items.items()])
+        if name == "get":
+            key = args[0].as_python()
+            default = args[1] if len(args) > 1 else ConstantVariable(None)
+            return self.items.get(key, default)
+        if name == "update" and self.source is None and len(args) == 1 and isinstance(args[0], DictVariable):
+            self.items.update(args[0].items)
+            return ConstantVariable(None)
+        raise Unsupported(f"dict.{name} is not supported here")
+
+    def __repr__(self):
+        return f"Dict({self.items!r})"
+
+
+class IteratorVariable(Variable):
+    def __init__(self, items):
+        self.items = list(items)
+        self.pos = 0
+
+    def next(self):
+        if self.pos >= len(self.items):
+            return None
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+    def iterate(self, tx):
+        rest = self.items[self.pos:]
+        self.pos = len(self.items)
+        return rest
+
+
+class CellVariable(Variable):
+    """A closure cell: created by MAKE_CELL, or wrapping a real cell of a function we inline."""
+
+    def __init__(self, contents=None):
+        self.contents = contents  # a Variable (possibly Lazy), or None when empty
+
+
+class ModuleVariable(Variable):
+    def __init__(self, module, source):
+        self.module = module
+        self.source = source
+
+    def python_type(self):
+        return type(self.module)
+
+    def truth(self, tx):
+        return True
+
+    def getattr(self, tx, name):
+        try:
+            value = getattr(self.module, name)
+        except AttributeError as e:
+            raise Unsupported(str(e)) from None
+        if isinstance(value, types.MethodType) and value.__self__ is self.module:
+            return FunctionVariable(value.__func__, self_var=self)
+        return tx.wrap(value, tx.attr_source(self.source, name))
+
+    def _children(self, tx):
+        if not isinstance(self.module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            raise Unsupported(f"iterating over {type(self.module).__name__} is not supported")
+        children = list(self.module)
+        tx.guards.add(self.source, f"len({{}}) == {len(children)}")
+        return children
+
+    def iterate(self, tx):
+        return [tx.wrap(m, ItemSource(self.source, i)) for i, m in enumerate(self._children(tx))]
+
+    def getitem(self, tx, key):
+        children = self._children(tx)
+        key = key.as_python()
+        if not isinstance(key, int):
+            raise Unsupported(f"indexing {type(self.module).__name__} with {type(key).__name__}")
+        return tx.wrap(children[key], ItemSource(self.source, key % len(children)))
+
+    def call(self, tx, args, kwargs):
+        m = self.module
+        hooks = (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks,
+                 getattr(m, "_backward_pre_hooks", {}))
+        from torch.nn.modules import module as module_mod
+        global_hooks = [getattr(module_mod, n, {}) for n in
+                        ("_global_forward_hooks", "_global_forward_pre_hooks",
+                         "_global_backward_hooks", "_global_backward_pre_hooks")]
+        if any(hooks) or any(global_hooks):
+            raise Unsupported(f"calling {type(m).__name__} with hooks registered is not supported")
+        tx.guards.add(self.source, "not {}._forward_hooks and not {}._forward_pre_hooks")
+        forward = m.forward
+        if not (isinstance(forward, types.MethodType) and forward.__self__ is m):
+            raise Unsupported(f"{type(m).__name__}.forward is not a method")
+        return tx.inline_call(FunctionVariable(forward.__func__, self_var=self), args, kwargs)
+
+    def __repr__(self):
+        return f"Module({type(self.module).__name__} at {self.source})"
+
+
+class FunctionVariable(Variable):
+    """A user Python function; calling it inlines its bytecode in a new frame.
+
+    Either a real function object (``fn``; its closure cells and defaults are read from it) or
+    one made by MAKE_FUNCTION during the trace (``code`` with tracked defaults and cells).
+    """
+
+    def __init__(self, fn=None, *, source=None, self_var=None, code=None, globals_=None,
+                 defaults=(), kwdefaults=None, closure=(), qualname=None):
+        self.fn = fn
+        self.source = source
+        self.self_var = self_var
+        self.code = fn.__code__ if fn is not None else code
+        self.globals = fn.__globals__ if fn is not None else globals_
+        self.defaults = defaults
+        self.kwdefaults = kwdefaults or {}
+        self.closure = closure
+        self.qualname = fn.__qualname__ if fn is not None else (qualname or self.code.co_name)
+
+    def python_type(self):
+        return types.MethodType if self.self_var is not None else types.FunctionType
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        if self.self_var is not None:
+            args = [self.self_var] + list(args)
+        return tx.inline_call(self, args, kwargs)
+
+    def __repr__(self):
+        return f"Function({self.qualname})"
+
+
+class BuiltinVariable(Variable):
+    def __init__(self, fn, source=None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return type(self.fn)
+
+    def as_python(self):
+        return self.fn
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        from kiln.capture.builtins import call_builtin
+        return call_builtin(tx, self.fn, args, kwargs)
+
+    def __repr__(self):
+        return f"Builtin({getattr(self.fn, '__name__', self.fn)})"
+
+
+class TorchFunctionVariable(Variable):
+    def __init__(self, fn, source=None):
+        self.fn = fn
+        self.source = source
+
+    def as_python(self):
+        return self.fn
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        name = torch_api.callable_name(self.fn)
+        adapter = torch_api.TORCH_FUNCTIONS.get(self.fn)
+        if adapter is None:
+            raise Unsupported(f"call to {name} is not supported (not in the capture table)")
+        return tx.call_adapter(adapter, args, kwargs, name)
+
+    def __repr__(self):
+        return f"TorchFunction({torch_api.callable_name(self.fn)})"
+
+
+class PythonModuleVariable(Variable):
+    def __init__(self, module, source=None):
+        self.module = module
+        self.source = source
+
+    def as_python(self):
+        return self.module
+
+    def truth(self, tx):
+        return True
+
+    def getattr(self, tx, name):
+        try:
+            value = getattr(self.module, name)
+        except AttributeError as e:
+            raise Unsupported(str(e)) from None
+        trusted = self.module.__name__.split(".")[0] in ("torch", "math", "operator")
+        return tx.wrap(value, tx.attr_source(self.source, name), guard=not trusted)
+
+    def __repr__(self):
+        return f"PythonModule({self.module.__name__})"
+
+
+class MethodVariable(Variable):
+    """``obj.name`` for a tracked obj; calling dispatches on the object's kind."""
+
+    def __init__(self, obj, name):
+        self.obj = obj
+        self.name = name
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        obj = self.obj
+        if isinstance(obj, TensorVariable):
+            return tx.call_adapter(torch_api.TENSOR_METHODS[self.name], [obj, *args], kwargs,
+                                   f"Tensor.{self.name}")
+        if isinstance(obj, ConstantVariable):
+            try:
+                py_args = [a.as_python() for a in args]
+                py_kwargs = {k: v.as_python() for k, v in kwargs.items()}
+                return tx.wrap_constant(getattr(obj.value, self.name)(*py_args, **py_kwargs))
+            except Unsupported:
+                raise
+            except Exception as e:
+                raise Unsupported(f"{type(obj.value).__name__}.{self.name} raised {e!r}") from None
+        if isinstance(obj, (_Sequence, DictVariable)):
+            return obj.call_method(tx, self.name, args, kwargs)
+        raise Unsupported(f"calling {self.name} on {obj} is not supported")
+
+    def __repr__(self):
+        return f"Method({self.obj}.{self.name})"
+
+
+class OpaqueVariable(Variable):
+    """A value capture does not model: it can be stored and passed on, nothing else."""
+
+    def __init__(self, value, source=None):
+        self.value = value
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def call(self, tx, args, kwargs):
+        raise Unsupported(f"call to {torch_api.callable_name(self.value)} is not supported")
+
+    def getattr(self, tx, name):
+        raise Unsupported(f"attribute {name!r} of a {type(self.value).__name__} object is not supported")
+
+    def __repr__(self):
+        return f"Opaque({type(self.value).__name__})"
+
+
+# Python operators on constants, by dis's spelling.
+PYTHON_OPERATORS = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "@": operator.matmul,
+    "<<": operator.lshift, ">>": operator.rshift, "&": operator.and_, "|": operator.or_,
+    "^": operator.xor, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    "==": operator.eq, "!=": operator.ne,
+}
