@@ -149,12 +149,26 @@ class GuardSet:
                 rhs = src.expr(temp(src.parent))
             name = f"v{len(temps)}"
             temps[key] = name
-            lines.append(f"    {name} = {rhs}")
+            lines.append(f"        {name} = {rhs}")
             return name
 
-        for src, check in self.entries:
-            lines.append(f"    if not ({check.replace('{}', temp(src))}):")
-            lines.append("        return False")
+        # One `if` per run of checks on the same object; a check that raises (an attribute
+        # that went away, a shorter tuple) means the guard fails, never an error.
+        lines.append("    try:")
+        i = 0
+        while i < len(self.entries):
+            src = self.entries[i][0]
+            j = i
+            while j < len(self.entries) and self.entries[j][0] == src:
+                j += 1
+            name = temp(src)
+            cond = " and ".join(f"({c.replace('{}', name)})" if " or " in c else c.replace("{}", name)
+                                for _, c in self.entries[i:j])
+            lines.append(f"        if not ({cond}):")
+            lines.append("            return False")
+            i = j
+        lines.append("    except Exception:")
+        lines.append("        return False")
         lines.append("    return True")
         return "\n".join(lines) + "\n"
 

@@ -66,8 +66,13 @@ def decode(code: types.CodeType) -> list[Instruction]:
         target = None
         if ins.opcode in _JUMPS and isinstance(ins.argval, int):
             target = index_of.get(ins.argval)
+        argval, argrepr = ins.argval, ins.argrepr
+        if ins.opname == "KW_NAMES":
+            # 3.11's dis leaves KW_NAMES's argval undecoded; the arg indexes co_consts.
+            argval = code.co_consts[ins.arg]
+            argrepr = argrepr or repr(argval)
         flag = bool(ins.arg & 1) if ins.opname in _FLAG_BIT_OPS and ins.arg is not None else False
-        out.append(Instruction(n, ins.offset, ins.opname, ins.arg, ins.argval, ins.argrepr,
+        out.append(Instruction(n, ins.offset, ins.opname, ins.arg, argval, argrepr,
                                lineno, ins.is_jump_target, target, flag))
     return out
 

@@ -556,6 +556,17 @@ def list_extend(frame, inst):
     frame.stack[-inst.arg].items.extend(seq.iterate(frame.tx))
 
 
+@handler("DICT_MERGE", "DICT_UPDATE")
+def dict_merge(frame, inst):
+    update = frame.pop()
+    if not isinstance(update, DictVariable):
+        raise Unsupported(f"{inst.opname} with {update}")
+    target = frame.stack[-inst.arg]
+    if inst.opname == "DICT_MERGE" and set(target.items) & set(update.items):
+        raise Unsupported("duplicate keyword argument")
+    target.items.update(update.items)
+
+
 @handler("LIST_TO_TUPLE", versions=((3, 11), (3, 11)))
 def list_to_tuple(frame, inst):
     frame.push(TupleVariable(frame.pop().items))
@@ -577,6 +588,18 @@ def unpack_sequence(frame, inst):
     if len(items) != inst.arg:
         raise Unsupported(f"cannot unpack {len(items)} values into {inst.arg}")
     frame.stack.extend(reversed(items))
+
+
+@handler("UNPACK_EX")
+def unpack_ex(frame, inst):
+    before, after = inst.arg & 0xFF, inst.arg >> 8
+    items = frame.pop().iterate(frame.tx)
+    if len(items) < before + after:
+        raise Unsupported(f"cannot unpack {len(items)} values into {before} + {after}")
+    middle = ListVariable(items[before:len(items) - after])
+    frame.stack.extend(reversed(items[len(items) - after:]))
+    frame.push(middle)
+    frame.stack.extend(reversed(items[:before]))
 
 
 @handler("BINARY_SUBSCR")

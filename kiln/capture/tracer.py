@@ -367,13 +367,17 @@ def bind_arguments(fn: FunctionVariable, tx: Tracer, args, kwargs) -> dict:
         raise Unsupported(f"calling {fn.qualname}: {e}") from None
     bound.apply_defaults()
     out = {}
-    for name, param in inspect.signature(proto).parameters.items():
+    # inspect renames comprehension's implicit ".0" parameter; the code's own names win.
+    nparams = code.co_argcount + code.co_kwonlyargcount
+    nparams += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    params = inspect.signature(proto).parameters.items()
+    for code_name, (name, param) in zip(code.co_varnames[:nparams], params):
         value = bound.arguments[name]
         if param.kind is inspect.Parameter.VAR_POSITIONAL:
             value = TupleVariable(list(value))
         elif param.kind is inspect.Parameter.VAR_KEYWORD:
             value = DictVariable(dict(value))
-        out[name] = value
+        out[code_name] = value
     return out
 
 

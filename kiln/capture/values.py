@@ -352,7 +352,7 @@ class ModuleVariable(Variable):
         forward = m.forward
         if not (isinstance(forward, types.MethodType) and forward.__self__ is m):
             raise Unsupported(f"{type(m).__name__}.forward is not a method")
-        return tx.inline_call(FunctionVariable(forward.__func__, self_var=self), args, kwargs)
+        return FunctionVariable(forward.__func__, self_var=self).call(tx, args, kwargs)
 
     def __repr__(self):
         return f"Module({type(self.module).__name__} at {self.source})"
