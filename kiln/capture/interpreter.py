@@ -206,7 +206,8 @@ def swap(frame, inst):
 
 
 # ---------------------------------------------------------------- locals, cells, constants
-@handler("LOAD_FAST", "LOAD_FAST_CHECK")
+@handler("LOAD_FAST")
+@handler("LOAD_FAST_CHECK", versions=((3, 12), (3, 12)))
 def load_fast(frame, inst):
     frame.push(frame.load_local(inst.argval))
 
@@ -369,25 +370,29 @@ def _is_none(v):
     return isinstance(v, ConstantVariable) and v.value is None
 
 
-@handler("POP_JUMP_IF_TRUE", "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE")
+@handler("POP_JUMP_IF_TRUE", versions=((3, 12), (3, 12)))
+@handler("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE", versions=((3, 11), (3, 11)))
 def pop_jump_if_true(frame, inst):
     if frame.pop().truth(frame.tx):
         frame.jump(inst)
 
 
-@handler("POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE")
+@handler("POP_JUMP_IF_FALSE", versions=((3, 12), (3, 12)))
+@handler("POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE", versions=((3, 11), (3, 11)))
 def pop_jump_if_false(frame, inst):
     if not frame.pop().truth(frame.tx):
         frame.jump(inst)
 
 
-@handler("POP_JUMP_IF_NONE", "POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NONE")
+@handler("POP_JUMP_IF_NONE", versions=((3, 12), (3, 12)))
+@handler("POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NONE", versions=((3, 11), (3, 11)))
 def pop_jump_if_none(frame, inst):
     if _is_none(frame.pop()):
         frame.jump(inst)
 
 
-@handler("POP_JUMP_IF_NOT_NONE", "POP_JUMP_FORWARD_IF_NOT_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE")
+@handler("POP_JUMP_IF_NOT_NONE", versions=((3, 12), (3, 12)))
+@handler("POP_JUMP_FORWARD_IF_NOT_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE", versions=((3, 11), (3, 11)))
 def pop_jump_if_not_none(frame, inst):
     if not _is_none(frame.pop()):
         frame.jump(inst)
