@@ -14,12 +14,11 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from kiln.capture import torch_api
 from kiln.capture.errors import FrameState, Unsupported
 from kiln.capture.instructions import PY, Instruction, decode, source_line
 from kiln.capture.values import (NULL, CellVariable, ConstantVariable, DictVariable,
                                  FunctionVariable, IteratorVariable, LazyVariable, ListVariable,
-                                 ModuleVariable, NullVariable, PYTHON_OPERATORS, TensorVariable,
+                                 ModuleVariable, NullVariable, TensorVariable,
                                  TupleVariable, Variable, _Sequence)
 
 MAX_STEPS = 200_000
@@ -637,4 +636,4 @@ if PY not in ((3, 11), (3, 12)):  # pragma: no cover
     import warnings
     warnings.warn(f"kiln.capture is written for Python 3.11 and 3.12, running {sys.version}")
 
-__all__ = ["Frame", "HANDLERS", "ALL_HANDLERS", "handler", "torch_api"]
+__all__ = ["Frame", "HANDLERS", "ALL_HANDLERS", "handler"]

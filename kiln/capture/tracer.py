@@ -418,7 +418,11 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None) -> CaptureResult:
     if code.co_flags & _CO_GENERATOR_LIKE:
         raise Unsupported(f"capturing generator or coroutine {func.__qualname__} is not supported",
                           code.co_filename, code.co_firstlineno, "")
-    L = frame_locals(fn, args, kwargs)
+    try:
+        L = frame_locals(fn, args, kwargs)
+    except TypeError as e:
+        raise Unsupported(f"calling {func.__qualname__}: {e}", code.co_filename,
+                          code.co_firstlineno, "") from None
     tx = Tracer(_graph_name(code.co_name))
     tx.root_globals = func.__globals__
     nparams = code.co_argcount + code.co_kwonlyargcount
@@ -433,8 +437,12 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None) -> CaptureResult:
     ret = tx.run_frame(root)
 
     proxies: list[Proxy] = []
-    spec = _output_spec(ret, proxies)
     filename, lineno, line = root.location(root.current)
+    try:
+        spec = _output_spec(ret, proxies)
+    except Unsupported as e:
+        e.locate(filename, lineno, line)
+        raise
     with tx.graph.inherit(source=f"{filename}:{lineno}: {line}"):
         tx.graph.output(tuple(proxies))
 

@@ -50,3 +50,35 @@ def test_bytecode_listing_in_result():
     assert result.code is fn.__code__
     assert "BINARY_OP" in result.bytecode and "return x.relu() + 1" in result.bytecode
     assert "# executed instructions" in result.bytecode
+
+
+def test_version_specific_opcodes_are_exercised():
+    def fn(x, xs):
+        ts = [t * 2 for t in xs]            # 3.12: inlined comprehension (LOAD_FAST_AND_CLEAR, END_FOR)
+        head = xs[:2]                       # 3.12: BINARY_SLICE
+        both = torch.add(x, *head[1:], alpha=1)  # 3.12: CALL_INTRINSIC_1 list->tuple; 3.11: LIST_TO_TUPLE
+        total = x.relu()                    # 3.12: LOAD_ATTR with the method bit; 3.11: LOAD_METHOD
+        for t in ts:
+            total = total + t
+        return total + both
+
+    xs = (torch.randn(4, 8), torch.randn(4, 8))
+    result = trace(fn, (torch.randn(4, 8), xs), {})
+    executed = result.bytecode.split("# executed instructions")[1]
+    expected = {(3, 11): ["LOAD_METHOD", "PRECALL", "FOR_ITER", "MAKE_FUNCTION", "LIST_TO_TUPLE"],
+                (3, 12): ["LOAD_FAST_AND_CLEAR", "BINARY_SLICE", "CALL_INTRINSIC_1", "FOR_ITER"]}
+    for opname in expected.get(PY, []):
+        assert opname in executed, opname
+    x, = result.fetch({"x": torch.ones(4, 8), "xs": xs})[:1]
+    out = result.rebuild(result.graph.run(*result.fetch({"x": x, "xs": xs})))
+    torch.testing.assert_close(out, fn(x, xs))
+
+
+def test_return_constant():
+    def fn(x, n):
+        if n > 1:
+            return None
+        return x
+
+    result = trace(fn, (torch.randn(4, 8), 2), {})
+    assert result.rebuild(result.graph.run(*result.fetch({"x": torch.randn(4, 8), "n": 2}))) is None
