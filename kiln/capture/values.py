@@ -384,6 +384,10 @@ class FunctionVariable(Variable):
         return True
 
     def call(self, tx, args, kwargs):
+        if getattr(self.fn, "_kiln_graph_break", False):
+            raise Unsupported("kiln.graph_break() called")
+        if getattr(self.fn, "_kiln_disabled", False):
+            raise Unsupported(f"call to {self.qualname}, which is marked kiln.disable")
         if self.self_var is not None:
             args = [self.self_var] + list(args)
         return tx.inline_call(self, args, kwargs)

@@ -191,3 +191,66 @@ class LoopProgram:
         lines = [repr(b) for b in self.inputs] + [repr(b) for b in self.buffers]
         lines.append(f"return {self.outputs!r}")
         return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ index simplification
+def _bounds(expr, ranges):
+    """(lo, hi) of an index expression given 0 <= symbol < size, or None if unknown."""
+    if expr.is_Integer:
+        v = int(expr)
+        return v, v
+    if expr.is_Symbol:
+        size = ranges.get(expr)
+        return (0, size - 1) if size is not None else None
+    if expr.is_Add:
+        lo = hi = 0
+        for a in expr.args:
+            b = _bounds(a, ranges)
+            if b is None:
+                return None
+            lo, hi = lo + b[0], hi + b[1]
+        return lo, hi
+    if expr.is_Mul:
+        lo = hi = 1
+        for a in expr.args:
+            b = _bounds(a, ranges)
+            if b is None:
+                return None
+            cands = [lo * b[0], lo * b[1], hi * b[0], hi * b[1]]
+            lo, hi = min(cands), max(cands)
+        return lo, hi
+    if isinstance(expr, sympy.Mod):
+        m = expr.args[1]
+        if m.is_Integer and int(m) > 0:
+            return 0, int(m) - 1
+    if isinstance(expr, sympy.floor):
+        num, den = expr.args[0].as_numer_denom()
+        b = _bounds(num, ranges)
+        if b is not None and den.is_Integer and int(den) > 0:
+            return b[0] // int(den), b[1] // int(den)
+    return None
+
+
+def simplify_index(expr, ranges: dict) -> sympy.Expr:
+    """Drop modulo and floor-division that the index ranges make no-ops."""
+    expr = sympy.sympify(expr)
+    if not expr.args:
+        return expr
+    args = [simplify_index(a, ranges) for a in expr.args]
+    if isinstance(expr, sympy.Mod):
+        b = _bounds(args[0], ranges)
+        m = args[1]
+        if b is not None and m.is_Integer and 0 <= b[0] and b[1] < int(m):
+            return args[0]
+        return sympy.Mod(*args)
+    if isinstance(expr, sympy.floor):
+        num, den = args[0].as_numer_denom()
+        b = _bounds(num, ranges)
+        if b is not None and den.is_Integer and 0 <= b[0] and b[1] < int(den):
+            return sympy.Integer(0)
+        return sympy.floor(args[0])
+    return expr.func(*args)
+
+
+def ranges_of(shape) -> dict:
+    return {index_symbol(k): int(s) for k, s in enumerate(shape)}

@@ -1,0 +1,301 @@
+"""compile(), CompiledFunction / CompiledModule, the per-code cache, recompiles and fallback."""
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import types
+import warnings
+
+import torch
+
+from kiln import context, counters, log
+from kiln.capture import Unsupported, frame_locals, trace
+from kiln.config import config
+from kiln.pipeline import StageError, compile_graph
+
+_local = threading.local()
+
+
+class GraphBreakError(RuntimeError):
+    """Raised under fullgraph=True where a graph break would have happened."""
+
+
+class CacheEntry:
+    __slots__ = ("guard_fn", "guards", "fetch", "compiled", "rebuild", "grad_enabled", "capture",
+                 "compile_id")
+
+    def __init__(self, capture, compiled, grad_enabled, compile_id):
+        self.capture = capture
+        self.guard_fn = capture.guard_fn
+        self.guards = capture.guards
+        self.fetch = capture.fetch
+        self.rebuild = capture.rebuild
+        self.compiled = compiled
+        self.grad_enabled = grad_enabled
+        self.compile_id = compile_id
+
+    def run(self, L):
+        return self.rebuild(self.compiled(*self.fetch(L)))
+
+
+class CodeCache:
+    """Everything kiln knows about one code object: its entries, or why it runs eagerly."""
+    __slots__ = ("entries", "eager_reason", "compiles")
+
+    def __init__(self):
+        self.entries: list[CacheEntry] = []
+        self.eager_reason: str | None = None
+        self.compiles = 0
+
+
+_CODE_CACHES: dict[types.CodeType, CodeCache] = {}
+# Compile contexts of recent compiles, newest last (explain and the debug dump read them).
+_RECORDERS: list[list] = []
+
+
+def _unwrap(fn):
+    if isinstance(fn, types.MethodType):
+        return fn.__func__
+    return fn
+
+
+def _fast_locals_builder(fn):
+    """A cheap L builder for the common call shape (positional args only, no defaults used,
+    no closure); None when the general frame_locals binding is needed."""
+    func = _unwrap(fn)
+    if not isinstance(func, types.FunctionType):
+        return None
+    code = func.__code__
+    if code.co_flags & (0x04 | 0x08) or code.co_kwonlyargcount or code.co_freevars:
+        return None
+    names = code.co_varnames[:code.co_argcount]
+    if isinstance(fn, types.MethodType):
+        self_obj = fn.__self__
+        n = len(names) - 1
+
+        def build(args, kwargs):
+            if kwargs or len(args) != n:
+                return None
+            return dict(zip(names, (self_obj, *args)))
+        return build
+    n = len(names)
+
+    def build(args, kwargs):
+        if kwargs or len(args) != n:
+            return None
+        return dict(zip(names, args))
+    return build
+
+
+class CompiledFunction:
+    def __init__(self, fn, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
+                 options=None, private_cache=False):
+        self.fn = fn
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.backend = backend
+        self.mode = mode
+        self.options = dict(options or {})
+        func = _unwrap(fn)
+        self.code = func.__code__
+        self.globals = func.__globals__
+        self.name = getattr(func, "__qualname__", self.code.co_name)
+        self._fast_locals = _fast_locals_builder(fn)
+        self._private = CodeCache() if private_cache else None
+        functools.update_wrapper(self, func)
+
+    @property
+    def cache(self) -> CodeCache:
+        if self._private is not None:
+            return self._private
+        c = _CODE_CACHES.get(self.code)
+        if c is None:
+            c = _CODE_CACHES[self.code] = CodeCache()
+        return c
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return types.MethodType(self, obj)
+
+    def __call__(self, *args, **kwargs):
+        if config.disable or getattr(_local, "disabled", 0) or getattr(_local, "compiling", False):
+            return self.fn(*args, **kwargs)
+        cache = self.cache
+        if cache.eager_reason is not None:
+            return self.fn(*args, **kwargs)
+        L = self._fast_locals(args, kwargs) if self._fast_locals is not None else None
+        if L is None:
+            try:
+                L = frame_locals(self.fn, args, kwargs)
+            except TypeError:
+                return self.fn(*args, **kwargs)  # let Python raise the user's own binding error
+        grad = torch.is_grad_enabled()
+        G = self.globals
+        for entry in cache.entries:
+            if entry.grad_enabled == grad and entry.guard_fn(L, G):
+                counters.bump("cache_hits")
+                return entry.run(L)
+        entry = self._compile(cache, L, args, kwargs, grad)
+        if entry is None:
+            return self.fn(*args, **kwargs)
+        return entry.run(L)
+
+    # ------------------------------------------------------------------ compiling
+    def _why_miss(self, cache, L, grad) -> str:
+        G = self.globals
+        for entry in cache.entries:
+            if entry.grad_enabled != grad:
+                return f"torch.is_grad_enabled() changed to {grad}"
+            for g in entry.guards:
+                try:
+                    ok = eval(g, {"torch": torch, "math": __import__("math")}, {"L": L, "G": G})
+                except Exception as e:  # noqa: BLE001 - a guard that cannot run has failed
+                    ok = False
+                    g = f"{g} (raised {type(e).__name__})"
+                if not ok:
+                    return f"guard failed: {g}"
+        return "no guard matched"
+
+    def _compile(self, cache, L, args, kwargs, grad):
+        if cache.entries:
+            if len(cache.entries) >= config.recompile_limit:
+                cache.eager_reason = (f"recompile limit ({config.recompile_limit}) reached for "
+                                      f"{self.name}; it runs eagerly from now on")
+                log.log("recompiles", "%s", cache.eager_reason)
+                counters.bump("fallbacks")
+                return None
+            reason = self._why_miss(cache, L, grad)
+            log.log("recompiles", "recompiling %s (%s:%d): %s", self.name, self.code.co_filename,
+                    self.code.co_firstlineno, reason)
+            counters.bump("recompiles")
+        with context.compiling(self.name) as ctx:
+            for rec in _RECORDERS:
+                rec.append(ctx)
+            t0 = time.perf_counter()
+            _local.compiling = True
+            try:
+                try:
+                    with context.timed("capture"):
+                        capture = trace(self.fn, args, kwargs)
+                finally:
+                    _local.compiling = False
+            except Unsupported as e:
+                ctx.graph_breaks.append(e)
+                counters.bump("graph_breaks")
+                if self.fullgraph:
+                    raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
+                cache.eager_reason = f"graph break: {e}"
+                log.log("graph_breaks", "%s", e)
+                log.log("recompiles", "%s runs eagerly: %s", self.name, e)
+                return None
+            except Exception as e:  # noqa: BLE001 - an internal error in capture
+                return self._internal_error(cache, StageError("capture", f"{type(e).__name__}: {e}"), e)
+            ctx.record("capture", "bytecode", capture.bytecode)
+            ctx.record("capture", "guards", capture.guard_source)
+            ctx.record("capture", "captured_graph", capture.graph)
+            ctx.guards.extend(capture.guards)
+            log.log("bytecode", "%s", capture.bytecode) if log.verbose("bytecode") else None
+            log.log("graph", "captured graph of %s:\n%s", self.name, capture.graph.python())
+            log.log("guards", "guards of %s:\n%s", self.name, capture.guard_source)
+            try:
+                compiled = compile_graph(capture.graph, self.backend)
+            except StageError as e:
+                return self._internal_error(cache, e, e.__cause__ or e)
+            entry = CacheEntry(capture, compiled, grad, ctx.compile_id)
+            cache.entries.append(entry)
+            cache.compiles += 1
+            counters.bump("frames_compiled")
+            counters.bump("graphs_compiled")
+            total = time.perf_counter() - t0
+            log.log("perf", "compiled %s in %.1f ms: %s", self.name, total * 1e3,
+                    ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in ctx.stage_times.items()))
+            if config.debug:
+                from kiln.observe.debug import write_dump
+                write_dump(ctx, compiled)
+            return entry
+
+    def _internal_error(self, cache, err: StageError, cause):
+        counters.bump("fallbacks")
+        if self.fullgraph or config.strict:
+            raise err
+        warnings.warn(f"kiln: {err}; running {self.name} eagerly instead", RuntimeWarning,
+                      stacklevel=4)
+        cache.eager_reason = str(err)
+        return None
+
+
+class CompiledModule(torch.nn.Module):
+    """A module whose forward is compiled; it shares every parameter and buffer with the
+    original (which it holds as ``_orig_mod``)."""
+
+    def __init__(self, mod: torch.nn.Module, **opts):
+        super().__init__()
+        self._orig_mod = mod
+        self._compiled_forward = CompiledFunction(mod.forward, **opts)
+
+    def forward(self, *args, **kwargs):
+        return self._compiled_forward(*args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["_orig_mod"], name)
+
+
+def compile(fn_or_module=None, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
+            options=None):
+    """Compile a function or nn.Module; usable as ``@kiln.compile`` or ``@kiln.compile(...)``."""
+    opts = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options)
+    if backend not in ("kiln", "eager", "aot_eager"):
+        raise ValueError(f"unknown backend {backend!r}; expected 'kiln', 'eager' or 'aot_eager'")
+    if fn_or_module is None:
+        return lambda f: compile(f, **opts)
+    if isinstance(fn_or_module, torch.nn.Module):
+        return CompiledModule(fn_or_module, **opts)
+    if not callable(fn_or_module):
+        raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(fn_or_module).__name__}")
+    return CompiledFunction(fn_or_module, **opts)
+
+
+def reset():
+    """Forget every compiled entry and zero the counters."""
+    _CODE_CACHES.clear()
+    counters.reset()
+
+
+def disable(fn=None):
+    """Run fn without kiln: calls inside it are not compiled, and tracing stops at it."""
+    if fn is None:
+        return disable
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _local.disabled = getattr(_local, "disabled", 0) + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _local.disabled -= 1
+
+    wrapper._kiln_disabled = True
+    return wrapper
+
+
+def graph_break():
+    """A no-op in eager code; in compiled code, the graph breaks here."""
+
+
+graph_break._kiln_graph_break = True
+
+
+def is_compiling() -> bool:
+    return bool(getattr(_local, "compiling", False))
+
+
+def mark_dynamic(tensor, dim):
+    """Mark a size as dynamic (symbolic shapes are the next stage; recorded for it now)."""
+    dims = getattr(tensor, "_kiln_dynamic_dims", set())
+    dims.add(dim)
+    tensor._kiln_dynamic_dims = dims

@@ -1,0 +1,182 @@
+"""C++ code generation for fused pointwise kernels on the CPU.
+
+The outer dimensions are collapsed into one loop that OpenMP splits across threads; the last
+dimension is the inner loop, written branch-free so gcc vectorizes it (``omp simd``). Half
+precision is computed in float and rounded where stored or cast, as the Triton path does.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kiln.inductor import ir
+from kiln.inductor.codegen.common import IndexPrinter, KernelWriter, ScalarOps, compute_dtype
+
+C_TYPES = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
+    torch.bfloat16: "uint16_t", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}
+
+PRELUDE = r"""
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+static inline float kiln_bf16_to_float(uint16_t v) {
+    uint32_t bits = ((uint32_t)v) << 16; float f; std::memcpy(&f, &bits, 4); return f;
+}
+static inline uint16_t kiln_float_to_bf16(float f) {
+    uint32_t bits; std::memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);  // NaN stays NaN
+    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+    return (uint16_t)(bits >> 16);
+}
+static inline float kiln_round_bf16(float f) { return kiln_bf16_to_float(kiln_float_to_bf16(f)); }
+template <typename T> static inline T kiln_max(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> static inline T kiln_min(T a, T b) { return (a < b || a != a) ? a : b; }
+"""
+
+
+class CppOps(ScalarOps):
+    name = "cpp"
+    TABLE = {
+        "add": "({0} + {1})",
+        "sub": "({0} - {1})",
+        "mul": "({0} * {1})",
+        "div": "({0} / {1})",
+        "neg": "(-{0})",
+        "abs": "std::abs({0})",
+        "exp": "std::exp({0})",
+        "log": "std::log({0})",
+        "sqrt": "std::sqrt({0})",
+        "tanh": "std::tanh({0})",
+        "eq": "({0} == {1})",
+        "ne": "({0} != {1})",
+        "lt": "({0} < {1})",
+        "le": "({0} <= {1})",
+        "gt": "({0} > {1})",
+        "ge": "({0} >= {1})",
+        "where": "({0} ? {1} : {2})",
+    }
+
+    def call(self, op, args, dtype, arg_dtypes):
+        ct = ctype(compute_dtype(dtype))
+        if op == "sigmoid":
+            return f"({ct}(1) / ({ct}(1) + std::exp(-{args[0]})))"
+        if op == "rsqrt":
+            return f"({ct}(1) / std::sqrt({args[0]}))"
+        if op in ("maximum", "minimum"):
+            return f"kiln_{op[:3]}<{ct}>({args[0]}, {args[1]})"
+        if op == "abs" and dtype == torch.bool:
+            return args[0]
+        return super().call(op, args, dtype, arg_dtypes)
+
+
+def ctype(dtype) -> str:
+    """The C++ type values of dtype are computed in."""
+    return C_TYPES[compute_dtype(dtype)]
+
+
+def cpp_const(value, dtype) -> str:
+    dtype = compute_dtype(dtype)
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        v = float(value)
+        t = C_TYPES[dtype]
+        if math.isinf(v):
+            return f"({'' if v > 0 else '-'}std::numeric_limits<{t}>::infinity())"
+        if math.isnan(v):
+            return f"std::numeric_limits<{t}>::quiet_NaN()"
+        return f"{v!r}f" if dtype == torch.float32 and "e" not in repr(v) and "." in repr(v) \
+            else f"{t}({v!r})"
+    return f"{int(value)}LL" if dtype == torch.int64 else str(int(value))
+
+
+def cpp_cast(x: str, src, dst) -> str:
+    if dst == torch.float16:
+        return f"(float)(_Float16)({x})"
+    if dst == torch.bfloat16:
+        return f"kiln_round_bf16((float)({x}))"
+    if dst == torch.bool:
+        return f"({x} != 0)"
+    return f"static_cast<{ctype(dst)}>({x})"
+
+
+class CppKernel:
+    __slots__ = ("name", "source", "args", "numel", "origins")
+
+    def __init__(self, name, source, args, numel, origins):
+        self.name, self.source, self.args, self.numel, self.origins = name, source, args, numel, origins
+
+
+def generate_cpp(kernel, buffers: dict) -> CppKernel:
+    printer = IndexPrinter("/")
+    shape = kernel.shape
+    numel = math.prod(shape)
+    name = f"kiln_{kernel.name}"
+    in_names: dict[str, str] = {}
+    out_names: dict[str, str] = {}
+    ranges = ir.ranges_of(shape)
+
+    def index_text(expr):
+        return printer.doprint(ir.simplify_index(expr, ranges))
+
+    def ptr(buf):
+        if buf not in in_names:
+            in_names[buf] = f"in_ptr{len(in_names)}"
+        return in_names[buf]
+
+    def load(ld: ir.Load):
+        text = f"{ptr(ld.buffer)}[{index_text(ld.index)}]"
+        if ld.dtype == torch.bfloat16:
+            return f"kiln_bf16_to_float({text})"
+        if ld.dtype == torch.float16:
+            return f"(float)({text})"
+        return text
+
+    writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast,
+                          lambda n, text, dtype: f"{ctype(dtype)} {n} = {text};")
+    stores = set(kernel.stores)
+    for node in kernel.nodes:
+        value = writer.emit(node.body)
+        index = node.store_index()
+        writer.in_registers[(node.name, index.expand())] = value
+        if node.name in stores:
+            out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
+            if node.dtype == torch.bfloat16:
+                stored = f"kiln_float_to_bf16({value})"
+            else:
+                stored = f"static_cast<{C_TYPES[node.dtype]}>({value})"
+            writer.lines.append(f"{out}[{index_text(index)}] = {stored};")
+
+    params = [f"const {C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
+    params += [f"{C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
+    body = ["        " + ln for ln in writer.lines]
+    ndim = len(shape)
+    lines = [f'extern "C" void {name}({", ".join(params)}) {{']
+    clause = "" if numel >= 1 << 16 else " if(0)"  # threads cost more than they save on small loops
+    if ndim == 0:
+        lines += ["    {"] + body + ["    }"]
+    elif ndim == 1:
+        lines += [f"    #pragma omp parallel for simd{clause}", f"    for (int64_t i0 = 0; i0 < {shape[0]}; ++i0) {{"]
+        lines += body + ["    }"]
+    else:
+        outer = math.prod(shape[:-1])
+        last = ndim - 1
+        lines += [f"    #pragma omp parallel for{clause}", f"    for (int64_t x0 = 0; x0 < {outer}; ++x0) {{"]
+        inner = 1
+        for k in range(ndim - 2, -1, -1):
+            div = f"(x0 / {inner})" if inner > 1 else "x0"
+            lines.append(f"        const int64_t i{k} = {div} % {shape[k]};" if k > 0
+                         else f"        const int64_t i0 = {div};")
+            inner *= shape[k]
+        lines += ["        #pragma omp simd", f"        for (int64_t i{last} = 0; i{last} < {shape[-1]}; ++i{last}) {{"]
+        lines += ["    " + ln for ln in body] + ["        }", "    }"]
+    lines.append("}")
+    header = [f"// from: {o}" for o in kernel.origins]
+    source = "\n".join(header) + PRELUDE + "\n" + "\n".join(lines) + "\n"
+    return CppKernel(name, source, list(in_names) + list(out_names), numel, list(kernel.origins))

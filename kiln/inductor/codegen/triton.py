@@ -1,0 +1,187 @@
+"""Triton code generation for fused pointwise kernels.
+
+A kernel iterates over the flattened output index ``xindex`` in blocks of ``XBLOCK``; the loop
+IR's index symbols are recovered from it with division and modulo, and loads/stores use each
+buffer's own strides, so broadcast and transposed operands need no copies.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from kiln.inductor import ir
+from kiln.inductor.codegen.common import LOW_PRECISION, IndexPrinter, KernelWriter, ScalarOps, compute_dtype
+
+TL_DTYPES = {
+    torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
+    torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
+    torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+class TritonOps(ScalarOps):
+    name = "triton"
+    TABLE = {
+        "add": "({0} + {1})",
+        "sub": "({0} - {1})",
+        "mul": "({0} * {1})",
+        "div": "({0} / {1})",
+        "neg": "(-{0})",
+        "abs": "tl.abs({0})",
+        "exp": "tl.exp({0})",
+        "log": "tl.log({0})",
+        "sqrt": "tl.sqrt({0})",
+        "rsqrt": "tl.rsqrt({0})",
+        "sigmoid": "tl.sigmoid({0})",
+        # NaN-propagating, like torch.maximum/minimum (tl.maximum drops NaNs by default).
+        "maximum": "tl.where(({0} > {1}) | ({0} != {0}), {0}, {1})",
+        "minimum": "tl.where(({0} < {1}) | ({0} != {0}), {0}, {1})",
+        "eq": "({0} == {1})",
+        "ne": "({0} != {1})",
+        "lt": "({0} < {1})",
+        "le": "({0} <= {1})",
+        "gt": "({0} > {1})",
+        "ge": "({0} >= {1})",
+        "where": "tl.where({0}, {1}, {2})",
+    }
+
+    def call(self, op, args, dtype, arg_dtypes):
+        if op == "tanh":
+            if interpreting():  # the interpreter has no libdevice
+                return f"(2.0 * tl.sigmoid(2.0 * {args[0]}) - 1.0)"
+            return f"libdevice.tanh({args[0]})"
+        return super().call(op, args, dtype, arg_dtypes)
+
+
+def triton_const(value, dtype) -> str:
+    if dtype == torch.bool:
+        return "True" if value else "False"
+    if dtype.is_floating_point:
+        v = float(value)
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else 'float("-inf")'
+        if math.isnan(v):
+            return 'float("nan")'
+        return repr(v)
+    return repr(int(value))
+
+
+def interpreter_bf16(x: str) -> str:
+    """float32 -> bfloat16 with round-to-nearest-even. The interpreter's own conversion
+    truncates; compiled Triton rounds correctly, so this is only emitted when interpreting."""
+    bits = f"{x}.to(tl.uint32, bitcast=True)"
+    rounded = f"(({bits} + 0x7FFF + (({bits} >> 16) & 1)) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)"
+    return f"tl.where({x} != {x}, {x}.to(tl.bfloat16), {rounded})"
+
+
+def triton_cast(x: str, src: torch.dtype, dst: torch.dtype) -> str:
+    if dst == torch.bool:
+        return f"({x} != 0)"
+    if dst == torch.bfloat16 and interpreting():
+        return f"{interpreter_bf16(x)}.to(tl.float32)"
+    if dst in LOW_PRECISION:  # round to the narrow type, keep computing in float32
+        return f"{x}.to({TL_DTYPES[dst]}).to(tl.float32)"
+    return f"{x}.to({TL_DTYPES[dst]})"
+
+
+class TritonKernel:
+    """A generated kernel plus what the wrapper needs to launch it."""
+    __slots__ = ("name", "source", "args", "numel", "xblock", "num_warps", "origins")
+
+    def __init__(self, name, source, args, numel, xblock, num_warps, origins):
+        self.name, self.source, self.args = name, source, args
+        self.numel, self.xblock, self.num_warps, self.origins = numel, xblock, num_warps, origins
+
+
+def _block_config(numel: int) -> tuple[int, int]:
+    if numel >= 1 << 20:
+        return 1024, 4
+    xblock = 1 << max(4, (numel - 1).bit_length()) if numel > 1 else 16
+    xblock = min(xblock, 1024)
+    return xblock, (4 if xblock >= 512 else 2 if xblock >= 128 else 1)
+
+
+def generate_triton(kernel, buffers: dict) -> TritonKernel:
+    printer = IndexPrinter("//")
+    shape = kernel.shape
+    numel = math.prod(shape)
+    name = f"kiln_{kernel.name}"
+    in_names: dict[str, str] = {}
+    out_names: dict[str, str] = {}
+    ranges = ir.ranges_of(shape)
+
+    def index_text(expr):
+        return printer.doprint(ir.simplify_index(expr, ranges))
+
+    def ptr(buf):
+        if buf not in in_names:
+            in_names[buf] = f"in_ptr{len(in_names)}"
+        return in_names[buf]
+
+    def load(ld: ir.Load):
+        text = f"tl.load({ptr(ld.buffer)} + ({index_text(ld.index)}), xmask)"
+        if ld.dtype in LOW_PRECISION:
+            text += ".to(tl.float32)"
+        return text
+
+    writer = KernelWriter(TritonOps(), load, triton_const, triton_cast,
+                          lambda n, text, dtype: f"{n} = {text}")
+    body_lines = []
+    stores = set(kernel.stores)
+    for node in kernel.nodes:
+        value = writer.emit(node.body)
+        if isinstance(node.body, ir.Const):  # a constant fill still needs a block-shaped value
+            value = writer._tmp(f"tl.full([XBLOCK], {value}, {TL_DTYPES[compute_dtype(node.dtype)]})",
+                                node.dtype)
+        index = node.store_index()
+        writer.in_registers[(node.name, index.expand())] = value
+        if node.name in stores:
+            out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
+            if node.dtype == torch.bfloat16 and interpreting():
+                value = writer._tmp(interpreter_bf16(value), node.dtype)
+            writer.lines.append(f"tl.store({out} + ({index_text(index)}), {value}, xmask)")
+    body_lines = writer.lines
+
+    index_lines = []
+    if len(shape) == 1:
+        index_lines.append("i0 = xindex")
+    elif len(shape) > 1:
+        inner = 1
+        for k in range(len(shape) - 1, -1, -1):
+            if k == 0:
+                index_lines.append(f"i0 = xindex // {inner}" if inner > 1 else "i0 = xindex")
+            elif inner == 1:
+                index_lines.append(f"i{k} = xindex % {shape[k]}")
+            else:
+                index_lines.append(f"i{k} = (xindex // {inner}) % {shape[k]}")
+            inner *= shape[k]
+
+    params = list(in_names.values()) + list(out_names.values())
+    wide = numel * 8 >= 2 ** 31 or any(
+        sum(abs(s) * (d - 1) for s, d in zip(buffers[b].stride, buffers[b].shape)) >= 2 ** 31
+        for b in list(in_names) + list(out_names))
+    pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
+    lines = [
+        "@triton.jit",
+        f"def {name}({', '.join(params + ['xnumel', 'XBLOCK: tl.constexpr'])}):",
+        f"    xoffset = {pid} * XBLOCK",
+        "    xindex = xoffset + tl.arange(0, XBLOCK)",
+        "    xmask = xindex < xnumel",
+    ]
+    lines += ["    " + ln for ln in index_lines + body_lines]
+    header = ["import triton", "import triton.language as tl"]
+    if any("libdevice." in ln for ln in body_lines):
+        header.append("from triton.language.extra import libdevice")
+    if kernel.origins:
+        header.append("")
+        header += [f"# from: {o}" for o in kernel.origins]
+    source = "\n".join(header) + "\n\n\n" + "\n".join(lines) + "\n"
+    xblock, warps = _block_config(numel)
+    return TritonKernel(name, source, list(in_names) + list(out_names), numel, xblock, warps,
+                        list(kernel.origins))

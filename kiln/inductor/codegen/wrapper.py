@@ -1,0 +1,76 @@
+"""The wrapper: Python source that allocates buffers, launches kernels, calls library ops and
+frees each buffer after its last use. Everything decidable at compile time is decided here, so
+a call does no more than the printed lines say."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kiln.inductor import ir
+from kiln.inductor.scheduler import Kernel, Schedule
+
+
+class WrapperSource:
+    __slots__ = ("source", "kernels", "externs")
+
+    def __init__(self, source, kernels, externs):
+        self.source, self.kernels, self.externs = source, kernels, externs
+
+    def __str__(self):
+        return self.source
+
+
+def _ref_expr(ref: ir.TensorRef, buffers: dict) -> str:
+    buf = buffers[ref.buffer]
+    if tuple(ref.shape) == tuple(buf.shape) and tuple(ref.stride) == tuple(buf.stride) and ref.offset == 0:
+        return ref.buffer
+    offset = f"{ref.buffer}.storage_offset() + {ref.offset}" if ref.offset else f"{ref.buffer}.storage_offset()"
+    return f"as_strided({ref.buffer}, {tuple(ref.shape)}, {tuple(ref.stride)}, {offset})"
+
+
+def _device_name(device: torch.device) -> str:
+    return f"dev_{device.type}{'' if device.index is None else device.index}"
+
+
+def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSource:
+    """generated maps kernel name -> TritonKernel | CppKernel."""
+    program = sched.program
+    buffers = {b.name: b for b in program.inputs + program.buffers}
+    outputs = {o.buffer for o in program.outputs if isinstance(o, ir.TensorRef)}
+    inputs = {b.name for b in program.inputs}
+    lines = [f"def call({', '.join(b.name for b in program.inputs)}):"]
+    devices = {}
+    for i, step in enumerate(sched.steps):
+        if isinstance(step, Kernel):
+            gen = generated[step.name]
+            for name in step.stores:
+                b = buffers[name]
+                dev = _device_name(b.device)
+                devices[dev] = b.device
+                lines.append(f"    {name} = empty_strided({tuple(b.shape)}, {tuple(b.stride)}, "
+                             f"dtype={b.dtype}, device={dev})")
+            if math.prod(step.shape) == 0:
+                lines.append(f"    # {step.name} skipped: empty iteration space")
+            elif target == "triton":
+                grid = -(-gen.numel // gen.xblock)
+                lines.append(f"    {gen.name}[({grid},)]({', '.join(gen.args)}, {gen.numel}, "
+                             f"XBLOCK={gen.xblock}, num_warps={gen.num_warps})")
+            else:
+                ptrs = ", ".join(f"{a}.data_ptr()" for a in gen.args)
+                lines.append(f"    {gen.name}({ptrs})")
+        else:
+            args = [_ref_expr(r, buffers) if isinstance(r, ir.TensorRef) else repr(r) for r in step.inputs]
+            kwargs = [f"{k}={v!r}" for k, v in step.kwargs.items()]
+            lines.append(f"    {step.name} = extern_{step.op.name}({', '.join(args + kwargs)})")
+        dead = [b for b, last in sched.last_use.items()
+                if last == i and b not in outputs and b not in inputs]
+        if dead:
+            lines.append(f"    del {', '.join(sorted(dead))}")
+    outs = []
+    for o in program.outputs:
+        outs.append(_ref_expr(o, buffers) if isinstance(o, ir.TensorRef) else repr(o))
+    lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    header = [f"{d} = torch.device({str(dev)!r})" for d, dev in devices.items()]
+    source = "\n".join(header + [""] + lines) + "\n"
+    return WrapperSource(source, list(generated.values()), sched.externs)

@@ -1,0 +1,124 @@
+"""Lowering: a prims graph becomes loop IR (``ir.LoopProgram``).
+
+Pointwise prims compose loaders and are inlined into their consumers, so a chain of them costs
+nothing until something needs memory. A value is *realized* into a ``Pointwise`` buffer when a
+library call reads it, when the graph returns it, or when several consumers read a value that
+is not cheap to recompute.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from kiln.graph.graph import Graph, getitem
+from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, map_args
+from kiln.inductor import ir
+from kiln.inductor.lowering import TValue
+from kiln.meta.tensor_meta import contiguous_strides
+from kiln.ops.registry import LOWERINGS
+
+# A multi-use value is recomputed by each consumer when it has at most this many ops.
+INLINE_OPS_LIMIT = 4
+
+
+class LoweringError(RuntimeError):
+    pass
+
+
+class LoweringContext:
+    def __init__(self):
+        self.buffers: list[ir.Buffer] = []
+        self._counter = 0
+        self.current_op = None
+        self.current_origins: tuple = ()
+
+    def new_name(self, prefix="buf"):
+        name = f"{prefix}{self._counter}"
+        self._counter += 1
+        return name
+
+    def add_buffer(self, buf):
+        self.buffers.append(buf)
+
+    def realize(self, value: TValue) -> ir.TensorRef:
+        """Materialize a value into memory (no-op when it already lives in a buffer)."""
+        if value.ref is not None:
+            return value.ref
+        shape = value.shape
+        stride = contiguous_strides(shape)
+        body = value.loader(ir.index_symbols(len(shape)))
+        name = self.new_name("buf")
+        origins = value.origins or self.current_origins
+        self.add_buffer(ir.Pointwise(name, shape, stride, value.dtype, value.device, body, origins))
+        ref = ir.TensorRef(name, shape, stride, 0)
+        value.ref = ref
+        realized = TValue.of_ref(ref, value.dtype, value.device, origins)
+        value.loader = realized.loader
+        return ref
+
+
+def _op_count(value: TValue) -> int:
+    body = value.loader(ir.index_symbols(len(value.shape)))
+    return sum(1 for e in ir.walk(body) if isinstance(e, ir.Call) and e.op != "cast")
+
+
+def _origin_of(node):
+    src = node.meta.get("source")
+    origin = node.meta.get("origin") or f"{node.name} = {node.target!r}"
+    return (origin if src is None else f"{origin}  [{src}]",)
+
+
+def lower(graph: Graph) -> ir.LoopProgram:
+    ctx = LoweringContext()
+    env: dict = {}
+    inputs = []
+    devices = set()
+    for node in graph.nodes:
+        if node.op in (PLACEHOLDER, GET_ATTR):
+            m = node.meta["val"]
+            name = f"arg{len(inputs)}"
+            buf = ir.InputBuffer(name, m.shape, m.stride, m.dtype, m.device)
+            inputs.append(buf)
+            devices.add(m.device)
+            env[node] = TValue.of_ref(ir.TensorRef(name, m.shape, m.stride, 0), m.dtype, m.device)
+        elif node.op == CALL:
+            args = map_args(node.args, lambda n: env[n])
+            kwargs = map_args(node.kwargs, lambda n: env[n])
+            if node.target is getitem:
+                env[node] = args[0][args[1]]
+                continue
+            ctx.current_op = node.target
+            ctx.current_origins = _origin_of(node)
+            try:
+                rule = LOWERINGS[node.target]
+                value = rule(ctx, node.meta["val"], *args, **kwargs)
+            except Exception as e:
+                raise LoweringError(f"[lowering] {node.name} = {node.target!r}: {e}") from e
+            if isinstance(value, TValue) and not value.origins:
+                value.origins = ctx.current_origins
+            devices.add(node.meta["val"].device)
+            env[node] = value
+            if isinstance(value, TValue) and value.ref is None and len(node.users) > 1 \
+                    and _op_count(value) > INLINE_OPS_LIMIT:
+                ctx.realize(value)
+        elif node.op == OUTPUT:
+            outputs = []
+            for v in map_args(node.args[0], lambda n: env[n]):
+                if isinstance(v, TValue):
+                    outputs.append(ctx.realize(v))
+                else:
+                    outputs.append(v)
+    devices.discard(None)
+    device = _pick_device(devices)
+    return ir.LoopProgram(inputs, ctx.buffers, tuple(outputs), device)
+
+
+def _pick_device(devices):
+    for d in devices:
+        if d.type != "cpu":
+            return d
+    return torch.device("cpu")
+
+
+def simplify_index(expr):
+    return sympy.simplify(expr)

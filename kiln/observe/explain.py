@@ -1,0 +1,94 @@
+"""kiln.explain: compile a call while watching, and say what happened."""
+from __future__ import annotations
+
+import dataclasses
+
+from kiln import api, context
+
+
+@dataclasses.dataclass
+class BreakReason:
+    reason: str
+    filename: str
+    lineno: int
+    source_line: str
+
+    def __str__(self):
+        return f"{self.reason} at {self.filename}:{self.lineno}: {self.source_line.strip()}"
+
+
+@dataclasses.dataclass
+class ExplainOutput:
+    graphs: list
+    graph_count: int
+    graph_break_count: int
+    break_reasons: list
+    guards: list
+    ops_per_graph: list
+    compile_times: dict
+    kernel_count: int
+    extern_calls: int
+    kernels: list
+    wrappers: list
+    result: object = None
+
+    def __str__(self):
+        lines = [f"Graphs: {self.graph_count}   Graph breaks: {self.graph_break_count}   "
+                 f"Kernels: {self.kernel_count}   Library calls: {self.extern_calls}"]
+        for i, b in enumerate(self.break_reasons):
+            lines.append(f"Break {i + 1}: {b}")
+        for i, (g, n) in enumerate(zip(self.graphs, self.ops_per_graph)):
+            lines.append(f"--- graph {i} ({n} ops) ---")
+            lines.append(g.python().rstrip())
+        if self.guards:
+            lines.append(f"--- guards ({len(self.guards)}) ---")
+            lines += [f"  {g}" for g in self.guards]
+        if self.compile_times:
+            total = sum(self.compile_times.values())
+            lines.append(f"--- compile time {total * 1e3:.1f} ms ---")
+            for stage in context.STAGES:
+                if stage in self.compile_times:
+                    lines.append(f"  {stage:<11} {self.compile_times[stage] * 1e3:8.1f} ms")
+        return "\n".join(lines)
+
+
+def explain(fn, backend="kiln"):
+    """``kiln.explain(fn)(*args, **kwargs)`` -> ExplainOutput (compiles afresh, caches nothing)."""
+    def run(*args, **kwargs):
+        target = fn.forward if hasattr(fn, "forward") and callable(getattr(fn, "forward")) \
+            and not isinstance(fn, api.CompiledFunction) else fn
+        if isinstance(fn, api.CompiledModule):
+            target = fn._orig_mod.forward
+        elif isinstance(fn, api.CompiledFunction):
+            target = fn.fn
+        compiled = api.CompiledFunction(target, backend=backend, private_cache=True)
+        recorder: list = []
+        api._RECORDERS.append(recorder)
+        try:
+            result = compiled(*args, **kwargs)
+        finally:
+            api._RECORDERS.remove(recorder)
+        return summarize(recorder, result)
+    return run
+
+
+def summarize(contexts, result=None) -> ExplainOutput:
+    graphs, ops, guards, breaks = [], [], [], []
+    times: dict = {}
+    kernels, externs, kernel_list, wrappers = 0, 0, [], []
+    for ctx in contexts:
+        for stage, name, ir in ctx.artifacts:
+            if name == "captured_graph":
+                graphs.append(ir)
+                ops.append(ir.ops_count())
+        for b in ctx.graph_breaks:
+            breaks.append(BreakReason(b.reason, b.filename, b.lineno, b.source_line or ""))
+        guards.extend(ctx.guards)
+        for k, v in ctx.stage_times.items():
+            times[k] = times.get(k, 0.0) + v
+        kernels += ctx.kernel_count
+        externs += ctx.extern_calls
+        kernel_list.extend(ctx.kernels)
+        wrappers.extend(ir for _, name, ir in ctx.artifacts if name == "generate_wrapper")
+    return ExplainOutput(graphs, len(graphs), len(breaks), breaks, guards, ops, times, kernels,
+                         externs, kernel_list, wrappers, result)

@@ -1,0 +1,45 @@
+"""The decomposition pass: a core-op graph in, a prims graph out."""
+from __future__ import annotations
+
+from kiln.graph.graph import Graph, getitem
+from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, map_args
+from kiln.graph.proxy import Proxy
+from kiln.ops.registry import DECOMPOSITIONS
+
+
+def _describe(node) -> str:
+    args = ", ".join(a.name if hasattr(a, "name") and not isinstance(a, str) else repr(a)
+                     for a in node.args)
+    return f"{node.name} = {node.target!r}({args})"
+
+
+def decompose(graph: Graph) -> Graph:
+    """Replace every core op by its decomposition into prims (prims pass through)."""
+    out = Graph(graph.name)
+    env: dict = {}
+    for node in graph.nodes:
+        if node.op == PLACEHOLDER:
+            p = out.placeholder(node.name, node.meta.get("val"))
+            p.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+            env[node] = Proxy(p)
+        elif node.op == GET_ATTR:
+            env[node] = Proxy(out.get_attr(node.target, graph.constants[node.target]))
+        elif node.op == CALL:
+            args = map_args(node.args, lambda n: env[n])
+            kwargs = map_args(node.kwargs, lambda n: env[n])
+            target = node.target
+            if target is getitem:
+                env[node] = args[0][args[1]]
+                continue
+            source = node.meta.get("source")
+            if target.namespace == "prims":
+                with out.inherit(source=source):
+                    env[node] = target(*args, **kwargs)
+                continue
+            rule = DECOMPOSITIONS[target]
+            with out.inherit(origin=_describe(node), source=source):
+                env[node] = rule(*args, **kwargs)
+        elif node.op == OUTPUT:
+            result = map_args(node.args[0], lambda n: env[n])
+            out.output(result)
+    return out

@@ -1,0 +1,170 @@
+"""The pipeline: one straight-line function, one call per stage.
+
+    captured core graph
+      -> meta          (propagate_meta)
+      -> autograd      (not built yet: graphs that need grad run eagerly, see below)
+      -> decomp        (decompose, dce, cse)
+      -> lowering      (lower: prims -> loop IR)
+      -> scheduling    (schedule: fusion into kernels)
+      -> codegen       (Triton | C++ kernels, Python wrapper)
+      -> build         (runtime: gcc / Triton, disk cache)
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+import torch
+
+from kiln import context, counters, log
+from kiln.config import config
+from kiln.context import run_pass
+from kiln.graph import cse, dce, verify
+from kiln.graph.graph import Graph
+from kiln.meta.propagate import propagate_meta
+from kiln.ops.decompose import decompose
+
+
+class StageError(RuntimeError):
+    """An internal compiler error, tagged with the stage it happened in."""
+
+    def __init__(self, stage: str, detail: str):
+        super().__init__(f"kiln internal error in stage '{stage}': {detail}")
+        self.stage = stage
+
+
+class EagerGraph:
+    """Runs a graph with the ops' eager torch implementations (backends eager, aot_eager)."""
+    kernel_count = 0
+    extern_count = 0
+    wrapper_source = None
+
+    def __init__(self, graph: Graph, why: str):
+        self.graph = graph
+        self.why = why
+
+    def __call__(self, *inputs):
+        return self.graph.run(*inputs)
+
+
+class CompiledGraph:
+    """The kiln backend's result: a generated wrapper around generated kernels."""
+
+    def __init__(self, call, wrapper_source: str, kernels, extern_count: int, target: str):
+        self.call = call
+        self.wrapper_source = wrapper_source
+        self.kernels = kernels
+        self.kernel_count = len(kernels)
+        self.extern_count = extern_count
+        self.target = target
+
+    def __call__(self, *inputs):
+        return self.call(*inputs)
+
+
+def _stage(stage, fn, ir, *args, **kwargs):
+    try:
+        return run_pass(stage, fn, ir, *args, **kwargs)
+    except StageError:
+        raise
+    except Exception as e:
+        raise StageError(stage, f"{fn.__name__}: {type(e).__name__}: {e}") from e
+
+
+def needs_autograd(graph: Graph) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return any(n.meta["val"].requires_grad for n in graph.placeholders)
+
+
+def choose_target(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "triton"
+    if config.cpu_backend == "triton":
+        if os.environ.get("TRITON_INTERPRET", "0") != "1":
+            raise StageError("codegen", "cpu_backend='triton' needs TRITON_INTERPRET=1 set before triton is imported")
+        return "triton"
+    return "cpp"
+
+
+def compile_graph(graph: Graph, backend: str = "kiln"):
+    """Compile a captured graph of core ops into a callable taking the graph's inputs."""
+    graph = _stage("meta", propagate_meta, graph)
+    if config.verify:
+        _stage("meta", verify, graph, ("core", "prims"), name="verify_captured")
+    if backend == "eager":
+        return EagerGraph(graph, "backend='eager'")
+    if needs_autograd(graph):
+        # The autograd stage (joint graph, partitioner) is not built yet. Running the captured
+        # graph with eager torch keeps autograd exact instead of silently dropping grad_fn.
+        log.log("aot", "graph %s needs gradients; the autograd stage is not built yet, so it "
+                "runs with eager torch ops", graph.name)
+        return EagerGraph(graph, "inputs require grad (autograd stage not built yet)")
+    prims_graph = _stage("decomp", decompose, graph)
+    prims_graph = _stage("decomp", dce, prims_graph)
+    prims_graph = _stage("decomp", cse, prims_graph)
+    if config.verify:
+        _stage("decomp", verify, prims_graph, ("prims",), name="verify_prims")
+    if backend == "aot_eager":
+        return EagerGraph(prims_graph, "backend='aot_eager'")
+    if backend != "kiln":
+        raise ValueError(f"unknown backend {backend!r}; expected 'eager', 'aot_eager' or 'kiln'")
+    return compile_prims_graph(prims_graph)
+
+
+def compile_prims_graph(prims_graph: Graph) -> CompiledGraph:
+    from kiln.inductor.codegen.wrapper import generate_wrapper
+    from kiln.inductor.lower import lower
+    from kiln.inductor.scheduler import schedule
+
+    program = _stage("lowering", lower, prims_graph)
+    sched = _stage("scheduling", schedule, program)
+    target = choose_target(program.device)
+    generated = _stage("codegen", generate_kernels, sched, target)
+    wrapper = _stage("codegen", generate_wrapper, sched, generated, target)
+    call = _stage("build", build, wrapper, generated, target)
+    ctx = context.current()
+    if ctx is not None:
+        ctx.kernel_count += len(generated)
+        ctx.extern_calls += len(sched.externs)
+        ctx.kernels.extend(generated.values())
+    counters.bump("kernels_generated", len(generated))
+    if log.enabled("output_code"):
+        log.log("output_code", "wrapper:\n%s", wrapper.source)
+        for k in generated.values():
+            log.log("output_code", "kernel %s:\n%s", k.name, k.source)
+    return CompiledGraph(call, wrapper.source, list(generated.values()), len(sched.externs), target)
+
+
+def generate_kernels(sched, target: str) -> dict:
+    from kiln.inductor.codegen.cpp import generate_cpp
+    from kiln.inductor.codegen.triton import generate_triton
+
+    buffers = {b.name: b for b in sched.program.inputs + sched.program.buffers}
+    gen = generate_triton if target == "triton" else generate_cpp
+    return {k.name: gen(k, buffers) for k in sched.kernels}
+
+
+def build(wrapper, generated: dict, target: str):
+    """Build every kernel (concurrently: gcc runs in subprocesses) and exec the wrapper."""
+    from kiln.runtime.cpp_build import load_cpp_function
+    from kiln.runtime.triton_load import load_triton
+
+    def load(k):
+        if target == "triton":
+            return load_triton(k.source, k.name)
+        return load_cpp_function(k.source, k.name, len(k.args))
+
+    kernels = list(generated.values())
+    if len(kernels) > 1:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(kernels))) as pool:
+            loaded = list(pool.map(load, kernels))
+    else:
+        loaded = [load(k) for k in kernels]
+    namespace = {"torch": torch, "empty_strided": torch.empty_strided, "as_strided": torch.as_strided}
+    for k, fn in zip(kernels, loaded):
+        namespace[k.name] = fn
+    for ext in wrapper.externs:
+        namespace[f"extern_{ext.op.name}"] = ext.op.eager
+    exec(compile(wrapper.source, "<kiln wrapper>", "exec"), namespace)
+    return namespace["call"]

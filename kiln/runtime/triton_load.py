@@ -1,0 +1,50 @@
+"""Load generated Triton kernels: the source goes to a file in the disk cache (Triton's JIT
+needs real source files), Triton's own binary cache lives beside it."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+
+from kiln import counters, log
+from kiln.runtime import cache
+
+_loaded: dict[str, object] = {}
+_lock = threading.Lock()
+
+
+def _triton_version() -> str:
+    import triton
+    return triton.__version__
+
+
+def ensure_triton_cache_dir():
+    os.environ.setdefault("TRITON_CACHE_DIR", cache.subdir("triton_bin"))
+
+
+def load_triton(source: str, name: str):
+    """The @triton.jit function ``name`` defined in ``source``."""
+    ensure_triton_cache_dir()
+    interp = os.environ.get("TRITON_INTERPRET", "0")
+    key = cache.content_key(source, _triton_version(), interp)
+    with _lock:
+        fn = _loaded.get(key)
+    if fn is not None:
+        return fn
+    path = os.path.join(cache.subdir("triton"), key[:2], key + ".py")
+    if cache.valid_entry(path):
+        counters.bump("disk_cache_hits")
+        log.log("cache", "triton kernel %s from disk", key[:12])
+    else:
+        cache.write_atomic(path, source.encode())
+        cache.commit_entry(path)
+    mod_name = f"kiln_triton_{key[:16]}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    fn = getattr(module, name)
+    with _lock:
+        _loaded[key] = fn
+    return fn
