@@ -24,20 +24,31 @@ PRELUDE = r"""
 #include <cmath>
 #include <cstring>
 #include <limits>
+"""
 
-static inline float kiln_bf16_to_float(uint16_t v) {
+# Helpers, each included only when the kernel uses it.
+HELPERS = {
+    "kiln_bf16_to_float": r"""static inline float kiln_bf16_to_float(uint16_t v) {
     uint32_t bits = ((uint32_t)v) << 16; float f; std::memcpy(&f, &bits, 4); return f;
-}
-static inline uint16_t kiln_float_to_bf16(float f) {
+}""",
+    "kiln_float_to_bf16": r"""static inline uint16_t kiln_float_to_bf16(float f) {
     uint32_t bits; std::memcpy(&bits, &f, 4);
     if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);  // NaN stays NaN
     bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
     return (uint16_t)(bits >> 16);
+}""",
+    "kiln_round_bf16": "static inline float kiln_round_bf16(float f) { return kiln_bf16_to_float(kiln_float_to_bf16(f)); }",
+    "kiln_max": "template <typename T> static inline T kiln_max(T a, T b) { return (a > b || a != a) ? a : b; }",
+    "kiln_min": "template <typename T> static inline T kiln_min(T a, T b) { return (a < b || a != a) ? a : b; }",
 }
-static inline float kiln_round_bf16(float f) { return kiln_bf16_to_float(kiln_float_to_bf16(f)); }
-template <typename T> static inline T kiln_max(T a, T b) { return (a > b || a != a) ? a : b; }
-template <typename T> static inline T kiln_min(T a, T b) { return (a < b || a != a) ? a : b; }
-"""
+HELPER_DEPS = {"kiln_round_bf16": ("kiln_bf16_to_float", "kiln_float_to_bf16")}
+
+
+def _helpers_for(code: str) -> str:
+    used = [name for name in HELPERS if name in code]
+    for name in list(used):
+        used += [d for d in HELPER_DEPS.get(name, ()) if d not in used]
+    return "\n".join(HELPERS[name] for name in HELPERS if name in used)
 
 
 class CppOps(ScalarOps):
@@ -178,5 +189,6 @@ def generate_cpp(kernel, buffers: dict) -> CppKernel:
         lines += ["    " + ln for ln in body] + ["        }", "    }"]
     lines.append("}")
     header = [f"// from: {o}" for o in kernel.origins]
-    source = "\n".join(header) + PRELUDE + "\n" + "\n".join(lines) + "\n"
+    code = "\n".join(lines)
+    source = "\n".join(header) + PRELUDE + _helpers_for(code) + "\n\n" + code + "\n"
     return CppKernel(name, source, list(in_names) + list(out_names), numel, list(kernel.origins))

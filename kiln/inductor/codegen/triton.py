@@ -107,6 +107,13 @@ def _block_config(numel: int) -> tuple[int, int]:
     return xblock, (4 if xblock >= 512 else 2 if xblock >= 128 else 1)
 
 
+def _depends_on_index(expr) -> bool:
+    for e in ir.walk(expr):
+        if isinstance(e, (ir.Load, ir.IndexValue)) and e.index.free_symbols:
+            return True
+    return False
+
+
 def generate_triton(kernel, buffers: dict) -> TritonKernel:
     printer = IndexPrinter("//")
     shape = kernel.shape
@@ -125,7 +132,10 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
         return in_names[buf]
 
     def load(ld: ir.Load):
-        text = f"tl.load({ptr(ld.buffer)} + ({index_text(ld.index)}), xmask)"
+        index = ir.simplify_index(ld.index, ranges)
+        # A load at a fixed address (a broadcast scalar) is one scalar load, not a masked block.
+        mask = ", xmask" if index.free_symbols else ""
+        text = f"tl.load({ptr(ld.buffer)} + ({printer.doprint(index)}){mask})"
         if ld.dtype in LOW_PRECISION:
             text += ".to(tl.float32)"
         return text
@@ -136,8 +146,8 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
     stores = set(kernel.stores)
     for node in kernel.nodes:
         value = writer.emit(node.body)
-        if isinstance(node.body, ir.Const):  # a constant fill still needs a block-shaped value
-            value = writer._tmp(f"tl.full([XBLOCK], {value}, {TL_DTYPES[compute_dtype(node.dtype)]})",
+        if not _depends_on_index(node.body):  # a scalar value still needs a block to store
+            value = writer._tmp(f"tl.zeros([XBLOCK], {TL_DTYPES[compute_dtype(node.dtype)]}) + {value}",
                                 node.dtype)
         index = node.store_index()
         writer.in_registers[(node.name, index.expand())] = value

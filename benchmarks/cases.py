@@ -1,0 +1,118 @@
+"""The benchmark cases. Adding one is one small function registered with ``@case``.
+
+A case function takes (device, quick) and returns a list of Setups, one per size. A Setup holds
+the program (a function or an nn.Module), a maker of fresh random inputs, and how to check it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import torch
+
+CASES: dict[str, Callable[[str, bool], list["Setup"]]] = {}
+
+
+@dataclasses.dataclass
+class Setup:
+    fn: Callable                       # a function or an nn.Module, run as fn(*inputs)
+    make_inputs: Callable[[], tuple]   # fresh random inputs on the device (never zeros)
+    dtype: torch.dtype
+    rtol: Optional[float] = None       # None: torch.testing.assert_close's defaults for dtype
+    atol: Optional[float] = None
+    no_grad: bool = False              # run every phase under torch.no_grad()
+    overhead: bool = False             # report microseconds per call too
+    flops: Optional[int] = None        # floating-point operations per call, when worth reporting
+    label: str = ""                    # free-form note shown in the record
+
+
+def case(name: str):
+    def register(fn):
+        CASES[name] = fn
+        return fn
+    return register
+
+
+def _randn(shape, device, dtype):
+    return torch.randn(shape, device=device, dtype=torch.float32).to(dtype)
+
+
+# ----------------------------------------------------------------------------- programs
+def transform(x, bias):
+    return torch.relu(x + bias) * 2
+
+
+class LinearBiasRelu(torch.nn.Module):
+    def __init__(self, features: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(features, features)
+        self.bias = torch.nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        return torch.relu(self.linear(x) + self.bias) * 2
+
+
+# ----------------------------------------------------------------------------- cases
+def _seed_setups(sizes, device, dtype):
+    out = []
+    for n in sizes:
+        out.append(Setup(
+            fn=transform,
+            make_inputs=lambda n=n: (_randn((n, n), device, dtype), _randn((n,), device, dtype)),
+            dtype=dtype))
+    return out
+
+
+@case("seed")
+def seed(device: str, quick: bool) -> list[Setup]:
+    if quick:
+        sizes = [256]
+    elif device == "cuda":
+        sizes = [1024, 8192]
+    else:
+        sizes = [1024, 2048]
+    return _seed_setups(sizes, device, torch.float32)
+
+
+@case("seed_bf16")
+def seed_bf16(device: str, quick: bool) -> list[Setup]:
+    if quick:
+        sizes = [256]
+    elif device == "cuda":
+        sizes = [8192]
+    else:
+        sizes = [1024]
+    return _seed_setups(sizes, device, torch.bfloat16)
+
+
+@case("linear")
+def linear(device: str, quick: bool) -> list[Setup]:
+    if quick:
+        shape = (2, 8, 32)
+    elif device == "cuda":
+        shape = (8, 512, 1024)
+    else:
+        shape = (4, 64, 256)
+    feat = shape[-1]
+    torch.manual_seed(0)
+    mod = LinearBiasRelu(feat).to(device)
+    rows = shape[0] * shape[1]
+    return [Setup(
+        fn=mod,
+        make_inputs=lambda: (_randn(shape, device, torch.float32),),
+        dtype=torch.float32,
+        # The matmul may accumulate in another order (or fuse the bias in cuBLAS' epilogue).
+        rtol=1e-4, atol=1e-4,
+        no_grad=True,
+        flops=2 * rows * feat * feat,
+        label=f"Linear({feat}->{feat})")]
+
+
+@case("overhead")
+def overhead(device: str, quick: bool) -> list[Setup]:
+    return [Setup(
+        fn=transform,
+        make_inputs=lambda: (_randn((8,), device, torch.float32), _randn((8,), device, torch.float32)),
+        dtype=torch.float32,
+        overhead=True,
+        label="per-call overhead, 8 elements")]

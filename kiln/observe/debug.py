@@ -1,0 +1,87 @@
+"""KILN_DEBUG=1: one folder per compile with every stage's artifact, in pipeline order.
+
+    kiln_debug/run_<time>_<pid>/<compile_id>/
+        00_bytecode.txt  01_guards.py  02_captured_graph.py  03_prims_graph.py
+        04_loop_ir.txt  05_loop_ir_fused.txt  06_kernel_<name>.{py,cpp}  07_wrapper.py
+        metrics.json
+
+Graph files are runnable: ``python 02_captured_graph.py`` runs the graph on random inputs of
+the recorded shapes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from kiln.config import config
+from kiln.graph.node import PLACEHOLDER
+
+_run_dir = None
+
+
+def run_dir() -> str:
+    global _run_dir
+    if _run_dir is None:
+        stamp = time.strftime("%Y%m%d_%H%M%S")
+        _run_dir = os.path.join(config.debug_dir, f"run_{stamp}_{os.getpid()}")
+        os.makedirs(_run_dir, exist_ok=True)
+    return _run_dir
+
+
+def runnable_graph_source(graph) -> str:
+    lines = ["import torch", "from kiln.meta import TensorMeta",
+             "from kiln.ops import core, prims", "from kiln.graph import graph", "",
+             "inf, nan = float('inf'), float('nan')", "constants = {}", "", graph.python(), "",
+             'if __name__ == "__main__":', "    inputs = ["]
+    for n in graph.nodes:
+        if n.op == PLACEHOLDER:
+            m = n.meta["val"]
+            lines.append(f"        TensorMeta({tuple(m.shape)}, {tuple(m.stride)}, {m.dtype}, "
+                         f"{str(m.device)!r}).random(),")
+    lines += ["    ]", f"    for out in {graph.name}(*inputs):",
+              "        print(getattr(out, 'shape', out), getattr(out, 'dtype', ''))"]
+    return "\n".join(lines) + "\n"
+
+
+_FILES = [
+    ("capture", "bytecode", "00_bytecode.txt", str),
+    ("capture", "guards", "01_guards.py", str),
+    ("capture", "captured_graph", "02_captured_graph.py", runnable_graph_source),
+    ("decomp", "cse", "03_prims_graph.py", runnable_graph_source),
+    ("lowering", "lower", "04_loop_ir.txt", str),
+    ("scheduling", "schedule", "05_loop_ir_fused.txt", str),
+    ("codegen", "generate_wrapper", "07_wrapper.py", str),
+]
+
+
+def write_dump(ctx, compiled) -> str:
+    folder = os.path.join(run_dir(), f"{ctx.compile_id:03d}_{ctx.name.replace('.', '_').replace('<', '').replace('>', '')}")
+    os.makedirs(folder, exist_ok=True)
+    have = {name: ir for _, name, ir in ctx.artifacts}
+    written = []
+    for _, name, filename, render in _FILES:
+        if name in have:
+            with open(os.path.join(folder, filename), "w") as f:
+                f.write(render(have[name]))
+            written.append(filename)
+    for k in ctx.kernels:
+        ext = "cpp" if "extern \"C\"" in k.source else "py"
+        filename = f"06_kernel_{k.name}.{ext}"
+        with open(os.path.join(folder, filename), "w") as f:
+            f.write(k.source)
+        written.append(filename)
+    metrics = {
+        "compile_id": ctx.compile_id,
+        "name": ctx.name,
+        "stage_seconds": ctx.stage_times,
+        "passes": [{"stage": s, "pass": p, "seconds": t} for s, p, t in ctx.pass_times],
+        "kernel_count": ctx.kernel_count,
+        "extern_calls": ctx.extern_calls,
+        "graph_breaks": [str(b) for b in ctx.graph_breaks],
+        "guards": ctx.guards,
+        "files": sorted(written),
+    }
+    with open(os.path.join(folder, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=2)
+    return folder

@@ -1,0 +1,45 @@
+"""Shared test setup: one kernel cache for the whole run, Triton in interpreter mode without a
+GPU, and a clean kiln state for every test."""
+import os
+import tempfile
+
+import pytest
+
+# One disk cache shared by every test and every xdist worker of this run: kernels built once.
+os.environ.setdefault("KILN_CACHE_DIR", os.path.join(tempfile.gettempdir(), "kiln-test-cache"))
+
+
+def _has_cuda():
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+if not _has_cuda():
+    # Must happen before triton is imported anywhere.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import kiln  # noqa: E402
+
+kiln.config.cache_dir = os.environ["KILN_CACHE_DIR"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_kiln():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+def has_triton():
+    try:
+        import triton  # noqa: F401
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+CUDA = _has_cuda()
+DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
