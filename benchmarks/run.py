@@ -44,7 +44,7 @@ def device_name(device: str) -> str:
                 name = platform.processor() or platform.machine()
     except OSError:
         name = platform.processor() or platform.machine()
-    return f"{name} ({torch.get_num_threads()} threads)"
+    return name
 
 
 def environment(device: str) -> dict:
@@ -66,7 +66,9 @@ def environment(device: str) -> dict:
     return {"device": device_name(device), "device_type": device,
             "torch_version": torch.__version__, "triton_version": triton_version,
             "python_version": platform.python_version(), "kiln_version": kiln_version,
-            "kiln_commit": commit or None}
+            "kiln_commit": commit or None,
+            # Other processes on a small CPU host skew CPU timings; say how busy it was.
+            "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "loadavg_1m": round(os.getloadavg()[0], 2)}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -367,7 +369,7 @@ def table(records: list[dict]) -> str:
                        for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
     notes = []
     for r in records:
-        for key in ("kiln_error", "mismatch", "torch_compile_error"):
+        for key in ("kiln_error", "mismatch", "torch_compile_error", "torch_compile_mismatch"):
             if key in r and not str(r[key]).startswith("skipped"):
                 notes.append(f"  {r['case']} {'x'.join(map(str, r['shape']))}: {key}: {r[key]}")
     return "\n".join(lines + notes)
@@ -383,6 +385,9 @@ def parse_args(argv):
     p.add_argument("--cases", default=",".join(CASES),
                    help=f"comma-separated, from: {', '.join(CASES)}")
     p.add_argument("--out", help="also write the JSON lines to this file")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for eager (torch.set_num_threads) and for OpenMP in kiln's "
+                        "and inductor's kernels (OMP_NUM_THREADS); default: leave as is")
     p.add_argument("--no-torch-compile", action="store_true",
                    help="skip torch.compile (its cold compile is slow on some CPUs)")
     args = p.parse_args(argv)
@@ -398,6 +403,10 @@ def parse_args(argv):
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     device = args.device
+    if args.threads:
+        # Before any generated kernel's OpenMP runtime starts: it reads the variable once.
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
     plan = timing.TimingPlan.for_device(device, args.quick)
     env = environment(device)
     t_start = time.perf_counter()

@@ -41,11 +41,13 @@ class TimingPlan:
 class Timing:
     median_s: float
     spread_pct: float          # interquartile range of the samples, as % of the median
+    min_s: float
     calls_per_sample: int
     samples: int
 
     def as_dict(self, prefix: str) -> dict:
-        return {f"{prefix}_s": self.median_s, f"{prefix}_spread_pct": round(self.spread_pct, 2),
+        return {f"{prefix}_s": self.median_s, f"{prefix}_min_s": self.min_s,
+                f"{prefix}_spread_pct": round(self.spread_pct, 2),
                 f"{prefix}_calls_per_sample": self.calls_per_sample}
 
 
@@ -105,7 +107,8 @@ def measure(call: Callable, arg_sets: Sequence[tuple], device: str, plan: Timing
             samples.append((time.perf_counter() - t0) / inner)
     med = statistics.median(samples)
     lo, hi = _quartiles(samples)
-    return Timing(med, 100.0 * (hi - lo) / med if med > 0 else 0.0, inner, len(samples))
+    return Timing(med, 100.0 * (hi - lo) / med if med > 0 else 0.0, min(samples), inner,
+                  len(samples))
 
 
 def first_call(call: Callable, args: tuple, device: str) -> tuple[float, object]:

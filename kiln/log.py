@@ -30,6 +30,16 @@ _enabled: dict[str, bool] = {}  # channel -> verbose?
 _configured = False
 
 
+class _StderrHandler(logging.Handler):
+    """Writes to whatever sys.stderr is at the time (so redirection and capture work)."""
+
+    def emit(self, record):
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001
+            self.handleError(record)
+
+
 class _Formatter(logging.Formatter):
     def format(self, record):
         return f"[kiln:{record.name.split('.')[-1]}] {record.getMessage()}"
@@ -55,7 +65,7 @@ def configure(spec: str | None = None):
             _enabled[n] = verbose
     root = logging.getLogger("kiln")
     if not root.handlers:
-        h = logging.StreamHandler(sys.stderr)
+        h = _StderrHandler()
         h.setFormatter(_Formatter())
         root.addHandler(h)
         root.propagate = False

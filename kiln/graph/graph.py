@@ -183,8 +183,8 @@ class Graph:
                     last_source = source
                 origin = node.meta.get("origin")
                 if origin != last_origin:
-                    if origin is not None:
-                        lines.append(f"    # {origin}:")
+                    if origin is not None:  # the core op these prims replace
+                        lines.append(f"    # {origin}  =>")
                     last_origin = origin
             if node.op == CALL:
                 args = [_fmt(a) for a in node.args]
@@ -192,7 +192,7 @@ class Graph:
                 text = f"{node.name} = {_target_expr(node.target)}({', '.join(args)})"
                 if annotate and "val" in node.meta:
                     text += f"  # {_fmt_meta(node.meta['val'])}"
-                lines.append("    " + ("  " if node.meta.get("origin") and annotate else "") + text)
+                lines.append("    " + text)
             elif node.op == GET_ATTR:
                 lines.append(f"    {node.name} = constants[{node.target!r}]")
             elif node.op == OUTPUT:

@@ -1,0 +1,127 @@
+"""Lowering and scheduling: structural assertions on the loop IR and kernels, then a run
+against eager."""
+import pytest
+import torch
+
+import kiln
+from kiln import context
+from kiln.graph import Graph, Proxy
+from kiln.inductor import ir
+from kiln.inductor.lower import lower
+from kiln.inductor.scheduler import schedule
+from kiln.meta import TensorMeta
+from kiln.ops import core
+from kiln.ops.decompose import decompose
+from kiln.pipeline import compile_graph
+from testing import TARGETS, assert_close, on_target, randn
+
+
+def transform(x, bias):
+    y = x + bias
+    y = torch.relu(y)
+    return y * 2
+
+
+def _prims_graph(fn, *tensors):
+    g = Graph()
+    proxies = [Proxy(g.placeholder(f"a{i}", TensorMeta.of(t))) for i, t in enumerate(tensors)]
+    out = fn(*proxies)
+    g.output(out if isinstance(out, tuple) else (out,))
+    return decompose(g)
+
+
+def test_pointwise_chain_lowers_to_one_buffer_and_one_kernel():
+    x, b = torch.randn(8, 16), torch.randn(16)
+    pg = _prims_graph(lambda x, b: core.mul(core.relu(core.add(x, b)), 2), x, b)
+    program = lower(pg)
+    assert len(program.buffers) == 1 and isinstance(program.buffers[0], ir.Pointwise)
+    ops = [e.op for e in ir.walk(program.buffers[0].body) if isinstance(e, ir.Call)]
+    assert ops == ["add", "maximum", "mul"]
+    sched = schedule(program)
+    assert len(sched.kernels) == 1 and sched.kernels[0].stores == ["buf0"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_seed_example_is_one_kernel_and_bitwise_equal(target):
+    with on_target(target) as device:
+        x, b = torch.randn(64, 48, device=device), torch.randn(48, device=device)
+        explain = kiln.explain(transform)(x, b)
+        assert (explain.graph_count, explain.graph_break_count, explain.kernel_count) == (1, 0, 1)
+        assert explain.extern_calls == 0
+        out = kiln.compile(transform)(x, b)
+        assert torch.equal(out, transform(x, b))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_two_outputs_of_one_shape_share_a_kernel(target):
+    def f(x, y):
+        s = torch.sigmoid(x) * y
+        return s + 1, s.exp() * x
+    with on_target(target) as device:
+        x, y = randn((16, 8), torch.float32, device), randn((16, 8), torch.float32, device)
+        e = kiln.explain(f)(x, y)
+        assert e.kernel_count == 1
+        a, b = kiln.compile(f)(x, y)
+        ea, eb = f(x, y)
+        assert_close(a, ea)
+        assert_close(b, eb)
+
+
+def test_shapes_that_differ_get_separate_kernels_with_reason_logged(capsys):
+    def f(x, b):
+        y = x * 2  # [4, 8]
+        return y, b + 1  # [8]
+    x, b = torch.randn(4, 8), torch.randn(8)
+    from kiln import log
+    log.configure("schedule")
+    try:
+        e = kiln.explain(f)(x, b)
+    finally:
+        log.configure("")
+    assert e.kernel_count == 2
+    assert "do not fuse buf1 into kernel0: iteration shapes differ" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_linear_epilogue_fused_after_library_matmul(target, dtype):
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(16, 24)
+
+        def forward(self, x, bias):
+            return torch.relu(self.linear(x) + bias) * 2
+
+    with on_target(target) as device:
+        m = Model().to(device=device, dtype=dtype)
+        x = randn((2, 5, 16), dtype, device)
+        b = randn((24,), dtype, device)
+        with torch.no_grad():
+            e = kiln.explain(m)(x, b)
+            assert (e.graph_count, e.graph_break_count, e.kernel_count, e.extern_calls) == (1, 0, 1, 1)
+            cm = kiln.compile(m)
+            assert_close(cm(x, b), m(x, b))
+
+
+def test_non_contiguous_input_to_matmul_is_copied_correctly():
+    w = torch.randn(12, 8)
+    x = torch.randn(8, 3, 5).permute(1, 2, 0)  # [3, 5, 8], not viewable as [15, 8]
+    with torch.no_grad():
+        fn = lambda x, w: torch.nn.functional.linear(x, w) * 3  # noqa: E731
+        assert_close(kiln.compile(fn)(x, w), fn(x, w))
+
+
+def test_every_stage_artifact_is_kept():
+    x, b = torch.randn(4, 4), torch.randn(4)
+    g = Graph()
+    xp, bp = (Proxy(g.placeholder(n, TensorMeta.of(t))) for n, t in (("x", x), ("b", b)))
+    g.output((core.mul(core.relu(core.add(xp, bp)), 2),))
+    with context.compiling("t") as ctx:
+        compiled = compile_graph(g)
+    names = [name for _, name, _ in ctx.artifacts]
+    for expected in ("propagate_meta", "decompose", "dce", "cse", "lower", "schedule",
+                     "generate_kernels", "generate_wrapper", "build"):
+        assert expected in names
+    assert set(ctx.stage_times) >= {"meta", "decomp", "lowering", "scheduling", "codegen", "build"}
+    assert torch.equal(compiled(x, b)[0], torch.relu(x + b) * 2)
