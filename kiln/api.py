@@ -261,8 +261,12 @@ def compile(fn_or_module=None, *, fullgraph=False, dynamic=None, backend="kiln",
 
 
 def reset():
-    """Forget every compiled entry and zero the counters."""
+    """Forget every compiled entry and loaded kernel (the disk cache stays), zero the counters."""
+    from kiln.runtime import cpp_build, triton_load
+
     _CODE_CACHES.clear()
+    cpp_build.clear_memory()
+    triton_load.clear_memory()
     counters.reset()
 
 

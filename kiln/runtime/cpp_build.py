@@ -49,6 +49,11 @@ def _build(source: str, so_path: str):
     counters.bump("kernel_builds")
 
 
+def clear_memory():
+    with _lock:
+        _loaded.clear()
+
+
 def load_cpp(source: str) -> ctypes.CDLL:
     """The shared object for source: from memory, from the disk cache, or built now."""
     key = cache.content_key(source, config.cpp_compiler, compiler_version(config.cpp_compiler),

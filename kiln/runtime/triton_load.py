@@ -19,8 +19,19 @@ def _triton_version() -> str:
     return triton.__version__
 
 
+_USER_TRITON_CACHE = "TRITON_CACHE_DIR" in os.environ
+
+
 def ensure_triton_cache_dir():
-    os.environ.setdefault("TRITON_CACHE_DIR", cache.subdir("triton_bin"))
+    """Triton's binaries live in kiln's cache dir (following config.cache_dir), unless the
+    user chose a TRITON_CACHE_DIR of their own."""
+    if not _USER_TRITON_CACHE:
+        os.environ["TRITON_CACHE_DIR"] = cache.subdir("triton_bin")
+
+
+def clear_memory():
+    with _lock:
+        _loaded.clear()
 
 
 def load_triton(source: str, name: str):
