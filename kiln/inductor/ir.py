@@ -142,6 +142,41 @@ class Pointwise(Buffer):
                 f"    [{idx}] -> {self.body!r}")
 
 
+class Reduction(Buffer):
+    """``name[kept index] = reduce(reduction_type, body(i) for i over the reduced dims)``.
+
+    ``ranges`` is the full (input) iteration space and ``body`` is written in its index symbols
+    ``i0 .. i{n-1}``; ``shape`` is ``ranges`` without ``reduced_dims``.
+    """
+    __slots__ = ("name", "shape", "stride", "dtype", "device", "reduction_type", "ranges",
+                 "reduced_dims", "body", "origins")
+
+    def __init__(self, name, shape, stride, dtype, device, reduction_type, ranges, reduced_dims,
+                 body, origins=()):
+        self.name, self.shape, self.stride = name, tuple(shape), tuple(stride)
+        self.dtype, self.device = dtype, device
+        self.reduction_type, self.ranges = reduction_type, tuple(ranges)
+        self.reduced_dims, self.body, self.origins = tuple(reduced_dims), body, tuple(origins)
+
+    @property
+    def kept_dims(self):
+        return tuple(d for d in range(len(self.ranges)) if d not in self.reduced_dims)
+
+    def store_index(self) -> sympy.Expr:
+        """The output index in the full space's symbols."""
+        syms = index_symbols(len(self.ranges))
+        return sum((syms[d] * st for d, st in zip(self.kept_dims, self.stride)), sympy.Integer(0))
+
+    def reads(self) -> set[str]:
+        return {ld.buffer for ld in loads_of(self.body)}
+
+    def __repr__(self):
+        idx = ", ".join(str(s) for s in index_symbols(len(self.ranges)))
+        red = ", ".join(f"i{d}" for d in self.reduced_dims)
+        return (f"{self.name} = Reduction[{self.reduction_type} over {red}]({_dt(self.dtype)}{list(self.shape)}, "
+                f"ranges={list(self.ranges)})\n    [{idx}] -> {self.body!r}")
+
+
 class TensorRef:
     """A strided view of a buffer, as a library call or an output alias receives it."""
     __slots__ = ("buffer", "shape", "stride", "offset")

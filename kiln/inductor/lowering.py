@@ -133,3 +133,23 @@ def extern_rule(ctx, meta, *args, **kwargs):
 
 def numel(shape):
     return math.prod(shape)
+
+
+def copy_rule(ctx, meta, x):
+    """A copy is the same loader without the memory: realizing it makes a fresh buffer."""
+    return TValue(x.shape, x.dtype, x.device, x.loader)
+
+
+def reduction(kind: str):
+    """Rule for a reduction prim: a ``Reduction`` buffer whose body is over the input's full
+    index space; the reduced dims disappear from the output."""
+    def rule(ctx, meta, x, dims):
+        n = len(x.shape)
+        dims = tuple(sorted(set(d % n for d in dims)))
+        body = x.loader(ir.index_symbols(n))
+        name = ctx.new_name("buf")
+        node = ir.Reduction(name, meta.shape, meta.stride, meta.dtype, meta.device, kind,
+                            x.shape, dims, body, ctx.current_origins)
+        ctx.add_buffer(node)
+        return TValue.of_ref(ir.TensorRef(name, meta.shape, meta.stride, 0), meta.dtype, meta.device)
+    return rule

@@ -166,3 +166,8 @@ def _mm_meta(a, b):
         raise CoreOpError(f"[meta] core.mm: dtypes differ ({a.dtype} vs {b.dtype})")
     return TensorMeta.contiguous((a.shape[0], b.shape[1]), a.dtype, a.device,
                                  a.requires_grad or b.requires_grad)
+
+
+# The other families of core ops live in their own files; they are all ``core.<name>``.
+from kiln.ops.core_views import *  # noqa: E402,F401,F403
+from kiln.ops.core_reductions import *  # noqa: E402,F401,F403

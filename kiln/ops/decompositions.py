@@ -12,15 +12,7 @@ from kiln.ops.promotion import Promotion, broadcast_shapes, promoted_dtypes, sca
 from kiln.ops.registry import DECOMPOSITIONS
 
 
-def to_dtype(x, dtype):
-    return x if x.dtype == dtype else prims.convert_element_type(x, dtype)
-
-
-def broadcast_to(x, shape):
-    shape = tuple(shape)
-    if tuple(x.shape) == shape:
-        return x
-    return prims.broadcast_in_dim(x, shape, tuple(range(len(shape) - x.ndim, len(shape))))
+from kiln.ops.prim_utils import broadcast_to, to_dtype  # noqa: F401  (re-exported)
 
 
 def elementwise_operands(args, kind: Promotion):

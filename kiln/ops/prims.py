@@ -181,6 +181,21 @@ def _reshape_meta(x, shape):
 LOWERINGS[reshape] = L.reshape_rule
 
 
+def _copy_eager(x):
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+copy = _prim("copy", _copy_eager)
+
+
+@META_RULES.register(copy)
+def _copy_meta(x):
+    return TensorMeta.contiguous(x.shape, x.dtype, x.device, x.requires_grad)
+
+
+LOWERINGS[copy] = L.copy_rule
+
+
 # ------------------------------------------------------------------ library ops
 mm = _prim("mm", torch.mm, library=True)
 
@@ -197,3 +212,7 @@ def _mm_meta(a, b):
 
 
 LOWERINGS[mm] = L.extern_rule
+
+
+# Reductions live in their own file; they are all ``prims.<name>``.
+from kiln.ops.prims_reductions import *  # noqa: E402,F401,F403

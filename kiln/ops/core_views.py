@@ -1,0 +1,254 @@
+"""Core view and shape ops: each with its eager implementation, meta rule and decomposition.
+
+Views keep torch's stride semantics in their meta rules (a view shares storage), and decompose
+to the view prims (reshape, permute, broadcast_in_dim), which lowering turns into index
+transforms: no copies.
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
+from kiln.ops import prims
+from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
+
+__all__ = ["reshape", "permute", "expand", "unsqueeze", "squeeze", "transpose", "contiguous",
+           "normalize_dim", "infer_shape"]
+
+
+class ViewError(ValueError):
+    pass
+
+
+def normalize_dim(dim: int, ndim: int, op: str = "?") -> int:
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"[meta] core.{op}: dimension {dim} out of range for a {ndim}-d tensor")
+    return dim % n
+
+
+def infer_shape(shape, numel: int, op="reshape") -> tuple:
+    shape = list(shape)
+    if shape.count(-1) > 1:
+        raise ViewError(f"[meta] core.{op}: only one dimension can be -1")
+    if -1 in shape:
+        known = 1
+        for s in shape:
+            if s != -1:
+                known *= s
+        if known == 0 or numel % known:
+            raise ViewError(f"[meta] core.{op}: shape {shape} is invalid for {numel} elements")
+        shape[shape.index(-1)] = numel // known
+    total = 1
+    for s in shape:
+        total *= s
+    if total != numel:
+        raise ViewError(f"[meta] core.{op}: shape {shape} is invalid for input of size {numel}")
+    return tuple(shape)
+
+
+def _view_strides(old_shape, old_stride, new_shape):
+    """Strides of a view of (old_shape, old_stride) as new_shape, or None if it needs a copy
+    (the same chunking rule torch's view uses)."""
+    if 0 in old_shape:
+        return contiguous_strides(new_shape)
+    new_stride = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base = old_stride[-1] if old_stride else 1
+    tensor_numel, view_numel = 1, 1
+    for d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[d]
+        if d == 0 or (old_shape[d - 1] != 1 and old_stride[d - 1] != tensor_numel * chunk_base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_stride[view_d] = view_numel * chunk_base
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base = old_stride[d - 1]
+                tensor_numel, view_numel = 1, 1
+    if view_d != -1:
+        return None
+    return tuple(new_stride)
+
+
+# ------------------------------------------------------------------ reshape / view
+reshape = define("core", "reshape", torch.reshape)
+
+
+@META_RULES.register(reshape)
+def _reshape_meta(x, shape):
+    shape = infer_shape(shape, x.numel())
+    stride = _view_strides(x.shape, x.stride, shape)
+    if stride is None:  # reshape copies; the copy is contiguous
+        stride = contiguous_strides(shape)
+    return TensorMeta(shape, stride, x.dtype, x.device, x.requires_grad)
+
+
+@DECOMPOSITIONS.register(reshape)
+def _reshape_decomp(x, shape):
+    shape = infer_shape(shape, x.numel())
+    return x if tuple(x.shape) == shape else prims.reshape(x, shape)
+
+
+# ------------------------------------------------------------------ permute / transpose
+permute = define("core", "permute", torch.permute)
+
+
+@META_RULES.register(permute)
+def _permute_meta(x, dims):
+    dims = [normalize_dim(d, x.ndim, "permute") for d in dims]
+    if sorted(dims) != list(range(x.ndim)):
+        raise ViewError(f"[meta] core.permute: {dims} is not a permutation of {x.ndim} dims")
+    return TensorMeta([x.shape[d] for d in dims], [x.stride[d] for d in dims], x.dtype, x.device,
+                      x.requires_grad)
+
+
+@DECOMPOSITIONS.register(permute)
+def _permute_decomp(x, dims):
+    dims = tuple(normalize_dim(d, x.ndim, "permute") for d in dims)
+    return x if dims == tuple(range(x.ndim)) else prims.permute(x, dims)
+
+
+def _transpose_eager(x, dim0, dim1):
+    return torch.transpose(x, dim0, dim1)
+
+
+transpose = define("core", "transpose", _transpose_eager)
+
+
+def _transpose_dims(ndim, dim0, dim1):
+    d0, d1 = normalize_dim(dim0, ndim, "transpose"), normalize_dim(dim1, ndim, "transpose")
+    dims = list(range(ndim))
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return dims
+
+
+@META_RULES.register(transpose)
+def _transpose_meta(x, dim0, dim1):
+    return _permute_meta(x, _transpose_dims(x.ndim, dim0, dim1))
+
+
+@DECOMPOSITIONS.register(transpose)
+def _transpose_decomp(x, dim0, dim1):
+    return _permute_decomp(x, _transpose_dims(x.ndim, dim0, dim1))
+
+
+# ------------------------------------------------------------------ expand / (un)squeeze
+def _expand_eager(x, shape):
+    return x.expand(*shape)
+
+
+expand = define("core", "expand", _expand_eager)
+
+
+def _expanded_shape(x, shape):
+    shape = list(shape)
+    if len(shape) < x.ndim:
+        raise ViewError(f"[meta] core.expand: cannot expand {list(x.shape)} to {shape}")
+    lead = len(shape) - x.ndim
+    out = []
+    for i, s in enumerate(shape):
+        if i < lead:
+            if s == -1:
+                raise ViewError("[meta] core.expand: -1 is not allowed in new leading dimensions")
+            out.append(s)
+            continue
+        have = x.shape[i - lead]
+        if s == -1:
+            s = have
+        if have != s and have != 1:
+            raise ViewError(f"[meta] core.expand: size {have} of dim {i - lead} cannot become {s}")
+        out.append(s)
+    return tuple(out), lead
+
+
+@META_RULES.register(expand)
+def _expand_meta(x, shape):
+    out, lead = _expanded_shape(x, shape)
+    stride = [0] * lead + [x.stride[k] if x.shape[k] == out[k + lead] else 0 for k in range(x.ndim)]
+    return TensorMeta(out, stride, x.dtype, x.device, x.requires_grad)
+
+
+@DECOMPOSITIONS.register(expand)
+def _expand_decomp(x, shape):
+    out, lead = _expanded_shape(x, shape)
+    if out == tuple(x.shape):
+        return x
+    return prims.broadcast_in_dim(x, out, tuple(range(lead, len(out))))
+
+
+def _unsqueeze_eager(x, dim):
+    return torch.unsqueeze(x, dim)
+
+
+unsqueeze = define("core", "unsqueeze", _unsqueeze_eager)
+
+
+@META_RULES.register(unsqueeze)
+def _unsqueeze_meta(x, dim):
+    d = normalize_dim(dim, x.ndim + 1, "unsqueeze")
+    shape = list(x.shape)
+    stride = list(x.stride)
+    new_stride = shape[d] * stride[d] if d < x.ndim else 1
+    shape.insert(d, 1)
+    stride.insert(d, new_stride)
+    return TensorMeta(shape, stride, x.dtype, x.device, x.requires_grad)
+
+
+@DECOMPOSITIONS.register(unsqueeze)
+def _unsqueeze_decomp(x, dim):
+    d = normalize_dim(dim, x.ndim + 1, "unsqueeze")
+    shape = list(x.shape)
+    shape.insert(d, 1)
+    return prims.broadcast_in_dim(x, tuple(shape), tuple(i for i in range(len(shape)) if i != d))
+
+
+def _squeeze_eager(x, dims=None):
+    return torch.squeeze(x) if dims is None else torch.squeeze(x, dims)
+
+
+squeeze = define("core", "squeeze", _squeeze_eager)
+
+
+def _squeezed_dims(x, dims):
+    if dims is None:
+        return [d for d in range(x.ndim) if x.shape[d] == 1]
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return [normalize_dim(d, x.ndim, "squeeze") for d in dims if x.shape[normalize_dim(d, x.ndim, "squeeze")] == 1]
+
+
+@META_RULES.register(squeeze)
+def _squeeze_meta(x, dims=None):
+    drop = set(_squeezed_dims(x, dims))
+    keep = [d for d in range(x.ndim) if d not in drop]
+    return TensorMeta([x.shape[d] for d in keep], [x.stride[d] for d in keep], x.dtype, x.device,
+                      x.requires_grad)
+
+
+@DECOMPOSITIONS.register(squeeze)
+def _squeeze_decomp(x, dims=None):
+    drop = set(_squeezed_dims(x, dims))
+    if not drop:
+        return x
+    return prims.reshape(x, tuple(x.shape[d] for d in range(x.ndim) if d not in drop))
+
+
+# ------------------------------------------------------------------ contiguous
+def _contiguous_eager(x):
+    return x.contiguous()
+
+
+contiguous = define("core", "contiguous", _contiguous_eager)
+
+
+@META_RULES.register(contiguous)
+def _contiguous_meta(x):
+    return TensorMeta.contiguous(x.shape, x.dtype, x.device, x.requires_grad)
+
+
+@DECOMPOSITIONS.register(contiguous)
+def _contiguous_decomp(x):
+    # The loop IR has no aliasing: every realized value is a fresh contiguous buffer.
+    return prims.copy(x)
