@@ -6,6 +6,8 @@ in ``decompositions.py``; its VJP rule belongs to the autograd stage.
 """
 from __future__ import annotations
 
+import builtins  # core and prims define ops named sum, any, all, abs: use builtins.* here
+
 import torch
 import torch.nn.functional as F
 
@@ -43,7 +45,7 @@ def elementwise_meta(name, kind: Promotion):
             raise CoreOpError(f"[meta] core.{name}: needs a tensor operand")
         shape = broadcast_shapes(*(t.shape for t in ts))
         _, result = promoted_dtypes(args, kind)
-        grad = result.is_floating_point and any(t.requires_grad for t in ts)
+        grad = result.is_floating_point and builtins.any(t.requires_grad for t in ts)
         return TensorMeta.contiguous(shape, result, _device_of(ts), grad)
     return rule
 
@@ -122,7 +124,7 @@ def _where_meta(cond, a, b):
         raise CoreOpError(f"[meta] core.where: condition must be bool, got {cond.dtype}")
     shape = broadcast_shapes(*(t.shape for t in ts))
     _, result = promoted_dtypes((a, b), Promotion.DEFAULT)
-    grad = any(t.requires_grad for t in _tensor_metas((a, b)))
+    grad = builtins.any(t.requires_grad for t in _tensor_metas((a, b)))
     return TensorMeta.contiguous(shape, result, _device_of(ts), grad)
 
 

@@ -9,6 +9,8 @@ below it.
 """
 from __future__ import annotations
 
+import builtins  # core and prims define ops named sum, any, all, abs: use builtins.* here
+
 import torch
 
 from kiln.inductor import lowering as L
@@ -42,7 +44,7 @@ def _elementwise_meta(name, out_dtype=None):
                 raise PrimError(f"[meta] prims.{name}: operand dtypes differ {first.dtype} vs "
                                 f"{t.dtype}; prims do not promote (use convert_element_type)")
         return TensorMeta.contiguous(first.shape, out_dtype or first.dtype, first.device,
-                                     any(t.requires_grad for t in ts))
+                                     builtins.any(t.requires_grad for t in ts))
     return rule
 
 
@@ -59,7 +61,7 @@ def _where_meta(pred, a, b):
         raise PrimError(f"[meta] prims.where: value dtypes differ ({vals[0].dtype} vs {vals[1].dtype})")
     if not vals:
         raise PrimError("[meta] prims.where: needs a tensor value operand")
-    return TensorMeta.contiguous(shape, vals[0].dtype, ts[0].device, any(t.requires_grad for t in vals))
+    return TensorMeta.contiguous(shape, vals[0].dtype, ts[0].device, builtins.any(t.requires_grad for t in vals))
 
 
 # ------------------------------------------------------------------ elementwise

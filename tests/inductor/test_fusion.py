@@ -79,7 +79,7 @@ def test_shapes_that_differ_get_separate_kernels_with_reason_logged(capsys):
     finally:
         log.configure("")
     assert e.kernel_count == 2
-    assert "do not fuse buf1 into kernel0: iteration shapes differ" in capsys.readouterr().err
+    assert "do not fuse buf1 into kernel0: iteration spaces differ" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("target", TARGETS)
