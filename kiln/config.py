@@ -21,6 +21,8 @@ class Config:
     disable: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_DISABLE", False))
     # inductor
     cpu_backend: str = dataclasses.field(default_factory=lambda: os.environ.get("KILN_CPU_BACKEND", "cpp"))
+    triton_max_persistent_rblock: int = 4096  # longer rows use looped reductions
+    triton_looped_rblock: int = 1024
     cpp_flags: tuple = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
     cpp_compiler: str = dataclasses.field(default_factory=lambda: os.environ.get("CXX", "g++"))
     # runtime

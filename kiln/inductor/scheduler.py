@@ -119,10 +119,14 @@ def placement(node, kernel):
         return "red", {}
     if tuple(node.shape) == tuple(kernel.ranges):
         return ("r" if kernel.reduced_dims else "p"), {}
-    if kernel.reduced_dims and tuple(node.shape) == kernel.xshape:
-        mapping = {ir.index_symbol(k): ir.index_symbol(d) for k, d in enumerate(kernel.kept_dims)}
-        # simultaneous substitution: kept dims may shift, so go through fresh symbols
-        return "x", mapping
+    if kernel.reduced_dims:
+        # per-row values, with or without the reduced dims kept as size 1 (keepdim)
+        mine = [k for k, s in enumerate(node.shape) if s != 1]
+        kept = [d for d in kernel.kept_dims if kernel.ranges[d] != 1]
+        if [node.shape[k] for k in mine] == [kernel.ranges[d] for d in kept]:
+            mapping = {ir.index_symbol(k): sympy.Integer(0) for k, s in enumerate(node.shape) if s == 1}
+            mapping.update({ir.index_symbol(k): ir.index_symbol(d) for k, d in zip(mine, kept)})
+            return "x", mapping  # xreplace substitutes simultaneously, so shifts are safe
     return None
 
 

@@ -65,6 +65,17 @@ class KernelWriter:
         self.cache: dict[str, str] = {}
         self.counter = 0
         self.in_registers: dict[tuple[str, sympy.Expr], str] = {}
+        # called for a load of a buffer computed in this kernel but not yet in a register in the
+        # current scope (a reduction kernel's per-element value from an earlier pass): returns
+        # the register after recomputing it, or None to load from memory
+        self.recompute = None
+        self._scopes: list = []
+
+    def push_scope(self):
+        self._scopes.append((dict(self.cache), dict(self.in_registers)))
+
+    def pop_scope(self):
+        self.cache, self.in_registers = self._scopes.pop()
 
     def _tmp(self, text: str, dtype) -> str:
         hit = self.cache.get(text)
@@ -81,6 +92,10 @@ class KernelWriter:
             reg = self.in_registers.get((expr.buffer, sympy.expand(expr.index)))
             if reg is not None:
                 return reg
+            if self.recompute is not None:
+                reg = self.recompute(expr)
+                if reg is not None:
+                    return reg
             return self._tmp(self.load_fn(expr), expr.dtype)
         if isinstance(expr, ir.Const):
             return self.const_fn(expr.value, expr.dtype)
@@ -96,3 +111,82 @@ class KernelWriter:
 
     def index_value(self, expr):
         raise NotImplementedError
+
+
+# ------------------------------------------------------------------ reduction kernels
+IDENTITY = {  # reduction kind -> identity for masked lanes, per dtype category
+    "sum": lambda dt: 0,
+    "prod": lambda dt: 1,
+    "max": lambda dt: float("-inf") if dt.is_floating_point else (0 if dt == torch.bool else torch.iinfo(dt).min),
+    "min": lambda dt: float("inf") if dt.is_floating_point else (1 if dt == torch.bool else torch.iinfo(dt).max),
+    "argmax": lambda dt: float("-inf") if dt.is_floating_point else torch.iinfo(dt).min,
+    "argmin": lambda dt: float("inf") if dt.is_floating_point else torch.iinfo(dt).max,
+}
+
+
+class Phase:
+    """One pass over the reduced dims: reductions accumulated in it, per-element values stored
+    in it, and the per-row values that become computable once it ends."""
+    __slots__ = ("reductions", "stores", "after")
+
+    def __init__(self):
+        self.reductions, self.stores, self.after = [], [], []
+
+
+def plan_phases(kernel) -> tuple[list, list]:
+    """(per-row nodes computable before any pass, phases). A reduction whose body reads another
+    reduction of the kernel goes in a later pass (softmax: max, then sum of exp(x - max))."""
+    inside = {n.name: n for n in kernel.nodes}
+    ready: dict[str, int] = {}  # x/red node -> number of passes after which it exists
+    need: dict[str, int] = {}   # r/red node -> the pass it must run in
+    pre, phases = [], []
+
+    def dep_need(node):
+        n = 0
+        for b in node.reads():
+            p = inside.get(b)
+            if p is None:
+                continue
+            level = kernel.levels[p.name]
+            n = max(n, ready[p.name] if level in ("x", "red") else need[p.name])
+        return n
+
+    def phase(i):
+        while len(phases) <= i:
+            phases.append(Phase())
+        return phases[i]
+
+    stores = set(kernel.stores)
+    for node in kernel.nodes:
+        level = kernel.levels[node.name]
+        n = dep_need(node)
+        if level == "x":
+            ready[node.name] = n
+            (pre if n == 0 else phase(n - 1).after).append(node)
+        elif level == "red":
+            need[node.name] = n
+            phase(n).reductions.append(node)
+            ready[node.name] = n + 1
+        else:
+            need[node.name] = n
+            if node.name in stores:
+                phase(n).stores.append(node)
+    return pre, phases
+
+
+def decompose_index(flat: str, shape, dims, floordiv: str) -> list[tuple[int, str]]:
+    """[(dim, expression)] recovering each dim's index from a flat index over `shape`
+    (row-major), where `dims` names the full-space dim of each entry of shape."""
+    out = []
+    inner = 1
+    for k in range(len(shape) - 1, -1, -1):
+        d = dims[k]
+        if k == 0:
+            expr = f"({flat} {floordiv} {inner})" if inner > 1 else flat
+        elif inner == 1:
+            expr = f"({flat} % {shape[k]})"
+        else:
+            expr = f"(({flat} {floordiv} {inner}) % {shape[k]})"
+        out.append((d, expr))
+        inner *= shape[k]
+    return out

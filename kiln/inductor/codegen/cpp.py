@@ -125,6 +125,9 @@ class CppKernel:
 
 
 def generate_cpp(kernel, buffers: dict) -> CppKernel:
+    if kernel.is_reduction:
+        from kiln.inductor.codegen.cpp_reduction import generate_cpp_reduction
+        return generate_cpp_reduction(kernel, buffers)
     printer = IndexPrinter("/")
     shape = kernel.shape
     numel = math.prod(shape)

@@ -91,12 +91,19 @@ def triton_cast(x: str, src: torch.dtype, dst: torch.dtype) -> str:
 
 
 class TritonKernel:
-    """A generated kernel plus what the wrapper needs to launch it."""
-    __slots__ = ("name", "source", "args", "numel", "xblock", "num_warps", "origins")
+    """A generated kernel plus what the wrapper needs to launch it: pointer args (buffer
+    names), then integer scalars, then constexpr block sizes, over a 1-D grid."""
+    __slots__ = ("name", "source", "args", "scalars", "constexprs", "grid", "num_warps", "origins")
 
-    def __init__(self, name, source, args, numel, xblock, num_warps, origins):
+    def __init__(self, name, source, args, scalars, constexprs, grid, num_warps, origins):
         self.name, self.source, self.args = name, source, args
-        self.numel, self.xblock, self.num_warps, self.origins = numel, xblock, num_warps, origins
+        self.scalars, self.constexprs, self.grid = scalars, constexprs, grid
+        self.num_warps, self.origins = num_warps, origins
+
+    def launch_line(self) -> str:
+        args = ", ".join(list(self.args) + [str(s) for s in self.scalars] +
+                         [f"{k}={v}" for k, v in self.constexprs.items()])
+        return f"{self.name}[({self.grid},)]({args}, num_warps={self.num_warps})"
 
 
 def _block_config(numel: int) -> tuple[int, int]:
@@ -115,6 +122,9 @@ def _depends_on_index(expr) -> bool:
 
 
 def generate_triton(kernel, buffers: dict) -> TritonKernel:
+    if kernel.is_reduction:
+        from kiln.inductor.codegen.triton_reduction import generate_triton_reduction
+        return generate_triton_reduction(kernel, buffers)
     printer = IndexPrinter("//")
     shape = kernel.shape
     numel = math.prod(shape)
@@ -155,7 +165,10 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
             out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
             if node.dtype == torch.bfloat16 and interpreting():
                 value = writer._tmp(interpreter_bf16(value), node.dtype)
-            writer.lines.append(f"tl.store({out} + ({index_text(index)}), {value}, xmask)")
+            offset = index_text(index)
+            if not ir.simplify_index(index, ranges).free_symbols:  # scalar address: make a block
+                offset += " + tl.zeros([XBLOCK], tl.int32)"
+            writer.lines.append(f"tl.store({out} + ({offset}), {value}, xmask)")
     body_lines = writer.lines
 
     index_lines = []
@@ -193,5 +206,5 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
         header += [f"# from: {o}" for o in kernel.origins]
     source = "\n".join(header) + "\n\n\n" + "\n".join(lines) + "\n"
     xblock, warps = _block_config(numel)
-    return TritonKernel(name, source, list(in_names) + list(out_names), numel, xblock, warps,
-                        list(kernel.origins))
+    return TritonKernel(name, source, list(in_names) + list(out_names), [numel], {"XBLOCK": xblock},
+                        -(-numel // xblock), warps, list(kernel.origins))

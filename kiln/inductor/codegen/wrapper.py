@@ -53,9 +53,7 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
             if math.prod(step.shape) == 0:
                 lines.append(f"    # {step.name} skipped: empty iteration space")
             elif target == "triton":
-                grid = -(-gen.numel // gen.xblock)
-                lines.append(f"    {gen.name}[({grid},)]({', '.join(gen.args)}, {gen.numel}, "
-                             f"XBLOCK={gen.xblock}, num_warps={gen.num_warps})")
+                lines.append(f"    {gen.launch_line()}")
             else:
                 ptrs = ", ".join(f"{a}.data_ptr()" for a in gen.args)
                 lines.append(f"    {gen.name}({ptrs})")

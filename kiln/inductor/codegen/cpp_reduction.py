@@ -1,0 +1,148 @@
+"""C++ code generation for reduction kernels.
+
+OpenMP splits the rows (kept dims, flattened); each row runs one loop over the reduced dims per
+pass (``common.plan_phases``) with scalar accumulators, then computes its per-row epilogue.
+Sum-only passes get ``omp simd reduction`` so gcc vectorizes them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kiln.inductor import ir
+from kiln.inductor.codegen.common import (IDENTITY, IndexPrinter, KernelWriter, compute_dtype,
+                                          decompose_index, plan_phases)
+from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for, cpp_cast,
+                                       cpp_const, ctype)
+
+
+def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
+    printer = IndexPrinter("/")
+    name = f"kiln_{kernel.name}"
+    ranges = ir.ranges_of(kernel.ranges)
+    xshape, rshape = kernel.xshape, kernel.rshape
+    xnumel, rnumel = math.prod(xshape), math.prod(rshape)
+    in_names: dict[str, str] = {}
+    out_names: dict[str, str] = {}
+
+    def ptr(buf):
+        return in_names.setdefault(buf, f"in_ptr{len(in_names)}")
+
+    def load(ld: ir.Load):
+        text = f"{ptr(ld.buffer)}[{printer.doprint(ir.simplify_index(ld.index, ranges))}]"
+        if ld.dtype == torch.bfloat16:
+            return f"kiln_bf16_to_float({text})"
+        if ld.dtype == torch.float16:
+            return f"(float)({text})"
+        return text
+
+    writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast,
+                          lambda n, text, dtype: f"{ctype(dtype)} {n} = {text};")
+    inside = {n.name: n for n in kernel.nodes}
+
+    def recompute(ld: ir.Load):
+        producer = inside.get(ld.buffer)
+        if producer is None or kernel.levels[producer.name] != "r":
+            return None
+        index = kernel.store_index(producer).expand()
+        if ld.index.expand() != index:
+            return None
+        value = writer.emit(kernel.body(producer))
+        writer.in_registers[(producer.name, index)] = value
+        return value
+
+    writer.recompute = recompute
+    lines = writer.lines
+
+    def emit_value(node):
+        value = writer.emit(kernel.body(node))
+        writer.in_registers[(node.name, kernel.store_index(node).expand())] = value
+        return value
+
+    def store(node, value):
+        if node.name not in kernel.stores:
+            return
+        out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
+        index = printer.doprint(ir.simplify_index(kernel.store_index(node), ranges))
+        stored = f"kiln_float_to_bf16({value})" if node.dtype == torch.bfloat16 \
+            else f"static_cast<{C_TYPES[node.dtype]}>({value})"
+        lines.append(f"{out}[{index}] = {stored};")
+
+    def acc_type(node):
+        dt = compute_dtype(node.body.dtype)
+        return dt
+
+    arg_dim = f"i{kernel.reduced_dims[0]}" if len(kernel.reduced_dims) == 1 else "r0"
+    row = []
+    row += [f"const int64_t i{d} = {e};" for d, e in decompose_index("x0", xshape, kernel.kept_dims, "/")]
+    rdecomp = [f"const int64_t i{d} = {e};" for d, e in decompose_index("r0", rshape, kernel.reduced_dims, "/")]
+    lines += row
+    pre, phases = plan_phases(kernel)
+    for node in pre:
+        store(node, emit_value(node))
+    counter = [0]
+    for phase in phases:
+        accs = {}
+        for node in phase.reductions:
+            dt = acc_type(node)
+            acc = f"acc{counter[0]}"
+            counter[0] += 1
+            ident = cpp_const(IDENTITY[node.reduction_type](dt), dt)
+            lines.append(f"{ctype(dt)} {acc} = {ident};")
+            idx = None
+            if node.reduction_type in ("argmax", "argmin"):
+                idx = f"{acc}_idx"
+                lines.append(f"int64_t {idx} = 0;")
+                lines.append(f"bool {acc}_seen = false;")
+            accs[node.name] = (acc, idx, dt)
+        sums = [accs[n.name][0] for n in phase.reductions if n.reduction_type == "sum"]
+        simd = sums and len(sums) == len(phase.reductions)
+        if simd:
+            lines.append(f"#pragma omp simd reduction(+:{', '.join(sums)})")
+        lines.append(f"for (int64_t r0 = 0; r0 < {rnumel}; ++r0) {{")
+        writer.push_scope()
+        start = len(lines)
+        lines += rdecomp
+        for node in phase.reductions:
+            acc, idx, dt = accs[node.name]
+            value = writer.emit(kernel.body(node))
+            kind = node.reduction_type
+            if kind == "sum":
+                lines.append(f"{acc} += {value};")
+            elif kind == "prod":
+                lines.append(f"{acc} *= {value};")
+            elif kind in ("max", "min"):
+                lines.append(f"{acc} = kiln_{kind}<{ctype(dt)}>({acc}, {value});")
+            else:
+                cmp = ">" if kind == "argmax" else "<"
+                lines.append(f"if (!{acc}_seen || {value} {cmp} {acc} || ({value} != {value} && {acc} == {acc})) "
+                             f"{{ {acc} = {value}; {idx} = {arg_dim}; {acc}_seen = true; }}")
+        for node in phase.stores:
+            store(node, emit_value(node))
+        for k in range(start, len(lines)):
+            lines[k] = "    " + lines[k]
+        writer.pop_scope()
+        lines.append("}")
+        for node in phase.reductions:
+            acc, idx, dt = accs[node.name]
+            value = idx if idx is not None else acc
+            if node.dtype == torch.bool:
+                value = f"({value} != 0)"
+            reg = writer._tmp(value, node.dtype if idx is None else torch.int64)
+            writer.in_registers[(node.name, kernel.store_index(node).expand())] = reg
+            store(node, reg)
+        for node in phase.after:
+            store(node, emit_value(node))
+
+    params = [f"const {C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
+    params += [f"{C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
+    clause = "" if xnumel * max(rnumel, 1) >= 1 << 16 and xnumel > 1 else " if(0)"
+    code = [f'extern "C" void {name}({", ".join(params)}) {{',
+            f"    #pragma omp parallel for{clause}",
+            f"    for (int64_t x0 = 0; x0 < {xnumel}; ++x0) {{"]
+    code += ["        " + ln for ln in lines] + ["    }", "}"]
+    code_text = "\n".join(code)
+    header = "\n".join(f"// from: {o}" for o in kernel.origins)
+    source = header + PRELUDE + _helpers_for(code_text) + "\n\n" + code_text + "\n"
+    return CppKernel(name, source, list(in_names) + list(out_names), xnumel * rnumel, list(kernel.origins))
