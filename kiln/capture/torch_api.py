@@ -229,3 +229,10 @@ def callable_name(fn) -> str:
     if mod == "torch.nn.functional":
         mod = "F"
     return f"{mod}.{name}" if mod and mod != "builtins" else name
+
+
+# Op families kept in their own files, merged into the tables above.
+from kiln.capture import torch_api_reductions as _reductions  # noqa: E402
+
+TORCH_FUNCTIONS.update(_reductions.FUNCTIONS)
+TENSOR_METHODS.update(_reductions.METHODS)
