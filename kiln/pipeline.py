@@ -2,7 +2,7 @@
 
     captured core graph
       -> meta          (propagate_meta)
-      -> autograd      (not built yet: graphs that need grad run eagerly, see below)
+      -> autograd      (joint graph, partition; forward and backward each compiled below)
       -> decomp        (decompose, dce, cse)
       -> lowering      (lower: prims -> loop IR)
       -> scheduling    (schedule: fusion into kernels)
@@ -95,11 +95,10 @@ def compile_graph(graph: Graph, backend: str = "kiln"):
     if backend == "eager":
         return EagerGraph(graph, "backend='eager'")
     if needs_autograd(graph):
-        # The autograd stage (joint graph, partitioner) is not built yet. Running the captured
-        # graph with eager torch keeps autograd exact instead of silently dropping grad_fn.
-        log.log("aot", "graph %s needs gradients; the autograd stage is not built yet, so it "
-                "runs with eager torch ops", graph.name)
-        return EagerGraph(graph, "inputs require grad (autograd stage not built yet)")
+        # The autograd stage: joint graph -> forward + backward graphs, each compiled by a
+        # call back into compile_graph (their placeholders never require grad, so no recursion).
+        from kiln.autograd import compile_autograd
+        return compile_autograd(graph, backend)
     prims_graph = _stage("decomp", decompose, graph)
     prims_graph = _stage("decomp", dce, prims_graph)
     prims_graph = _stage("decomp", cse, prims_graph)

@@ -1,7 +1,8 @@
 """KILN_DEBUG=1: one folder per compile with every stage's artifact, in pipeline order.
 
     kiln_debug/run_<time>_<pid>/<compile_id>/
-        00_bytecode.txt  01_guards.py  02_captured_graph.py  03_prims_graph.py
+        00_bytecode.txt  01_guards.py  02_captured_graph.py  02a_forward_graph.py
+        02b_backward_graph.py (training only)  03_prims_graph.py
         04_loop_ir.txt  05_loop_ir_fused.txt  06_kernel_<name>.{py,cpp}  07_wrapper.py
         metrics.json
 
@@ -48,6 +49,8 @@ _FILES = [
     ("capture", "bytecode", "00_bytecode.txt", str),
     ("capture", "guards", "01_guards.py", str),
     ("capture", "captured_graph", "02_captured_graph.py", runnable_graph_source),
+    ("autograd", "forward_graph", "02a_forward_graph.py", runnable_graph_source),
+    ("autograd", "backward_graph", "02b_backward_graph.py", runnable_graph_source),
     ("decomp", "cse", "03_prims_graph.py", runnable_graph_source),
     ("lowering", "lower", "04_loop_ir.txt", str),
     ("scheduling", "schedule", "05_loop_ir_fused.txt", str),

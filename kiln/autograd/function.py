@@ -1,0 +1,160 @@
+"""The torch.autograd.Function glue: a compiled forward and a lazily compiled backward.
+
+``CompiledAutograd`` is what ``pipeline.compile_graph`` returns for a graph that needs
+gradients. Calling it runs ``KilnFunction.apply``, whose forward runs the compiled forward
+graph and saves the activations the partitioner chose; its backward runs the compiled backward
+graph, compiling it on first use (with the saved tensors' real strides).
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+
+import torch
+
+from kiln import context, counters, log
+from kiln.autograd.partition import Partition
+from kiln.config import config
+from kiln.graph.graph import Graph
+from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, map_args
+from kiln.meta.tensor_meta import TensorMeta
+
+DOUBLE_BACKWARD_ERROR = "kiln: double backward through a compiled graph is not supported"
+
+
+class CompiledAutograd:
+    """Callable with the captured graph's inputs; returns its outputs, connected to autograd."""
+
+    def __init__(self, name: str, part: Partition, forward, backend: str):
+        self.name = name
+        self.part = part
+        self.forward = forward
+        self.backend = backend
+        self.num_user_outputs = part.num_user_outputs
+        self.diff_outputs = part.diff_outputs
+        self.grad_input_indices = part.grad_input_indices
+        self.saved_inputs = part.saved_inputs
+        self.tangent_metas = [t.meta["val"] for t in part.backward.placeholders[len(part.saved):]]
+        self._backward: dict = {}
+        self._lock = threading.Lock()
+        # explain / the debug dump read these like any compiled graph's
+        self.kernel_count = getattr(forward, "kernel_count", 0)
+        self.extern_count = getattr(forward, "extern_count", 0)
+        self.wrapper_source = getattr(forward, "wrapper_source", None)
+
+    def __call__(self, *inputs):
+        if not torch.is_grad_enabled():  # entries are keyed by grad mode; this is a safety net
+            return tuple(self.forward(*inputs)[:self.num_user_outputs])
+        return KilnFunction.apply(self, *inputs)
+
+    # ---------------------------------------------------------------- backward
+    def backward_fn(self, saved, tangents):
+        key = tuple(t.stride() for t in saved)
+        fn = self._backward.get(key)
+        if fn is None:
+            with self._lock:
+                fn = self._backward.get(key)
+                if fn is None:
+                    fn = self._backward[key] = self._compile_backward(saved, tangents)
+        return fn
+
+    def _compile_backward(self, saved, tangents):
+        from kiln.pipeline import EagerGraph, StageError, compile_graph
+
+        metas = [TensorMeta.of(t).with_(requires_grad=False) for t in list(saved) + list(tangents)]
+        graph = copy_graph(self.part.backward, metas)
+        with context.compiling(f"{self.name}_backward"):
+            try:
+                with torch.no_grad():
+                    compiled = compile_graph(graph, self.backend)
+            except StageError as e:
+                counters.bump("fallbacks")
+                if config.strict:
+                    raise
+                warnings.warn(f"kiln: {e}; the backward of {self.name} runs with eager torch ops "
+                              "instead", RuntimeWarning, stacklevel=2)
+                compiled = EagerGraph(graph, f"backward fallback: {e}")
+        log.log("aot", "compiled the backward of %s (%s)", self.name, type(compiled).__name__)
+        return compiled
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """Stands between a compiled backward's grads and anything differentiating them again."""
+
+    @staticmethod
+    def forward(ctx, *grads):
+        return tuple(g.clone() for g in grads)
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(DOUBLE_BACKWARD_ERROR + " (the gradient computed by a kiln-compiled "
+                           "backward was differentiated again, e.g. through create_graph=True)")
+
+
+class KilnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, runtime: CompiledAutograd, *inputs):
+        outs = runtime.forward(*inputs)
+        n = runtime.num_user_outputs
+        user = tuple(outs[:n])
+        returned = iter(outs[n:])
+        saved = [inputs[i] if i is not None else next(returned) for i in runtime.saved_inputs]
+        ctx.runtime = runtime
+        ctx.save_for_backward(*saved)
+        nondiff = [o for o, d in zip(user, runtime.diff_outputs) if not d and isinstance(o, torch.Tensor)]
+        if nondiff:
+            ctx.mark_non_differentiable(*nondiff)
+        return user
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        runtime: CompiledAutograd = ctx.runtime
+        saved = ctx.saved_tensors
+        tangents = []
+        metas = iter(runtime.tangent_metas)
+        for g, diff in zip(grad_outputs, runtime.diff_outputs):
+            if not diff:
+                continue
+            meta = next(metas)
+            if g is None:
+                g = torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
+            elif g.dtype != meta.dtype:
+                g = g.to(meta.dtype)
+            tangents.append(g.contiguous())
+        double = torch.is_grad_enabled()
+        with torch.no_grad():
+            saved = [t.detach() for t in saved]
+            tangents = [t.detach() for t in tangents]
+            fn = runtime.backward_fn(saved, tangents)
+            grads = list(fn(*saved, *tangents))
+        if double and grads:
+            # create_graph=True: these grads have no derivative of their own; make any attempt
+            # to differentiate them fail loudly instead of silently giving zero.
+            grads = list(_NoDoubleBackward.apply(*[g.detach().requires_grad_() for g in grads]))
+        result = [None] * (len(ctx.needs_input_grad) - 1)
+        for i, g in zip(runtime.grad_input_indices, grads):
+            if ctx.needs_input_grad[i + 1]:
+                result[i] = g
+        return (None, *result)
+
+
+def copy_graph(graph: Graph, input_metas=None) -> Graph:
+    """A node-for-node copy of graph (new placeholder metas if given)."""
+    out = Graph(graph.name)
+    env: dict = {}
+    metas = iter(input_metas) if input_metas is not None else None
+    for n in graph.nodes:
+        if n.op == PLACEHOLDER:
+            p = out.placeholder(n.name, next(metas) if metas is not None else n.meta.get("val"))
+            p.meta.update({k: v for k, v in n.meta.items() if k != "val"})
+            env[n] = p
+        elif n.op == GET_ATTR:
+            env[n] = out.get_attr(n.target, graph.constants[n.target])
+        elif n.op == CALL:
+            new = out.create_node(n.target, map_args(n.args, env.__getitem__),
+                                  map_args(n.kwargs, env.__getitem__), name=n.name)
+            new.meta.update(n.meta)
+            env[n] = new
+        elif n.op == OUTPUT:
+            out.output(map_args(n.args[0], env.__getitem__))
+    return out
