@@ -23,7 +23,7 @@ Recomputation is banned (the value is computed in the forward, and saved if the 
 it) for ops whose recomputation costs real work or is not repeatable: library ops (mm,
 linear), every reduction and normalization (sum, softmax, var, ...) and random ops.
 Non-tensor values (tuples of multi-output ops) cannot be saved (infinite cost); their elements
-can.
+can. Ties are broken towards primals, then computed values, then views (``_capacity``).
 """
 from __future__ import annotations
 
@@ -110,7 +110,13 @@ def _backward_frontier(joint: JointGraph, bw_nodes: set) -> list:
 
 
 def save_all(joint: JointGraph, bw_nodes: set) -> list:
-    return _backward_frontier(joint, bw_nodes)
+    """The forward values that the VJP rules' nodes read (those nodes all run in the backward,
+    even the ones that do not depend on the tangents)."""
+    from kiln.graph.graph import getitem
+
+    rule_nodes = {n for n in joint.graph.nodes if n.op == CALL and n.meta.get("joint") == "backward"
+                  and n.target is not getitem}
+    return _backward_frontier(joint, bw_nodes | rule_nodes)
 
 
 def min_cut(joint: JointGraph, bw_nodes: set) -> list:
@@ -123,7 +129,7 @@ def min_cut(joint: JointGraph, bw_nodes: set) -> list:
         if n not in candidates:
             continue
         val = n.meta.get("val")
-        weight = nbytes(val) if isinstance(val, TensorMeta) else math.inf
+        weight = _capacity(n) if isinstance(val, TensorMeta) else math.inf
         g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=weight)
         if n.op in (PLACEHOLDER, GET_ATTR) or not recomputable(n):
             g.add_edge("source", f"{n.name}_in", capacity=math.inf)
@@ -134,6 +140,17 @@ def min_cut(joint: JointGraph, bw_nodes: set) -> list:
     _, (reachable, _) = nx.minimum_cut(g, "source", "sink")
     return [n for n in joint.graph.nodes
             if n in candidates and f"{n.name}_in" in reachable and f"{n.name}_out" not in reachable]
+
+
+VIEWS = {core.reshape, core.permute, core.transpose, core.expand, core.unsqueeze, core.squeeze}
+
+
+def _capacity(n: Node) -> int:
+    """Bytes, scaled so that a tie-break term never outweighs one byte: between equally big
+    values, save a primal (alive anyway) before a computed value, and a computed value before a
+    view of one (a saved view would be copied out of the forward; its base recomputes it free)."""
+    tie = 0 if n.op == PLACEHOLDER else (4 if n.target in VIEWS else 1)
+    return nbytes(n.meta["val"]) * 8 + tie
 
 
 STRATEGIES = {"min_cut": min_cut, "save_all": save_all}
