@@ -47,8 +47,12 @@ def _partition_named(joint, strategy, name):
     return partition(joint, strategy, name)
 
 
+# The partitioner's strategy: "min_cut" (rematerialize cheap pointwise work) or "save_all".
+DEFAULT_STRATEGY = "min_cut"
+
+
 def config_strategy() -> str:
-    return getattr(config, "partitioner", "min_cut")
+    return getattr(config, "partitioner", None) or DEFAULT_STRATEGY
 
 
 def log_partition(name, part: Partition):
