@@ -58,7 +58,7 @@ def config_strategy() -> str:
 def log_partition(name, part: Partition):
     if not log.enabled("aot"):
         return
-    lines = [f"{n.name}: {n.meta['val']} ({nbytes(n.meta['val'])} bytes)"
+    lines = [f"{n.name}: {n.meta['val'].with_(requires_grad=False)} ({nbytes(n.meta['val'])} bytes)"
              + (" [input]" if i is not None else "")
              for n, i in zip(part.saved, part.saved_inputs)]
     log.log("aot", "forward graph of %s:\n%s", name, part.forward.python())
