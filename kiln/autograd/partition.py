@@ -116,7 +116,7 @@ def save_all(joint: JointGraph, bw_nodes: set) -> list:
 
     rule_nodes = {n for n in joint.graph.nodes if n.op == CALL and n.meta.get("joint") == "backward"
                   and n.target is not getitem}
-    return _backward_frontier(joint, bw_nodes | rule_nodes)
+    return [n for n in _backward_frontier(joint, bw_nodes | rule_nodes) if n.op != GET_ATTR]
 
 
 def min_cut(joint: JointGraph, bw_nodes: set) -> list:
@@ -131,7 +131,9 @@ def min_cut(joint: JointGraph, bw_nodes: set) -> list:
         val = n.meta.get("val")
         weight = _capacity(n) if isinstance(val, TensorMeta) else math.inf
         g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=weight)
-        if n.op in (PLACEHOLDER, GET_ATTR) or not recomputable(n):
+        if n.op == GET_ATTR:  # a constant: the backward graph holds it too, never saved
+            continue
+        if n.op == PLACEHOLDER or not recomputable(n):
             g.add_edge("source", f"{n.name}_in", capacity=math.inf)
         for i in n.inputs():
             g.add_edge(f"{i.name}_out", f"{n.name}_in", capacity=math.inf)

@@ -128,3 +128,25 @@ def test_non_differentiable_outputs_and_inputs():
     for backend in ("aot_eager", "kiln"):
         check_grads(lambda x, k: (core.gt(x, 0), core.mul(x, k), core.exp(k), core.argmax(x, 1)),
                     [x, k], backend)
+
+
+def test_constants_are_never_saved():
+    from kiln.graph import Graph, Proxy
+    from kiln.meta import TensorMeta
+    from kiln.pipeline import compile_graph
+
+    x = torch.randn(3, 4, requires_grad=True)
+    c = torch.randn(3, 4)
+    g = Graph("with_constant")
+    px = Proxy(g.placeholder("x", TensorMeta.of(x)))
+    pc = Proxy(g.get_attr("c", c))
+    g.output((core.mul(core.sigmoid(px), pc),))
+    joint = build_joint(propagate_meta(g))
+    for strategy in ("save_all", "min_cut"):
+        part = partition(joint, strategy)
+        assert all(n.op != "get_attr" for n in part.saved)
+        assert any(n.op == "get_attr" for n in part.backward.nodes)
+    (y,) = compile_graph(g, "aot_eager")(x)
+    (gx,) = torch.autograd.grad(y, x, torch.ones(3, 4))
+    s = torch.sigmoid(x.detach())
+    assert_close(gx, s * (1 - s) * c)
