@@ -236,3 +236,9 @@ from kiln.capture import torch_api_reductions as _reductions  # noqa: E402
 
 TORCH_FUNCTIONS.update(_reductions.FUNCTIONS)
 TENSOR_METHODS.update(_reductions.METHODS)
+
+from kiln.capture import torch_api_more as _more  # noqa: E402
+
+TORCH_FUNCTIONS.update(_more.TORCH_FUNCTIONS)
+TENSOR_METHODS.update(_more.TENSOR_METHODS)
+BINARY_OPERATORS.update(_more.BINARY_OPERATORS)

@@ -173,3 +173,5 @@ def _mm_meta(a, b):
 # The other families of core ops live in their own files; they are all ``core.<name>``.
 from kiln.ops.core_views import *  # noqa: E402,F401,F403
 from kiln.ops.core_reductions import *  # noqa: E402,F401,F403
+from kiln.ops.core_elementwise_more import *  # noqa: E402,F401,F403
+from kiln.ops.core_shape import *  # noqa: E402,F401,F403

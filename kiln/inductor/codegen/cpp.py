@@ -71,6 +71,25 @@ class CppOps(ScalarOps):
         "gt": "({0} > {1})",
         "ge": "({0} >= {1})",
         "where": "({0} ? {1} : {2})",
+        # kiln/ops/prims_more.py
+        "floor": "std::floor({0})",
+        "ceil": "std::ceil({0})",
+        "trunc": "std::trunc({0})",
+        "round": "std::nearbyint({0})",  # the default rounding mode: half to even
+        "sin": "std::sin({0})",
+        "cos": "std::cos({0})",
+        "erf": "std::erf({0})",
+        "exp2": "std::exp2({0})",
+        "expm1": "std::expm1({0})",
+        "log2": "std::log2({0})",
+        "log10": "std::log10({0})",
+        "log1p": "std::log1p({0})",
+        "pow": "std::pow({0}, {1})",
+        "trunc_div": "({0} / {1})",  # integers only
+        "bitwise_and": "({0} & {1})",
+        "bitwise_or": "({0} | {1})",
+        "bitwise_xor": "({0} ^ {1})",
+        "bitwise_not": "(~{0})",
     }
 
     def call(self, op, args, dtype, arg_dtypes):
@@ -83,6 +102,8 @@ class CppOps(ScalarOps):
             return f"kiln_{op[:3]}<{ct}>({args[0]}, {args[1]})"
         if op == "abs" and dtype == torch.bool:
             return args[0]
+        if op == "fmod":
+            return f"std::fmod({args[0]}, {args[1]})" if dtype.is_floating_point else f"({args[0]} % {args[1]})"
         return super().call(op, args, dtype, arg_dtypes)
 
 

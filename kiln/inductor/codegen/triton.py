@@ -49,6 +49,40 @@ class TritonOps(ScalarOps):
         "gt": "({0} > {1})",
         "ge": "({0} >= {1})",
         "where": "tl.where({0}, {1}, {2})",
+        # kiln/ops/prims_more.py: spelled with tl.* only, so the interpreter runs them too
+        "floor": "tl.floor({0})",
+        "ceil": "tl.ceil({0})",
+        "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))",
+        # half to even: the fraction decides, ties go to 2 * floor(x / 2 + 1 / 4)
+        "round": ("tl.where({0} - tl.floor({0}) > 0.5, tl.floor({0}) + 1.0, tl.where({0} - tl.floor({0}) < 0.5, "
+                  "tl.floor({0}), 2.0 * tl.floor({0} * 0.5 + 0.25)))"),
+        "sin": "tl.sin({0})",
+        "cos": "tl.cos({0})",
+        "erf": "tl.erf({0})",
+        "exp2": "tl.exp2({0})",
+        "log2": "tl.log2({0})",
+        "log10": "(tl.log2({0}) * 0.30102999566398120)",
+        # Kahan's forms keep the relative accuracy near 0 without libdevice
+        "expm1": ("tl.where(tl.abs({0}) > 0.5, tl.exp({0}) - 1.0, tl.where(tl.exp({0}) == 1.0, {0}, "
+                  "(tl.exp({0}) - 1.0) * {0} / tl.log(tl.exp({0}))))"),
+        "log1p": ("tl.where(tl.abs({0}) > 0.5, tl.log(1.0 + {0}), tl.where(1.0 + {0} == 1.0, {0}, "
+                  "tl.log(1.0 + {0}) * {0} / ((1.0 + {0}) - 1.0)))"),
+        # float pow through exp2/log2: the sign for negative bases (-0.0 included) raised to odd
+        # integers, NaN for finite negative bases raised to non-integers (the exponent is made a
+        # block with zeros_like, since it may be a Python scalar)
+        "pow": (
+                "tl.where(({1} == 0) | ({0} == 1.0), 1.0, tl.where(({0} < 0) & (tl.floor(({1} + "
+                'tl.zeros_like({0} + {1}))) != ({1} + tl.zeros_like({0} + {1}))) & ({0} != float("-inf")), '
+                'float("nan"), tl.where((tl.floor(({1} + tl.zeros_like({0} + {1}))) == ({1} + '
+                "tl.zeros_like({0} + {1}))) & (tl.floor(({1} + tl.zeros_like({0} + {1})) * 0.5) * 2.0 != ({1} "
+                "+ tl.zeros_like({0} + {1}))) & (({0} < 0) | (1.0 / {0} < 0)), -1.0, 1.0) * tl.exp2({1} "
+                "* tl.log2(tl.abs({0})))))"),
+        "fmod": "({0} % {1})",  # C semantics for floats (frem) and integers (srem)
+        "trunc_div": "({0} // {1})",  # integers: rounds toward zero in Triton
+        "bitwise_and": "({0} & {1})",
+        "bitwise_or": "({0} | {1})",
+        "bitwise_xor": "({0} ^ {1})",
+        "bitwise_not": "(~{0})",
     }
 
     def call(self, op, args, dtype, arg_dtypes):

@@ -1,0 +1,438 @@
+"""The capture table, continued: elementwise math, activations, views and shape ops.
+
+``torch_api`` merges these tables into its own at import time, so the capture stage still
+reads one table per kind (torch callables, Tensor methods, operators).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kiln.capture.errors import Unsupported
+from kiln.graph import Proxy
+from kiln.ops import core
+
+
+def _is_tensor(x) -> bool:
+    return isinstance(x, Proxy)
+
+
+def _no_out(name, out):
+    if out is not None:
+        raise Unsupported(f"{name}(out=...) is not supported")
+
+
+def _no_inplace(name, inplace):
+    if inplace:
+        raise Unsupported(f"{name}(inplace=True) is not supported")
+
+
+def unary(op):
+    def adapter(input, *, out=None):
+        _no_out(op.name, out)
+        return op(input)
+    adapter.__name__ = op.name
+    return adapter
+
+
+def binary(op):
+    def adapter(input, other, *, out=None):
+        _no_out(op.name, out)
+        return op(input, other)
+    adapter.__name__ = op.name
+    return adapter
+
+
+def reflected(op):
+    """For operators whose left operand is a Python scalar (``2 ** x``, ``7 // x``)."""
+    return binary(op)
+
+
+# ------------------------------------------------------------------ elementwise
+def round_(input, *, decimals=0, out=None):
+    _no_out("round", out)
+    return core.round(input, decimals) if decimals else core.round(input)
+
+
+def pow_(input, exponent, *, out=None):
+    _no_out("pow", out)
+    return core.pow(input, exponent)
+
+
+def div_rounding(input, other, *, rounding_mode=None, out=None):
+    _no_out("div", out)
+    if rounding_mode is None:
+        return core.div(input, other)
+    if rounding_mode == "floor":
+        return core.floor_divide(input, other)
+    if rounding_mode == "trunc":
+        return core.trunc_divide(input, other)
+    raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+                     f"'{rounding_mode}'")
+
+
+def clamp(input, min=None, max=None, *, out=None):
+    _no_out("clamp", out)
+    if min is None and max is None:
+        raise Unsupported("clamp needs at least one of min and max")
+    return core.clamp(input, min, max)
+
+
+def clamp_min(input, min):
+    return core.clamp(input, min, None)
+
+
+def clamp_max(input, max):
+    return core.clamp(input, None, max)
+
+
+def lerp(input, end, weight, *, out=None):
+    _no_out("lerp", out)
+    return core.lerp(input, end, weight)
+
+
+def addc(op):
+    def adapter(input, tensor1, tensor2, *, value=1, out=None):
+        _no_out(op.name, out)
+        return op(input, tensor1, tensor2, value) if value != 1 else op(input, tensor1, tensor2)
+    adapter.__name__ = op.name
+    return adapter
+
+
+def masked_fill(input, mask, value):
+    return core.masked_fill(input, mask, value)
+
+
+def nan_to_num(input, nan=0.0, posinf=None, neginf=None, *, out=None):
+    _no_out("nan_to_num", out)
+    return core.nan_to_num(input, nan, posinf, neginf)
+
+
+# ------------------------------------------------------------------ activations
+def gelu(input, approximate="none"):
+    return core.gelu(input, approximate) if approximate != "none" else core.gelu(input)
+
+
+def silu(input, inplace=False):
+    _no_inplace("silu", inplace)
+    return core.silu(input)
+
+
+def relu6(input, inplace=False):
+    _no_inplace("relu6", inplace)
+    return core.hardtanh(input, 0.0, 6.0)
+
+
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    _no_inplace("hardtanh", inplace)
+    return core.hardtanh(input, float(min_val), float(max_val))
+
+
+def leaky_relu(input, negative_slope=0.01, inplace=False):
+    _no_inplace("leaky_relu", inplace)
+    return core.leaky_relu(input, float(negative_slope))
+
+
+def elu(input, alpha=1.0, inplace=False):
+    _no_inplace("elu", inplace)
+    return core.elu(input, float(alpha))
+
+
+def _plain(op):
+    def adapter(input, inplace=False):
+        _no_inplace(op.name, inplace)
+        return op(input)
+    adapter.__name__ = op.name
+    return adapter
+
+
+def softplus(input, beta=1.0, threshold=20.0):
+    return core.softplus(input, float(beta), float(threshold))
+
+
+# ------------------------------------------------------------------ conversions
+_TENSOR_TYPES = {
+    "torch.FloatTensor": torch.float32, "torch.DoubleTensor": torch.float64,
+    "torch.HalfTensor": torch.float16, "torch.BFloat16Tensor": torch.bfloat16,
+    "torch.LongTensor": torch.int64, "torch.IntTensor": torch.int32, "torch.ShortTensor": torch.int16,
+    "torch.CharTensor": torch.int8, "torch.ByteTensor": torch.uint8, "torch.BoolTensor": torch.bool,
+}
+
+
+def type_(self, dtype=None, non_blocking=False, **kwargs):
+    if dtype is None:
+        raise Unsupported("Tensor.type() without a dtype returns a string; not supported")
+    if isinstance(dtype, str):
+        if dtype not in _TENSOR_TYPES:
+            raise Unsupported(f"Tensor.type({dtype!r}) is not supported")
+        dtype = _TENSOR_TYPES[dtype]
+    if not isinstance(dtype, torch.dtype):
+        raise Unsupported(f"Tensor.type({type(dtype).__name__}) is not supported")
+    return self if dtype == self.dtype else core.to_dtype(self, dtype)
+
+
+def cast_to(dtype):
+    def adapter(self, memory_format=None):
+        return self if self.dtype == dtype else core.to_dtype(self, dtype)
+    adapter.__name__ = str(dtype)
+    return adapter
+
+
+# ------------------------------------------------------------------ views and shapes
+def _sizes(args):
+    """view(2, 3), view((2, 3)) and view([2, 3]) all mean (2, 3)."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
+        return tuple(args[0])
+    return tuple(args)
+
+
+def _check_ints(name, sizes):
+    for s in sizes:
+        if not isinstance(s, int) or isinstance(s, bool):
+            raise Unsupported(f"{name}: size {s!r} is not a Python int")
+    return sizes
+
+
+def reshape(input, *shape):
+    shape = _check_ints("reshape", _sizes(shape))
+    return core.reshape(input, shape)
+
+
+def view(self, *shape):
+    if len(shape) == 1 and isinstance(shape[0], torch.dtype):
+        raise Unsupported("Tensor.view(dtype) is not supported")
+    # kiln has no aliasing: view has reshape's semantics (a copy is never observable)
+    return reshape(self, *shape)
+
+
+def view_as(self, other):
+    return core.reshape(self, tuple(other.shape))
+
+
+def flatten(input, start_dim=0, end_dim=-1):
+    if input.ndim == 0:
+        return core.reshape(input, (1,))
+    start = start_dim % input.ndim
+    end = end_dim % input.ndim
+    if start > end:
+        raise ValueError("flatten() has invalid args: start_dim cannot come after end_dim")
+    if start == end:
+        return input
+    shape = tuple(input.shape[:start]) + (-1,) + tuple(input.shape[end + 1:])
+    return core.reshape(input, shape)
+
+
+def unflatten(input, dim, sizes):
+    d = dim % input.ndim
+    shape = tuple(input.shape[:d]) + tuple(sizes) + tuple(input.shape[d + 1:])
+    return core.reshape(input, shape)
+
+
+def permute(input, *dims):
+    return core.permute(input, _sizes(dims))
+
+
+def transpose(input, dim0, dim1):
+    return core.transpose(input, dim0, dim1)
+
+
+def t(input):
+    if input.ndim > 2:
+        raise ValueError(f"t() expects a tensor with <= 2 dimensions, but self is {input.ndim}D")
+    return core.transpose(input, 0, 1) if input.ndim == 2 else input
+
+
+def expand(self, *sizes, implicit=False):
+    return core.expand(self, _sizes(sizes))
+
+
+def expand_as(self, other):
+    return core.expand(self, tuple(other.shape))
+
+
+def unsqueeze(input, dim):
+    return core.unsqueeze(input, dim)
+
+
+def squeeze(input, dim=None):
+    return core.squeeze(input) if dim is None else core.squeeze(input, dim)
+
+
+def narrow(input, dim, start, length):
+    if _is_tensor(start):
+        raise Unsupported("narrow with a tensor start is not supported")
+    size = input.shape[dim]
+    start = start + size if start < 0 else start
+    if start < 0 or length < 0 or start + length > size:
+        raise IndexError(f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
+    return core.slice(input, dim, start, start + length)
+
+
+def select(input, dim, index):
+    return core.select(input, dim, index)
+
+
+def split(tensor, split_size_or_sections, dim=0):
+    size = tensor.shape[dim]
+    if isinstance(split_size_or_sections, int):
+        step = split_size_or_sections
+        if step <= 0 and size:
+            raise RuntimeError(f"split expects split_size be non-negative, but got split_size={step}")
+        bounds = [(s, min(s + step, size)) for s in range(0, size, step)] if size else [(0, 0)]
+    else:
+        sections = list(split_size_or_sections)
+        if sum(sections) != size:
+            raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {size} "
+                               f"(input tensor's size at dimension {dim}), but got split_sizes={sections}")
+        bounds, start = [], 0
+        for s in sections:
+            bounds.append((start, start + s))
+            start += s
+    return tuple(core.slice(tensor, dim, a, b) for a, b in bounds)
+
+
+def chunk(input, chunks, dim=0):
+    if chunks <= 0:
+        raise RuntimeError("chunk expects `chunks` to be greater than 0")
+    size = input.shape[dim]
+    step = max(math.ceil(size / chunks), 1)
+    return split(input, step, dim)
+
+
+def unbind(input, dim=0):
+    return tuple(core.select(input, dim, i) for i in range(input.shape[dim]))
+
+
+def cat(tensors, dim=0, *, out=None):
+    _no_out("cat", out)
+    return core.cat(list(tensors), dim)
+
+
+def stack(tensors, dim=0, *, out=None):
+    _no_out("stack", out)
+    tensors = list(tensors)
+    if not tensors:
+        raise RuntimeError("stack expects a non-empty TensorList")
+    return core.cat([core.unsqueeze(t, dim) for t in tensors], dim)
+
+
+def flip(input, *dims):
+    return core.flip(input, _sizes(dims))
+
+
+def roll(input, shifts, dims=None):
+    return core.roll(input, shifts, dims) if dims is not None else core.roll(input, shifts)
+
+
+def tri(op):
+    def adapter(input, diagonal=0, *, out=None):
+        _no_out(op.name, out)
+        return op(input, diagonal) if diagonal else op(input)
+    adapter.__name__ = op.name
+    return adapter
+
+
+def repeat(self, *sizes):
+    return core.repeat(self, _sizes(sizes))
+
+
+def pad(input, pad, mode="constant", value=None):
+    if mode != "constant":
+        raise Unsupported(f"F.pad(mode={mode!r}) is not supported (constant only)")
+    return core.constant_pad(input, tuple(pad), 0.0 if value is None else value)
+
+
+def getitem(self, key):
+    """Basic indexing: ints, slices, None and Ellipsis (tensor indices are not supported yet)."""
+    key = key if isinstance(key, tuple) else (key,)
+    for k in key:
+        if k is not None and k is not Ellipsis and not isinstance(k, (int, slice)) or isinstance(k, bool):
+            raise Unsupported(f"indexing a tensor with {type(k).__name__} is not supported")
+    consumed = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if consumed > self.ndim:
+        raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
+    if sum(1 for k in key if k is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    expanded = []
+    for k in key:
+        if k is Ellipsis:
+            expanded += [slice(None)] * (self.ndim - consumed)
+        else:
+            expanded.append(k)
+    out, d = self, 0
+    for k in expanded:
+        if k is None:
+            out = core.unsqueeze(out, d)
+            d += 1
+        elif isinstance(k, int):
+            out = core.select(out, d, k)
+        else:
+            if not (k.start is None and k.stop is None and k.step in (None, 1)):
+                step = 1 if k.step is None else k.step
+                if step <= 0:
+                    raise ValueError("step must be greater than zero")
+                out = core.slice(out, d, k.start, k.stop, step)
+            d += 1
+    return out
+
+
+# ------------------------------------------------------------------ tables
+_UNARY = {
+    "floor": core.floor, "ceil": core.ceil, "trunc": core.trunc, "fix": core.trunc,
+    "sign": core.sign, "reciprocal": core.reciprocal, "exp2": core.exp2, "expm1": core.expm1,
+    "log2": core.log2, "log10": core.log10, "log1p": core.log1p, "sin": core.sin, "cos": core.cos,
+    "erf": core.erf, "isnan": core.isnan, "isinf": core.isinf, "isfinite": core.isfinite,
+    "logical_not": core.logical_not, "bitwise_not": core.bitwise_not,
+}
+_BINARY = {
+    "fmod": core.fmod, "remainder": core.remainder, "floor_divide": core.floor_divide,
+    "logical_and": core.logical_and, "logical_or": core.logical_or, "logical_xor": core.logical_xor,
+    "bitwise_and": core.bitwise_and, "bitwise_or": core.bitwise_or, "bitwise_xor": core.bitwise_xor,
+}
+
+TORCH_FUNCTIONS = {getattr(torch, n): unary(op) for n, op in _UNARY.items()}
+TORCH_FUNCTIONS.update({getattr(torch, n): binary(op) for n, op in _BINARY.items()})
+TORCH_FUNCTIONS.update({
+    torch.round: round_, torch.pow: pow_, torch.div: div_rounding, torch.divide: div_rounding,
+    torch.clamp: clamp, torch.clip: clamp, torch.clamp_min: clamp_min, torch.clamp_max: clamp_max,
+    torch.lerp: lerp, torch.addcmul: addc(core.addcmul), torch.addcdiv: addc(core.addcdiv),
+    torch.masked_fill: masked_fill, torch.nan_to_num: nan_to_num,
+    torch.special.erf: unary(core.erf), torch.special.expm1: unary(core.expm1),
+    torch.special.exp2: unary(core.exp2), torch.special.log1p: unary(core.log1p),
+    F.gelu: gelu, F.silu: silu, F.relu6: relu6, F.hardtanh: hardtanh, F.leaky_relu: leaky_relu,
+    F.elu: elu, F.hardswish: _plain(core.hardswish), F.hardsigmoid: _plain(core.hardsigmoid),
+    F.mish: _plain(core.mish), F.softplus: softplus,
+    # views and shapes
+    torch.reshape: reshape, torch.flatten: flatten, torch.unflatten: unflatten,
+    torch.permute: permute, torch.transpose: transpose, torch.swapaxes: transpose,
+    torch.t: t, torch.unsqueeze: unsqueeze, torch.squeeze: squeeze,
+    torch.narrow: narrow, torch.select: select, torch.split: split, torch.chunk: chunk,
+    torch.unbind: unbind, torch.cat: cat, torch.concat: cat, torch.concatenate: cat,
+    torch.stack: stack, torch.flip: flip, torch.roll: roll,
+    torch.tril: tri(core.tril), torch.triu: tri(core.triu), F.pad: pad,
+})
+
+TENSOR_METHODS = {n: unary(op) for n, op in _UNARY.items()}
+TENSOR_METHODS.update({n: binary(op) for n, op in _BINARY.items()})
+TENSOR_METHODS.update({
+    "round": round_, "pow": pow_, "div": div_rounding, "divide": div_rounding,
+    "clamp": clamp, "clip": clamp, "clamp_min": clamp_min, "clamp_max": clamp_max,
+    "lerp": lerp, "addcmul": addc(core.addcmul), "addcdiv": addc(core.addcdiv),
+    "masked_fill": masked_fill, "nan_to_num": nan_to_num,
+    "type": type_, "short": cast_to(torch.int16), "char": cast_to(torch.int8),
+    "byte": cast_to(torch.uint8),
+    "view": view, "reshape": reshape, "view_as": view_as, "reshape_as": view_as,
+    "flatten": flatten, "unflatten": unflatten, "permute": permute, "transpose": transpose,
+    "swapaxes": transpose, "t": t, "expand": expand, "expand_as": expand_as,
+    "unsqueeze": unsqueeze, "squeeze": squeeze, "narrow": narrow, "select": select,
+    "split": split, "chunk": chunk, "unbind": unbind, "flip": flip, "roll": roll,
+    "tril": tri(core.tril), "triu": tri(core.triu), "repeat": repeat,
+    "__getitem__": getitem,
+})
+
+BINARY_OPERATORS = {
+    "**": pow_, "//": binary(core.floor_divide), "%": binary(core.remainder),
+    "&": binary(core.bitwise_and), "|": binary(core.bitwise_or), "^": binary(core.bitwise_xor),
+}
