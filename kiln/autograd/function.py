@@ -63,7 +63,8 @@ class CompiledAutograd:
 
         metas = [TensorMeta.of(t).with_(requires_grad=False) for t in list(saved) + list(tangents)]
         graph = copy_graph(self.part.backward, metas)
-        with context.compiling(f"{self.name}_backward"):
+        with context.compiling(f"{self.name}_backward") as ctx:
+            ctx.record("autograd", "backward_graph", graph)
             try:
                 with torch.no_grad():
                     compiled = compile_graph(graph, self.backend)
@@ -74,6 +75,9 @@ class CompiledAutograd:
                 warnings.warn(f"kiln: {e}; the backward of {self.name} runs with eager torch ops "
                               "instead", RuntimeWarning, stacklevel=2)
                 compiled = EagerGraph(graph, f"backward fallback: {e}")
+            if config.debug:  # the backward's own dump folder: prims graph, loop IR, kernels
+                from kiln.observe.debug import write_dump
+                write_dump(ctx, compiled)
         log.log("aot", "compiled the backward of %s (%s)", self.name, type(compiled).__name__)
         return compiled
 
