@@ -8,8 +8,8 @@ runtime saves the input tensors themselves. ``Partition.saved`` lists every save
 
 Two strategies:
 
-- ``save_all``: save every forward value that a backward node reads ("save what the backward
-  needs"). Nothing is recomputed.
+- ``save_all``: save every forward value that a VJP rule's node reads ("save what the backward
+  needs"); the rules' nodes all run in the backward. Nothing is recomputed.
 - ``min_cut`` (the default): choose the cheapest set of values to save such that everything the
   backward reads can be recomputed from them, with a max-flow/min-cut over the forward nodes
   (networkx), as AOTAutograd's rematerializing partitioner does.
@@ -23,7 +23,8 @@ Recomputation is banned (the value is computed in the forward, and saved if the 
 it) for ops whose recomputation costs real work or is not repeatable: library ops (mm,
 linear), every reduction and normalization (sum, softmax, var, ...) and random ops.
 Non-tensor values (tuples of multi-output ops) cannot be saved (infinite cost); their elements
-can. Ties are broken towards primals, then computed values, then views (``_capacity``).
+can. Constants (get_attr) are never saved: the backward graph holds them too. Ties are broken
+towards primals, then computed values, then views (``_capacity``).
 """
 from __future__ import annotations
 
