@@ -163,6 +163,9 @@ def build(wrapper, generated: dict, target: str):
     namespace = {"torch": torch, "empty_strided": torch.empty_strided, "as_strided": torch.as_strided}
     for k, fn in zip(kernels, loaded):
         namespace[k.name] = fn
+        if getattr(k, "checked", False):
+            from kiln.runtime.cpp_build import load_cpp_checker
+            namespace[f"{k.name}_check"] = load_cpp_checker(k.source, k.name)
     for ext in wrapper.externs:
         namespace[f"extern_{ext.op.name}"] = ext.op.eager
     exec(compile(wrapper.source, "<kiln wrapper>", "exec"), namespace)

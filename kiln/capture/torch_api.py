@@ -242,3 +242,8 @@ from kiln.capture import torch_api_more as _more  # noqa: E402
 TORCH_FUNCTIONS.update(_more.TORCH_FUNCTIONS)
 TENSOR_METHODS.update(_more.TENSOR_METHODS)
 BINARY_OPERATORS.update(_more.BINARY_OPERATORS)
+from kiln.capture import torch_api_nn as _nn  # noqa: E402
+
+TORCH_FUNCTIONS.update(_nn.FUNCTIONS)
+TENSOR_METHODS.update(_nn.METHODS)
+BINARY_OPERATORS.update(_nn.BINARY_OPERATORS)

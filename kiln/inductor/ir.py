@@ -77,11 +77,36 @@ class Call(Expr):
         return f"{self.op}({', '.join(map(repr, self.args))})"
 
 
+class Let(Expr):
+    """``body`` with ``symbol`` bound to the integer ``value`` (an index read from memory:
+    gather, embedding). Loads in ``body`` use ``symbol`` in their index; ``bound`` is the size
+    of the indexed dim, checked at run time (eager raises on an out-of-range index, so must we)."""
+    __slots__ = ("symbol", "value", "bound", "body", "dtype", "wrap_negative")
+
+    def __init__(self, symbol, value: Expr, bound: int, body: Expr, wrap_negative: bool = False):
+        self.symbol, self.value, self.bound, self.body = symbol, value, bound, body
+        self.dtype = body.dtype
+        self.wrap_negative = wrap_negative  # Python-style x[-1] (tensor indexing); gather does not
+
+    def __repr__(self):
+        return f"let {self.symbol} = {self.value!r} in [0, {self.bound}): {self.body!r}"
+
+
+_indirect_ids = __import__("itertools").count()
+
+
+def indirect_symbol() -> sympy.Symbol:
+    return sympy.Symbol(f"ind{next(_indirect_ids)}", integer=True)
+
+
 def walk(expr: Expr):
     """Post-order traversal of an expression tree."""
     if isinstance(expr, Call):
         for a in expr.args:
             yield from walk(a)
+    elif isinstance(expr, Let):
+        yield from walk(expr.value)
+        yield from walk(expr.body)
     yield expr
 
 
@@ -95,6 +120,9 @@ def substitute_loads(expr: Expr, fn) -> Expr:
         return fn(expr) or expr
     if isinstance(expr, Call):
         return Call(expr.op, tuple(substitute_loads(a, fn) for a in expr.args), expr.dtype)
+    if isinstance(expr, Let):
+        return Let(expr.symbol, substitute_loads(expr.value, fn), expr.bound,
+                   substitute_loads(expr.body, fn), expr.wrap_negative)
     return expr
 
 
@@ -289,3 +317,10 @@ def simplify_index(expr, ranges: dict) -> sympy.Expr:
 
 def ranges_of(shape) -> dict:
     return {index_symbol(k): int(s) for k, s in enumerate(shape)}
+
+
+def canonical_index_fn(ranges: dict):
+    """The normal form in which a load's index is compared with a store's index."""
+    def canon(expr):
+        return sympy.expand(simplify_index(expr, ranges))
+    return canon

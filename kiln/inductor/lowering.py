@@ -153,3 +153,27 @@ def reduction(kind: str):
         ctx.add_buffer(node)
         return TValue.of_ref(ir.TensorRef(name, meta.shape, meta.stride, 0), meta.dtype, meta.device)
     return rule
+
+
+def gather_rule(ctx, meta, x, dim, index):
+    """out[i] = x[i with i[dim] replaced by index[i]] (torch.gather)."""
+    dim = dim % max(len(x.shape), 1)
+
+    def load(idx):
+        sym = ir.indirect_symbol()
+        src = list(idx)
+        src[dim] = sym
+        return ir.Let(sym, index.loader(idx), x.shape[dim], x.loader(src))
+    return TValue(meta.shape, x.dtype, x.device, load)
+
+
+def index_select_rule(ctx, meta, x, dim, index):
+    """out[i] = x[i with i[dim] replaced by index[i[dim]]] (index_select, embedding)."""
+    dim = dim % max(len(x.shape), 1)
+
+    def load(idx):
+        sym = ir.indirect_symbol()
+        src = list(idx)
+        src[dim] = sym
+        return ir.Let(sym, index.loader([idx[dim]]), x.shape[dim], x.loader(src))
+    return TValue(meta.shape, x.dtype, x.device, load)

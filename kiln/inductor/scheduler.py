@@ -106,6 +106,9 @@ def _remap(expr: ir.Expr, mapping: dict) -> ir.Expr:
         return ir.IndexValue(expr.index.xreplace(mapping), expr.dtype)
     if isinstance(expr, ir.Call):
         return ir.Call(expr.op, tuple(_remap(a, mapping) for a in expr.args), expr.dtype)
+    if isinstance(expr, ir.Let):
+        return ir.Let(expr.symbol, _remap(expr.value, mapping), expr.bound, _remap(expr.body, mapping),
+                      expr.wrap_negative)
     return expr
 
 
@@ -184,7 +187,8 @@ def _why_not(node, kernel: Kernel) -> str | None:
         if level == "x" and plevel in ("r", "p"):
             return f"{node.name} is per-row but reads the per-element {producer.name}"
         index = ld.index.xreplace(mapping) if mapping else ld.index
-        if sympy.expand(index - kernel.store_index(producer)) != 0:
+        canon = ir.canonical_index_fn(ir.ranges_of(kernel.ranges))
+        if canon(index) != canon(kernel.store_index(producer)):
             return (f"{node.name} reads {ld.buffer} at {index}, not where it is stored "
                     f"({kernel.store_index(producer)}): another thread's value would be needed")
     return None

@@ -219,3 +219,4 @@ LOWERINGS[mm] = L.extern_rule
 # Reductions live in their own file; they are all ``prims.<name>``.
 from kiln.ops.prims_reductions import *  # noqa: E402,F401,F403
 from kiln.ops.prims_more import *  # noqa: E402,F401,F403
+from kiln.ops.prims_nn import *  # noqa: E402,F401,F403

@@ -79,3 +79,10 @@ def load_cpp_function(source: str, name: str, nargs: int):
     fn.argtypes = [ctypes.c_void_p] * nargs
     fn.restype = None
     return fn
+
+
+def load_cpp_checker(source: str, name: str):
+    fn = getattr(load_cpp(source), f"{name}_check")
+    fn.argtypes = []
+    fn.restype = ctypes.c_int
+    return fn

@@ -70,6 +70,8 @@ class KernelWriter:
         # the register after recomputing it, or None to load from memory
         self.recompute = None
         self._scopes: list = []
+        self.indirect: dict = {}  # Let symbol -> symbol named after the register holding it
+        self.canon = sympy.expand  # index normal form used to match loads with stores
 
     def push_scope(self):
         self._scopes.append((dict(self.cache), dict(self.in_registers)))
@@ -87,9 +89,25 @@ class KernelWriter:
         self.cache[text] = name
         return name
 
+    bounds_check = None  # backend hook: (register, bound) -> lines checking 0 <= register < bound
+
     def emit(self, expr: ir.Expr) -> str:
+        if isinstance(expr, ir.Let):
+            value = self.emit(expr.value)
+            wrapped = value
+            if expr.wrap_negative:
+                wrapped = self._tmp(self.ops.call("where", [self.ops.call("lt", [value, "0"], torch.bool, ()),
+                                                            self.ops.call("add", [value, str(expr.bound)], torch.int64, ()),
+                                                            value], torch.int64, ()), torch.int64)
+            if self.bounds_check is not None and ("checked", wrapped) not in self.cache:
+                self.lines.extend(self.bounds_check(wrapped, expr.bound))
+                self.cache[("checked", wrapped)] = wrapped
+            self.indirect[expr.symbol] = sympy.Symbol(wrapped, integer=True)
+            return self.emit(expr.body)
+        if isinstance(expr, ir.Load) and expr.index.free_symbols & set(self.indirect):
+            expr = ir.Load(expr.buffer, expr.index.xreplace(self.indirect), expr.dtype)
         if isinstance(expr, ir.Load):
-            reg = self.in_registers.get((expr.buffer, sympy.expand(expr.index)))
+            reg = self.in_registers.get((expr.buffer, self.canon(expr.index)))
             if reg is not None:
                 return reg
             if self.recompute is not None:

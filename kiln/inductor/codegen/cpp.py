@@ -139,10 +139,25 @@ def cpp_cast(x: str, src, dst) -> str:
 
 
 class CppKernel:
-    __slots__ = ("name", "source", "args", "numel", "origins")
+    """Source plus the buffer names of its pointer arguments. ``checked`` kernels read indices
+    from memory and export ``<name>_check()``, nonzero after an out-of-range index."""
+    __slots__ = ("name", "source", "args", "numel", "origins", "checked")
 
     def __init__(self, name, source, args, numel, origins):
         self.name, self.source, self.args, self.numel, self.origins = name, source, args, numel, origins
+        self.checked = f"{name}_check" in source
+
+
+def cpp_bounds_check(reg: str, bound: int) -> list[str]:
+    return [f"if ({reg} < 0 || {reg} >= {bound}) {{ kiln_index_error = 1; {reg} = 0; }}"]
+
+
+def index_check_support(name: str, code: str) -> str:
+    """The error flag and its exported reader, for kernels that check indices."""
+    if "kiln_index_error" not in code:
+        return ""
+    return ("static volatile int kiln_index_error = 0;\n"
+            f'extern "C" int {name}_check(void) {{ int e = kiln_index_error; kiln_index_error = 0; return e; }}\n')
 
 
 def generate_cpp(kernel, buffers: dict) -> CppKernel:
@@ -175,11 +190,14 @@ def generate_cpp(kernel, buffers: dict) -> CppKernel:
 
     writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast,
                           lambda n, text, dtype: f"{ctype(dtype)} {n} = {text};")
+
+    writer.canon = ir.canonical_index_fn(ranges)
+    writer.bounds_check = cpp_bounds_check
     stores = set(kernel.stores)
     for node in kernel.nodes:
         value = writer.emit(node.body)
         index = node.store_index()
-        writer.in_registers[(node.name, index.expand())] = value
+        writer.in_registers[(node.name, writer.canon(index))] = value
         if node.name in stores:
             out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
             if node.dtype == torch.bfloat16:
@@ -214,5 +232,5 @@ def generate_cpp(kernel, buffers: dict) -> CppKernel:
     lines.append("}")
     header = [f"// from: {o}" for o in kernel.origins]
     code = "\n".join(lines)
-    source = "\n".join(header) + PRELUDE + _helpers_for(code) + "\n\n" + code + "\n"
+    source = "\n".join(header) + PRELUDE + _helpers_for(code) + "\n" + index_check_support(name, code) + "\n" + code + "\n"
     return CppKernel(name, source, list(in_names) + list(out_names), numel, list(kernel.origins))

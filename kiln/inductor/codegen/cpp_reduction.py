@@ -13,8 +13,9 @@ import torch
 from kiln.inductor import ir
 from kiln.inductor.codegen.common import (IDENTITY, IndexPrinter, KernelWriter, compute_dtype,
                                           decompose_index, plan_phases)
-from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for, cpp_cast,
-                                       cpp_const, ctype)
+from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for,
+                                       cpp_bounds_check, cpp_cast, cpp_const, ctype,
+                                       index_check_support)
 
 
 def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
@@ -39,25 +40,28 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
 
     writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast,
                           lambda n, text, dtype: f"{ctype(dtype)} {n} = {text};")
+
+    writer.canon = ir.canonical_index_fn(ranges)
     inside = {n.name: n for n in kernel.nodes}
 
     def recompute(ld: ir.Load):
         producer = inside.get(ld.buffer)
         if producer is None or kernel.levels[producer.name] != "r":
             return None
-        index = kernel.store_index(producer).expand()
-        if ld.index.expand() != index:
+        index = writer.canon(kernel.store_index(producer))
+        if writer.canon(ld.index) != index:
             return None
         value = writer.emit(kernel.body(producer))
         writer.in_registers[(producer.name, index)] = value
         return value
 
     writer.recompute = recompute
+    writer.bounds_check = cpp_bounds_check
     lines = writer.lines
 
     def emit_value(node):
         value = writer.emit(kernel.body(node))
-        writer.in_registers[(node.name, kernel.store_index(node).expand())] = value
+        writer.in_registers[(node.name, writer.canon(kernel.store_index(node)))] = value
         return value
 
     def store(node, value):
@@ -130,7 +134,7 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
             if node.dtype == torch.bool:
                 value = f"({value} != 0)"
             reg = writer._tmp(value, node.dtype if idx is None else torch.int64)
-            writer.in_registers[(node.name, kernel.store_index(node).expand())] = reg
+            writer.in_registers[(node.name, writer.canon(kernel.store_index(node)))] = reg
             store(node, reg)
         for node in phase.after:
             store(node, emit_value(node))
@@ -144,5 +148,5 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
     code += ["        " + ln for ln in lines] + ["    }", "}"]
     code_text = "\n".join(code)
     header = "\n".join(f"// from: {o}" for o in kernel.origins)
-    source = header + PRELUDE + _helpers_for(code_text) + "\n\n" + code_text + "\n"
+    source = header + PRELUDE + _helpers_for(code_text) + "\n" + index_check_support(name, code_text) + "\n" + code_text + "\n"
     return CppKernel(name, source, list(in_names) + list(out_names), xnumel * rnumel, list(kernel.origins))

@@ -114,10 +114,17 @@ def interpreter_bf16(x: str) -> str:
     return f"tl.where({x} != {x}, {x}.to(tl.bfloat16), {rounded})"
 
 
+def triton_bounds_check(reg: str, bound: int) -> list[str]:
+    return [f'tl.device_assert((({reg} >= 0) & ({reg} < {bound})) | ~xmask, '
+            f'"kiln: index out of bounds for a dimension of size {bound}")']
+
+
 def triton_cast(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     if dst == torch.bool:
         return f"({x} != 0)"
     if dst == torch.bfloat16 and interpreting():
+        if src != torch.float32 and src not in LOW_PRECISION:
+            x = f"{x}.to(tl.float32)"
         return f"{interpreter_bf16(x)}.to(tl.float32)"
     if dst in LOW_PRECISION:  # round to the narrow type, keep computing in float32
         return f"{x}.to({TL_DTYPES[dst]}).to(tl.float32)"
@@ -178,7 +185,7 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
     def load(ld: ir.Load):
         index = ir.simplify_index(ld.index, ranges)
         # A load at a fixed address (a broadcast scalar) is one scalar load, not a masked block.
-        mask = ", xmask" if index.free_symbols else ""
+        mask = ", xmask, other=0" if index.free_symbols else ""
         text = f"tl.load({ptr(ld.buffer)} + ({printer.doprint(index)}){mask})"
         if ld.dtype in LOW_PRECISION:
             text += ".to(tl.float32)"
@@ -186,6 +193,9 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
 
     writer = KernelWriter(TritonOps(), load, triton_const, triton_cast,
                           lambda n, text, dtype: f"{n} = {text}")
+
+    writer.canon = ir.canonical_index_fn(ranges)
+    writer.bounds_check = triton_bounds_check
     body_lines = []
     stores = set(kernel.stores)
     for node in kernel.nodes:
@@ -194,7 +204,7 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
             value = writer._tmp(f"tl.zeros([XBLOCK], {TL_DTYPES[compute_dtype(node.dtype)]}) + {value}",
                                 node.dtype)
         index = node.store_index()
-        writer.in_registers[(node.name, index.expand())] = value
+        writer.in_registers[(node.name, writer.canon(index))] = value
         if node.name in stores:
             out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
             if node.dtype == torch.bfloat16 and interpreting():
@@ -224,8 +234,9 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
         sum(abs(s) * (d - 1) for s, d in zip(buffers[b].stride, buffers[b].shape)) >= 2 ** 31
         for b in list(in_names) + list(out_names))
     pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
+    jit = "@triton.jit(debug=True)" if any("tl.device_assert" in ln for ln in body_lines) else "@triton.jit"
     lines = [
-        "@triton.jit",
+        jit,
         f"def {name}({', '.join(params + ['xnumel', 'XBLOCK: tl.constexpr'])}):",
         f"    xoffset = {pid} * XBLOCK",
         "    xindex = xoffset + tl.arange(0, XBLOCK)",

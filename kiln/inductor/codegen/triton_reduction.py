@@ -21,7 +21,7 @@ from kiln.inductor import ir
 from kiln.inductor.codegen.common import (IDENTITY, LOW_PRECISION, IndexPrinter, KernelWriter,
                                           compute_dtype, decompose_index, plan_phases)
 from kiln.inductor.codegen.triton import (TL_DTYPES, TritonKernel, TritonOps, interpreter_bf16,
-                                          interpreting, triton_cast, triton_const)
+                                          interpreting, triton_bounds_check, triton_cast, triton_const)
 
 COMBINE_FNS = {
     "max": ("_kiln_max", "tl.where((a > b) | (a != a), a, b)"),
@@ -63,7 +63,7 @@ def generate_triton_reduction(kernel, buffers: dict) -> TritonKernel:
         syms = index.free_symbols
         if not syms:
             return ""
-        return ", xmask & rmask" if syms & red_syms else ", xmask"
+        return ", xmask & rmask, other=0" if syms & red_syms else ", xmask, other=0"
 
     def load(ld: ir.Load):
         index = ir.simplify_index(ld.index, ranges)
@@ -74,25 +74,28 @@ def generate_triton_reduction(kernel, buffers: dict) -> TritonKernel:
 
     writer = KernelWriter(TritonOps(), load, triton_const, triton_cast,
                           lambda n, text, dtype: f"{n} = {text}")
+
+    writer.canon = ir.canonical_index_fn(ranges)
     inside = {n.name: n for n in kernel.nodes}
 
     def recompute(ld: ir.Load):
         producer = inside.get(ld.buffer)
         if producer is None or kernel.levels[producer.name] != "r":
             return None
-        index = kernel.store_index(producer).expand()
-        if ld.index.expand() != index:
+        index = writer.canon(kernel.store_index(producer))
+        if writer.canon(ld.index) != index:
             return None
         value = writer.emit(kernel.body(producer))
         writer.in_registers[(producer.name, index)] = value
         return value
 
     writer.recompute = recompute
+    writer.bounds_check = triton_bounds_check
     lines = writer.lines
 
     def emit_value(node):
         value = writer.emit(kernel.body(node))
-        writer.in_registers[(node.name, kernel.store_index(node).expand())] = value
+        writer.in_registers[(node.name, writer.canon(kernel.store_index(node)))] = value
         return value
 
     def store(node, value, level):
@@ -127,7 +130,7 @@ def generate_triton_reduction(kernel, buffers: dict) -> TritonKernel:
         """Cast a reduced value to the node's dtype and register it."""
         if node.dtype == torch.bool:
             value = writer._tmp(f"({value} != 0)", node.dtype)
-        writer.in_registers[(node.name, kernel.store_index(node).expand())] = value
+        writer.in_registers[(node.name, writer.canon(kernel.store_index(node)))] = value
         store(node, value, "x")
 
     def reduce_text(kind, block):
@@ -230,7 +233,8 @@ def generate_triton_reduction(kernel, buffers: dict) -> TritonKernel:
     for kind in sorted(combine_used):
         fn, body = COMBINE_FNS[kind]
         src += ["", "", "@triton.jit", f"def {fn}(a, b):", f"    return {body}"]
-    src += ["", "", "@triton.jit", f"def {name}({sig}):"] + ["    " + ln for ln in lines]
+    jit = "@triton.jit(debug=True)" if any("tl.device_assert" in ln for ln in lines) else "@triton.jit"
+    src += ["", "", jit, f"def {name}({sig}):"] + ["    " + ln for ln in lines]
     source = "\n".join(src) + "\n"
     return TritonKernel(name, source, list(in_names) + list(out_names), [xnumel, rnumel],
                         {"XBLOCK": xblock, "RBLOCK": rblock}, -(-xnumel // xblock), warps,

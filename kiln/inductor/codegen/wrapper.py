@@ -50,13 +50,17 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
                 devices[dev] = b.device
                 lines.append(f"    {name} = empty_strided({tuple(b.shape)}, {tuple(b.stride)}, "
                              f"dtype={b.dtype}, device={dev})")
-            if math.prod(step.shape) == 0:
+            if math.prod(step.xshape if step.is_reduction else step.shape) == 0:
                 lines.append(f"    # {step.name} skipped: empty iteration space")
             elif target == "triton":
                 lines.append(f"    {gen.launch_line()}")
             else:
                 ptrs = ", ".join(f"{a}.data_ptr()" for a in gen.args)
                 lines.append(f"    {gen.name}({ptrs})")
+                if gen.checked:
+                    lines.append(f"    if {gen.name}_check():")
+                    lines.append(f"        raise IndexError('kiln: an index read by {gen.name} is out of "
+                                 f"range for its dimension (gather/embedding/index_select)')")
         else:
             args = [_ref_expr(r, buffers) if isinstance(r, ir.TensorRef) else repr(r) for r in step.inputs]
             kwargs = [f"{k}={v!r}" for k, v in step.kwargs.items()]

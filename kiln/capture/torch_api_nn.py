@@ -1,0 +1,149 @@
+"""Capture-table entries for the neural-network ops (merged into torch_api's tables)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kiln.capture.errors import Unsupported
+from kiln.graph import Proxy
+from kiln.ops import core
+
+
+def _pair(v, n):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return core.layer_norm(input, tuple(normalized_shape) if not isinstance(normalized_shape, int)
+                           else (normalized_shape,), weight, bias, eps)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    return core.rms_norm(input, tuple(normalized_shape) if not isinstance(normalized_shape, int)
+                         else (normalized_shape,), weight, eps)
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    return core.group_norm(input, num_groups, weight, bias, eps)
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    if training and running_mean is not None:
+        raise Unsupported("batch_norm in training mode updates running stats in place "
+                          "(buffer mutation is not captured yet)")
+    return core.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+              scale_grad_by_freq=False, sparse=False):
+    if max_norm is not None:
+        raise Unsupported("F.embedding(max_norm=...) renormalizes the weight in place")
+    return core.embedding(weight, input)
+
+
+def _reduction(size_average, reduce, reduction):
+    if size_average is not None or reduce is not None:
+        raise Unsupported("the deprecated size_average/reduce loss arguments are not supported")
+    return reduction
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                  reduction="mean", label_smoothing=0.0):
+    reduction = _reduction(size_average, reduce, reduction)
+    if weight is not None and label_smoothing:
+        raise Unsupported("cross_entropy with both weight and label_smoothing is not supported")
+    return core.cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing)
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+             reduction="mean"):
+    return core.nll_loss(input, target, weight, ignore_index, _reduction(size_average, reduce, reduction))
+
+
+def _simple_loss(op):
+    def adapter(input, target, size_average=None, reduce=None, reduction="mean", **kw):
+        if kw.get("weight") is not None or kw.get("pos_weight") is not None:
+            raise Unsupported(f"{op.name} with weight/pos_weight is not supported")
+        return op(input, target, _reduction(size_average, reduce, reduction))
+    return adapter
+
+
+def dropout(input, p=0.5, training=True, inplace=False):
+    if not training or p == 0:
+        return input
+    raise Unsupported("dropout in training mode needs the RNG prims (not built yet)")
+
+
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if dropout_p:
+        raise Unsupported("scaled_dot_product_attention with dropout_p > 0 needs the RNG prims")
+    if enable_gqa:
+        raise Unsupported("scaled_dot_product_attention(enable_gqa=True) is not supported")
+    return core.sdpa(query, key, value, attn_mask, 0.0, is_causal, scale)
+
+
+def _conv(nd):
+    def adapter(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        if isinstance(padding, str):
+            raise Unsupported(f"conv{nd}d(padding={padding!r}) is not supported")
+        return core.conv(input, weight, bias, _pair(stride, nd), _pair(padding, nd),
+                         _pair(dilation, nd), groups)
+    return adapter
+
+
+def matmul(input, other, *, out=None):
+    if out is not None:
+        raise Unsupported("matmul(out=...) is not supported")
+    if input.ndim == 2 and other.ndim == 2:
+        return core.mm(input, other)
+    return core.matmul(input, other)
+
+
+def bmm(input, mat2, *, out=None):
+    return core.bmm(input, mat2)
+
+
+def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+    return core.addmm(input, mat1, mat2, beta, alpha)
+
+
+def baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
+    return core.baddbmm(input, batch1, batch2, beta, alpha)
+
+
+def gather(input, dim, index, *, sparse_grad=False, out=None):
+    return core.gather(input, dim, index)
+
+
+def index_select(input, dim, index, *, out=None):
+    return core.index_select(input, dim, index)
+
+
+def _require_tensor(x, what):
+    if not isinstance(x, Proxy):
+        raise Unsupported(f"{what} expects a tensor")
+    return x
+
+
+FUNCTIONS = {
+    F.layer_norm: layer_norm, F.rms_norm: rms_norm, F.group_norm: group_norm,
+    F.batch_norm: batch_norm, F.embedding: embedding,
+    F.cross_entropy: cross_entropy, F.nll_loss: nll_loss,
+    F.mse_loss: _simple_loss(core.mse_loss), F.l1_loss: _simple_loss(core.l1_loss),
+    F.binary_cross_entropy_with_logits: _simple_loss(core.bce_with_logits),
+    F.dropout: dropout, F.scaled_dot_product_attention: sdpa,
+    F.conv1d: _conv(1), F.conv2d: _conv(2),
+    torch.matmul: matmul, torch.bmm: bmm, torch.addmm: addmm, torch.baddbmm: baddbmm,
+    torch.gather: gather, torch.index_select: index_select,
+    torch.layer_norm: layer_norm, torch.group_norm: group_norm,
+    torch.nn.functional.linear: lambda input, weight, bias=None: core.linear(input, weight, bias),
+}
+
+METHODS = {
+    "matmul": matmul, "bmm": bmm, "gather": gather, "index_select": index_select,
+    "addmm": addmm, "baddbmm": baddbmm,
+    "__matmul__": matmul,
+}
+
+BINARY_OPERATORS = {"@": matmul}

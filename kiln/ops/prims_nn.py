@@ -1,0 +1,123 @@
+"""Prims for indexing with tensors (gather, index_select) and library ops kept whole (bmm,
+attention, convolution): the backend calls cuBLAS/cuDNN/flash attention through torch."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kiln.inductor import lowering as L
+from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
+from kiln.ops.registry import LOWERINGS, META_RULES, define
+
+__all__ = ["gather", "index_select", "bmm", "sdpa", "conv"]
+
+
+class NNPrimError(TypeError):
+    pass
+
+
+def _check_index(name, index):
+    if index.dtype not in (torch.int64, torch.int32):
+        raise NNPrimError(f"[meta] prims.{name}: index must be int64 or int32, got {index.dtype}")
+
+
+# ------------------------------------------------------------------ indexing with tensors
+gather = define("prims", "gather", lambda x, dim, index: torch.gather(x, dim, index))
+
+
+@META_RULES.register(gather)
+def _gather_meta(x, dim, index):
+    _check_index("gather", index)
+    if index.ndim != x.ndim:
+        raise NNPrimError(f"[meta] prims.gather: index has {index.ndim} dims, input {x.ndim}")
+    return TensorMeta.contiguous(index.shape, x.dtype, x.device, x.requires_grad)
+
+
+LOWERINGS[gather] = L.gather_rule
+
+index_select = define("prims", "index_select", lambda x, dim, index: torch.index_select(x, dim, index))
+
+
+@META_RULES.register(index_select)
+def _index_select_meta(x, dim, index):
+    _check_index("index_select", index)
+    if index.ndim != 1:
+        raise NNPrimError(f"[meta] prims.index_select: index must be 1-d, got {index.ndim}-d")
+    shape = list(x.shape)
+    shape[dim] = index.shape[0]
+    return TensorMeta.contiguous(shape, x.dtype, x.device, x.requires_grad)
+
+
+LOWERINGS[index_select] = L.index_select_rule
+
+
+# ------------------------------------------------------------------ library ops
+bmm = define("prims", "bmm", torch.bmm, library=True)
+
+
+@META_RULES.register(bmm)
+def _bmm_meta(a, b):
+    if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        raise NNPrimError(f"[meta] prims.bmm: cannot multiply {list(a.shape)} by {list(b.shape)}")
+    if a.dtype != b.dtype:
+        raise NNPrimError(f"[meta] prims.bmm: dtypes differ ({a.dtype} vs {b.dtype})")
+    shape = (a.shape[0], a.shape[1], b.shape[2])
+    return TensorMeta(shape, contiguous_strides(shape), a.dtype, a.device, a.requires_grad or b.requires_grad)
+
+
+LOWERINGS[bmm] = L.extern_rule
+
+
+def _sdpa_eager(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale)
+
+
+sdpa = define("prims", "sdpa", _sdpa_eager, library=True)
+
+
+@META_RULES.register(sdpa)
+def _sdpa_meta(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim or q.shape[-1] != k.shape[-1] \
+            or k.shape[-2] != v.shape[-2]:
+        raise NNPrimError(f"[meta] prims.sdpa: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} "
+                          "do not fit")
+    shape = tuple(q.shape[:-1]) + (v.shape[-1],)
+    grad = q.requires_grad or k.requires_grad or v.requires_grad
+    return TensorMeta.contiguous(shape, q.dtype, q.device, grad)
+
+
+LOWERINGS[sdpa] = L.extern_rule
+
+
+def _conv_eager(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):
+    fn = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.dim()]
+    return fn(x, weight, bias, stride, padding, dilation, groups)
+
+
+conv = define("prims", "conv", _conv_eager, library=True)
+
+
+def conv_output_shape(x_shape, w_shape, stride, padding, dilation):
+    spatial = []
+    for k, size in enumerate(x_shape[2:]):
+        eff = dilation[k] * (w_shape[2 + k] - 1) + 1
+        spatial.append((size + 2 * padding[k] - eff) // stride[k] + 1)
+    return (x_shape[0], w_shape[0], *spatial)
+
+
+@META_RULES.register(conv)
+def _conv_meta(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):
+    if x.ndim not in (3, 4, 5) or weight.ndim != x.ndim:
+        raise NNPrimError(f"[meta] prims.conv: input {list(x.shape)} and weight {list(weight.shape)}")
+    if x.shape[1] != weight.shape[1] * groups:
+        raise NNPrimError(f"[meta] prims.conv: {x.shape[1]} input channels, weight expects "
+                          f"{weight.shape[1]} x {groups} groups")
+    shape = conv_output_shape(x.shape, weight.shape, stride, padding, dilation)
+    if any(s <= 0 for s in shape[2:]):
+        raise NNPrimError(f"[meta] prims.conv: output size {list(shape)} is too small")
+    grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    return TensorMeta.contiguous(shape, x.dtype, x.device, grad)
+
+
+LOWERINGS[conv] = L.extern_rule
