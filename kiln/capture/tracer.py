@@ -252,7 +252,10 @@ class Tracer:
         if isinstance(container, (_Sequence, DictVariable, ModuleVariable)):
             return container.getitem(self, key)
         if isinstance(container, TensorVariable):
-            raise Unsupported("tensor indexing is not supported by the capture table")
+            adapter = torch_api.TENSOR_METHODS.get("__getitem__")
+            if adapter is None:
+                raise Unsupported("tensor indexing is not supported by the capture table")
+            return self.call_adapter(adapter, [container, key], {}, "tensor indexing")
         try:
             return self.wrap_constant(container.as_python()[key.as_python()])
         except Unsupported:

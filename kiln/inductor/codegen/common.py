@@ -89,6 +89,7 @@ class KernelWriter:
         self.cache[text] = name
         return name
 
+    index_value_fn = None  # backend hook: IndexValue -> text of its value
     bounds_check = None  # backend hook: (register, bound) -> lines checking 0 <= register < bound
 
     def emit(self, expr: ir.Expr) -> str:
@@ -118,7 +119,9 @@ class KernelWriter:
         if isinstance(expr, ir.Const):
             return self.const_fn(expr.value, expr.dtype)
         if isinstance(expr, ir.IndexValue):
-            return self._tmp(self.index_value(expr), expr.dtype)
+            if self.index_value_fn is None:
+                raise NotImplementedError(f"[codegen:{self.ops.name}] index values are not supported here")
+            return self._tmp(self.index_value_fn(expr), expr.dtype)
         if isinstance(expr, ir.Call):
             args = [self.emit(a) for a in expr.args]
             if expr.op == "cast":
@@ -127,8 +130,6 @@ class KernelWriter:
             return self._tmp(self.ops.call(expr.op, args, expr.dtype, arg_dtypes), expr.dtype)
         raise NotImplementedError(f"[codegen:{self.ops.name}] cannot emit {expr!r}")
 
-    def index_value(self, expr):
-        raise NotImplementedError
 
 
 # ------------------------------------------------------------------ reduction kernels

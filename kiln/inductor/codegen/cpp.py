@@ -192,6 +192,7 @@ def generate_cpp(kernel, buffers: dict) -> CppKernel:
                           lambda n, text, dtype: f"{ctype(dtype)} {n} = {text};")
 
     writer.canon = ir.canonical_index_fn(ranges)
+    writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({printer.doprint(ir.simplify_index(e.index, ranges))})"
     writer.bounds_check = cpp_bounds_check
     stores = set(kernel.stores)
     for node in kernel.nodes:

@@ -42,6 +42,7 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
                           lambda n, text, dtype: f"{ctype(dtype)} {n} = {text};")
 
     writer.canon = ir.canonical_index_fn(ranges)
+    writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({printer.doprint(ir.simplify_index(e.index, ranges))})"
     inside = {n.name: n for n in kernel.nodes}
 
     def recompute(ld: ir.Load):

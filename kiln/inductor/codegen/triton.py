@@ -114,6 +114,13 @@ def interpreter_bf16(x: str) -> str:
     return f"tl.where({x} != {x}, {x}.to(tl.bfloat16), {rounded})"
 
 
+def triton_index_value(e, printer, ranges) -> str:
+    index = ir.simplify_index(e.index, ranges)
+    if not index.free_symbols:
+        return triton_const(int(index), e.dtype)
+    return f"({printer.doprint(index)}).to({TL_DTYPES[compute_dtype(e.dtype)]})"
+
+
 def triton_bounds_check(reg: str, bound: int) -> list[str]:
     return [f'tl.device_assert((({reg} >= 0) & ({reg} < {bound})) | ~xmask, '
             f'"kiln: index out of bounds for a dimension of size {bound}")']
@@ -195,6 +202,7 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
                           lambda n, text, dtype: f"{n} = {text}")
 
     writer.canon = ir.canonical_index_fn(ranges)
+    writer.index_value_fn = lambda e: triton_index_value(e, printer, ranges)
     writer.bounds_check = triton_bounds_check
     body_lines = []
     stores = set(kernel.stores)

@@ -21,7 +21,8 @@ from kiln.inductor import ir
 from kiln.inductor.codegen.common import (IDENTITY, LOW_PRECISION, IndexPrinter, KernelWriter,
                                           compute_dtype, decompose_index, plan_phases)
 from kiln.inductor.codegen.triton import (TL_DTYPES, TritonKernel, TritonOps, interpreter_bf16,
-                                          interpreting, triton_bounds_check, triton_cast, triton_const)
+                                          interpreting, triton_bounds_check, triton_cast, triton_const,
+                                          triton_index_value)
 
 COMBINE_FNS = {
     "max": ("_kiln_max", "tl.where((a > b) | (a != a), a, b)"),
@@ -76,6 +77,7 @@ def generate_triton_reduction(kernel, buffers: dict) -> TritonKernel:
                           lambda n, text, dtype: f"{n} = {text}")
 
     writer.canon = ir.canonical_index_fn(ranges)
+    writer.index_value_fn = lambda e: triton_index_value(e, printer, ranges)
     inside = {n.name: n for n in kernel.nodes}
 
     def recompute(ld: ir.Load):
