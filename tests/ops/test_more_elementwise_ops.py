@@ -47,7 +47,7 @@ OPS = {
     "pow_neg_base_int_exp": (lambda a, b, c: torch.pow(-a.abs(), torch.round(b * 2)), FLOATS),
     "pow_2_3": (lambda a, b, c: a ** 2 + a ** 3, FLOATS),
     "pow_sqrt": (lambda a, b, c: a.abs() ** 0.5 - b.abs() ** -0.5, FLOATS),
-    "pow_neg": (lambda a, b, c: a.pow(-2) + b ** -1, FLOATS),
+    "pow_neg": (lambda a, b, c: (a.abs() + 0.5).pow(-2) + (b.abs() + 0.5) ** -1, FLOATS),
     "pow_float_scalar": (lambda a, b, c: a.abs() ** 1.7 + torch.pow(a, 3.0), FLOATS),
     "pow_int": (lambda a, b, c: a ** 2 + a.pow(3) + a ** 0, INTS),
     "rpow": (lambda a, b, c: 2 ** a + 0.5 ** b, FLOATS),
