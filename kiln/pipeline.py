@@ -139,9 +139,13 @@ def generate_kernels(sched, target: str) -> dict:
     from kiln.inductor.codegen.cpp import generate_cpp
     from kiln.inductor.codegen.triton import generate_triton
 
-    buffers = {b.name: b for b in sched.program.inputs + sched.program.buffers}
+    from kiln.inductor.codegen.scatter import generate_scatter
+    from kiln.inductor.scheduler import ScatterStep
+
+    buffers = sched.program.all_buffers()
     gen = generate_triton if target == "triton" else generate_cpp
-    return {k.name: gen(k, buffers) for k in sched.kernels}
+    return {k.name: generate_scatter(k, buffers, target) if isinstance(k, ScatterStep) else gen(k, buffers)
+            for k in sched.kernels}
 
 
 def build(wrapper, generated: dict, target: str):

@@ -70,9 +70,45 @@ def _simple_loss(op):
 
 
 def dropout(input, p=0.5, training=True, inplace=False):
+    if not 0 <= p <= 1:
+        raise Unsupported(f"dropout probability {p} is not in [0, 1]")
     if not training or p == 0:
         return input
-    raise Unsupported("dropout in training mode needs the RNG prims (not built yet)")
+    if inplace:
+        raise Unsupported("dropout(inplace=True) in training mode mutates its input")
+    if p == 1:
+        return core.mul(input, 0.0)
+    # In core ops, so autograd sees the mask: a random op is never recomputed, so the backward
+    # uses the very mask the forward drew.
+    keep = core.ge(core.rand(tuple(input.shape), torch.float32, input.device), float(p))
+    return core.where(keep, core.mul(input, 1.0 / (1.0 - p)), 0.0)
+
+
+def _size_args(size):
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        return tuple(size[0])
+    return tuple(size)
+
+
+def rand(*size, generator=None, dtype=None, device=None, layout=None, requires_grad=False,
+         pin_memory=False, out=None):
+    if generator is not None or out is not None or requires_grad:
+        raise Unsupported("torch.rand with generator/out/requires_grad is not supported")
+    return core.rand(_size_args(size), dtype or torch.get_default_dtype(),
+                     torch.device(device) if device is not None else torch.device("cpu"))
+
+
+def rand_like(input, *, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None):
+    return core.rand(tuple(input.shape), dtype or input.dtype,
+                     torch.device(device) if device is not None else input.device)
+
+
+def scatter_add(input, dim, index, src):
+    return core.scatter_add(input, dim, index, src)
+
+
+def index_add(input, dim, index, source, *, alpha=1, out=None):
+    return core.index_add(input, dim, index, source, alpha)
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -136,13 +172,15 @@ FUNCTIONS = {
     F.conv1d: _conv(1), F.conv2d: _conv(2),
     torch.matmul: matmul, torch.bmm: bmm, torch.addmm: addmm, torch.baddbmm: baddbmm,
     torch.gather: gather, torch.index_select: index_select,
+    torch.rand: rand, torch.rand_like: rand_like, torch.scatter_add: scatter_add,
+    torch.index_add: index_add, torch.dropout: lambda input, p, train: dropout(input, p, train),
     torch.layer_norm: layer_norm, torch.group_norm: group_norm,
     torch.nn.functional.linear: lambda input, weight, bias=None: core.linear(input, weight, bias),
 }
 
 METHODS = {
     "matmul": matmul, "bmm": bmm, "gather": gather, "index_select": index_select,
-    "addmm": addmm, "baddbmm": baddbmm,
+    "addmm": addmm, "baddbmm": baddbmm, "scatter_add": scatter_add, "index_add": index_add,
     "__matmul__": matmul,
 }
 

@@ -111,14 +111,22 @@ class Graph:
             inp.users.pop(node, None)
         self.nodes.remove(node)
 
+    def building(self):
+        """Make this the graph that argument-less op calls (rand, full) record into."""
+        return self.inherit()
+
     @contextlib.contextmanager
     def inherit(self, **meta):
         """Nodes created inside this block get these meta entries (provenance, stage)."""
+        from kiln.graph.proxy import pop_active, push_active
+
         old = self._inherited_meta
         self._inherited_meta = {**old, **meta}
+        push_active(self)  # ops called without tensor arguments are recorded here too
         try:
             yield
         finally:
+            pop_active()
             self._inherited_meta = old
 
     # ---------------------------------------------------------------- queries

@@ -5,6 +5,8 @@ Proxies, and ``Op.__call__`` records a node into the proxy's graph, computing it
 """
 from __future__ import annotations
 
+import threading
+
 from kiln.graph.node import flatten_args
 
 
@@ -63,3 +65,22 @@ def find_proxy(args, kwargs):
         if isinstance(a, Proxy):
             return a
     return None
+
+
+_active = threading.local()
+
+
+def active_graph():
+    """The graph being built in this thread (for ops with no tensor arguments: rand, full)."""
+    stack = getattr(_active, "stack", None)
+    return stack[-1] if stack else None
+
+
+def push_active(graph):
+    if not hasattr(_active, "stack"):
+        _active.stack = []
+    _active.stack.append(graph)
+
+
+def pop_active():
+    _active.stack.pop()

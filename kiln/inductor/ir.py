@@ -205,6 +205,29 @@ class Reduction(Buffer):
                 f"ranges={list(self.ranges)})\n    [{idx}] -> {self.body!r}")
 
 
+class Scatter(Buffer):
+    """``target`` buffer, accumulated in place: for each source index ``i`` over
+    ``src_ranges``, ``target[index(i)] += value(i)`` where ``index`` reads ``slot.value`` (an
+    index from memory, bound to ``slot.symbol``, checked against ``slot.bound``). ``name``
+    names the accumulated result (it aliases ``target``'s memory)."""
+    __slots__ = ("name", "target", "shape", "stride", "dtype", "device", "src_ranges", "slot",
+                 "index", "value", "origins")
+
+    def __init__(self, name, target, shape, stride, dtype, device, src_ranges, slot, index, value,
+                 origins=()):
+        self.name, self.target, self.shape, self.stride = name, target, tuple(shape), tuple(stride)
+        self.dtype, self.device, self.src_ranges, self.slot = dtype, device, tuple(src_ranges), slot
+        self.index, self.value, self.origins = index, value, tuple(origins)
+
+    def reads(self) -> set[str]:
+        return {ld.buffer for ld in loads_of(self.slot.value)} | {ld.buffer for ld in loads_of(self.value)} | {self.target}
+
+    def __repr__(self):
+        idx = ", ".join(str(s) for s in index_symbols(len(self.src_ranges)))
+        return (f"{self.name} = Scatter-add into {self.target}[{self.index}] over {list(self.src_ranges)}\n"
+                f"    [{idx}] with {self.slot.symbol} = {self.slot.value!r} -> {self.value!r}")
+
+
 class TensorRef:
     """A strided view of a buffer, as a library call or an output alias receives it."""
     __slots__ = ("buffer", "shape", "stride", "offset")
@@ -239,10 +262,17 @@ class LoopProgram:
     ``outputs`` holds buffer names or TensorRefs (outputs that alias a buffer through a view)
     or plain Python values.
     """
-    __slots__ = ("inputs", "buffers", "outputs", "device")
+    __slots__ = ("inputs", "buffers", "outputs", "device", "seed")
 
-    def __init__(self, inputs, buffers, outputs, device):
+    def __init__(self, inputs, buffers, outputs, device, seed=None):
         self.inputs, self.buffers, self.outputs, self.device = inputs, buffers, outputs, device
+        self.seed = seed  # an InputBuffer the wrapper fills with a fresh random seed per call
+
+    def all_buffers(self) -> dict:
+        out = {b.name: b for b in self.inputs + self.buffers}
+        if self.seed is not None:
+            out[self.seed.name] = self.seed
+        return out
 
     def buffer(self, name):
         for b in self.inputs + self.buffers:

@@ -31,6 +31,18 @@ class LoweringContext:
         self._counter = 0
         self.current_op = None
         self.current_origins: tuple = ()
+        self.seed = None
+        self._streams = 0
+
+    def seed_load(self, device):
+        """The per-call random seed (an int64 the wrapper draws from torch's generator)."""
+        if self.seed is None:
+            self.seed = ir.InputBuffer("seed", (1,), (1,), torch.int64, device)
+        return ir.Load("seed", sympy.Integer(0), torch.int64)
+
+    def new_stream(self) -> int:
+        self._streams += 1
+        return self._streams
 
     def new_name(self, prefix="buf"):
         name = f"{prefix}{self._counter}"
@@ -110,7 +122,7 @@ def lower(graph: Graph) -> ir.LoopProgram:
                     outputs.append(v)
     devices.discard(None)
     device = _pick_device(devices)
-    return ir.LoopProgram(inputs, ctx.buffers, tuple(outputs), device)
+    return ir.LoopProgram(inputs, ctx.buffers, tuple(outputs), device, ctx.seed)
 
 
 def _pick_device(devices):

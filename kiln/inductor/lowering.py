@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import sympy
+import torch
 
 from kiln.inductor import ir
 from kiln.meta.tensor_meta import contiguous_strides
@@ -66,7 +67,7 @@ def ir_bool():
 def convert_rule(ctx, meta, x, dtype):
     if x.dtype == dtype:
         return x
-    return TValue(meta.shape, dtype, meta.device, lambda idx: ir.Call("cast", (x.loader(idx),), dtype))
+    return TValue(x.shape, dtype, x.device, lambda idx: ir.Call("cast", (x.loader(idx),), dtype))
 
 
 def broadcast_in_dim_rule(ctx, meta, x, shape, broadcast_dims):
@@ -177,3 +178,44 @@ def index_select_rule(ctx, meta, x, dim, index):
         src[dim] = sym
         return ir.Let(sym, index.loader([idx[dim]]), x.shape[dim], x.loader(src))
     return TValue(meta.shape, x.dtype, x.device, load)
+
+
+def rand_rule(ctx, meta, shape, dtype, device):
+    """Uniform [0, 1) from a counter-based generator: (per-call seed, this op's stream id,
+    element index). Recomputing the value anywhere in the call gives the same number."""
+    seed = ctx.seed_load(device)
+    stream = ir.Const(ctx.new_stream(), torch.int64)
+    strides = contiguous_strides(shape)
+
+    def load(idx):
+        flat = sum((i * s for i, s in zip(idx, strides)), sympy.Integer(0))
+        value = ir.Call("rand", (seed, stream, ir.IndexValue(flat, torch.int64)), torch.float32)
+        return value if dtype == torch.float32 else ir.Call("cast", (value,), dtype)
+    return TValue(shape, dtype, device, load)
+
+
+def scatter_rule(kind: str):
+    """scatter_add ("scatter": index has the source's shape) and index_add ("index": a 1-d
+    index along dim): copy x into a fresh buffer, then add every source element into it."""
+    def rule(ctx, meta, x, dim, index, src):
+        if meta.dtype in (torch.float16, torch.bfloat16):
+            # accumulate in float32 (atomics on half types are slow or missing), round once
+            wide = meta.with_(dtype=torch.float32)
+            acc = rule(ctx, wide, convert_rule(ctx, wide, x, torch.float32), dim, index,
+                       convert_rule(ctx, wide, src, torch.float32))
+            return convert_rule(ctx, meta, acc, meta.dtype)
+        base = ctx.realize(TValue(x.shape, x.dtype, x.device, x.loader))
+        src_shape = tuple(index.shape) if kind == "scatter" else tuple(src.shape)
+        syms = ir.index_symbols(len(src_shape))
+        sym = ir.indirect_symbol()
+        ival = index.loader(syms) if kind == "scatter" else index.loader([syms[dim]])
+        target = list(syms)
+        target[dim] = sym
+        target_index = sum((t * s for t, s in zip(target, base.stride)), sympy.Integer(0))
+        name = ctx.new_name("buf")
+        node = ir.Scatter(name, base.buffer, meta.shape, base.stride, meta.dtype, meta.device,
+                          src_shape, ir.Let(sym, ival, x.shape[dim], ir.Const(0, torch.int64)),
+                          target_index, src.loader(syms), ctx.current_origins)
+        ctx.add_buffer(node)
+        return TValue.of_ref(ir.TensorRef(name, meta.shape, base.stride, 0), meta.dtype, meta.device)
+    return rule

@@ -133,6 +133,29 @@ def placement(node, kernel):
     return None
 
 
+class ScatterStep:
+    """A scatter-add kernel: never fused (its stores go to computed addresses)."""
+    __slots__ = ("name", "node", "stores")
+    is_reduction = False
+
+    def __init__(self, name, node: ir.Scatter):
+        self.name, self.node, self.stores = name, node, []
+
+    @property
+    def nodes(self):
+        return [self.node]
+
+    @property
+    def origins(self):
+        return list(self.node.origins)
+
+    def reads(self) -> set[str]:
+        return self.node.reads()
+
+    def __repr__(self):
+        return f"{self.name}: {self.node!r}"
+
+
 class Schedule:
     """What the wrapper runs, in order: Kernels and Externs, plus buffer lifetimes."""
     __slots__ = ("program", "steps", "last_use")
@@ -147,7 +170,7 @@ class Schedule:
 
     @property
     def kernels(self):
-        return [s for s in self.steps if isinstance(s, Kernel)]
+        return [s for s in self.steps if isinstance(s, (Kernel, ScatterStep))]
 
     @property
     def externs(self):
@@ -222,6 +245,10 @@ def schedule(program: ir.LoopProgram) -> Schedule:
             else:
                 steps[chosen].add(buf, *placement(buf, steps[chosen]))
                 position[buf.name] = chosen
+        elif isinstance(buf, ir.Scatter):
+            steps.append(ScatterStep(f"kernel{kernel_ids}", buf))
+            kernel_ids += 1
+            position[buf.name] = len(steps) - 1
         else:
             steps.append(buf)
             position[buf.name] = len(steps) - 1

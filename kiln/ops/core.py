@@ -176,3 +176,4 @@ from kiln.ops.core_reductions import *  # noqa: E402,F401,F403
 from kiln.ops.core_elementwise_more import *  # noqa: E402,F401,F403
 from kiln.ops.core_shape import *  # noqa: E402,F401,F403
 from kiln.ops.core_nn import *  # noqa: E402,F401,F403
+from kiln.ops.core_scatter import *  # noqa: E402,F401,F403

@@ -9,7 +9,7 @@ from kiln.inductor import lowering as L
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import LOWERINGS, META_RULES, define
 
-__all__ = ["gather", "index_select", "bmm", "sdpa", "conv"]
+__all__ = ["gather", "index_select", "bmm", "sdpa", "conv", "scatter_add", "index_add", "rand"]
 
 
 class NNPrimError(TypeError):
@@ -121,3 +121,52 @@ def _conv_meta(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), g
 
 
 LOWERINGS[conv] = L.extern_rule
+
+
+# ------------------------------------------------------------------ scatter and random
+def _scatter_add_eager(x, dim, index, src):
+    return torch.scatter_add(x, dim, index, src)
+
+
+scatter_add = define("prims", "scatter_add", _scatter_add_eager)
+
+
+@META_RULES.register(scatter_add)
+def _scatter_add_meta(x, dim, index, src):
+    _check_index("scatter_add", index)
+    if src.dtype != x.dtype:
+        raise NNPrimError(f"[meta] prims.scatter_add: src dtype {src.dtype} differs from {x.dtype}")
+    return TensorMeta.contiguous(x.shape, x.dtype, x.device, x.requires_grad or src.requires_grad)
+
+
+LOWERINGS[scatter_add] = L.scatter_rule("scatter")
+
+index_add = define("prims", "index_add", lambda x, dim, index, src: torch.index_add(x, dim, index, src))
+
+
+@META_RULES.register(index_add)
+def _index_add_meta(x, dim, index, src):
+    _check_index("index_add", index)
+    if src.dtype != x.dtype:
+        raise NNPrimError(f"[meta] prims.index_add: src dtype {src.dtype} differs from {x.dtype}")
+    return TensorMeta.contiguous(x.shape, x.dtype, x.device, x.requires_grad or src.requires_grad)
+
+
+LOWERINGS[index_add] = L.scatter_rule("index")
+
+
+def _rand_eager(shape, dtype, device):
+    return torch.rand(shape, dtype=dtype, device=device)
+
+
+rand = define("prims", "rand", _rand_eager, random=True)
+
+
+@META_RULES.register(rand)
+def _rand_meta(shape, dtype, device):
+    if not dtype.is_floating_point:
+        raise NNPrimError(f"[meta] prims.rand: needs a floating dtype, got {dtype}")
+    return TensorMeta.contiguous(tuple(shape), dtype, device)
+
+
+LOWERINGS[rand] = L.rand_rule

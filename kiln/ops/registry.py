@@ -68,11 +68,14 @@ class Op:
         return self.qualname
 
     def __call__(self, *args, **kwargs):
-        from kiln.graph.proxy import Proxy, find_proxy
+        from kiln.graph.proxy import active_graph, find_proxy
 
         proxy = find_proxy(args, kwargs)
         if proxy is not None:
             return proxy.graph_builder.call(self, args, kwargs)
+        graph = active_graph()  # an op with no tensor arguments (rand, full) inside a graph build
+        if graph is not None:
+            return graph.call(self, args, kwargs)
         return self.eager(*args, **kwargs)
 
     def __reduce__(self):

@@ -41,6 +41,19 @@ HELPERS = {
     "kiln_max": "template <typename T> static inline T kiln_max(T a, T b) { return (a > b || a != a) ? a : b; }",
     "kiln_min": "template <typename T> static inline T kiln_min(T a, T b) { return (a < b || a != a) ? a : b; }",
 }
+HELPERS["kiln_rand"] = r"""// Philox-4x32-10, counter = element index, key = per-call seed and stream: uniform [0, 1)
+static inline float kiln_rand(int64_t seed, int64_t stream, int64_t offset) {
+    uint64_t key = (uint64_t)seed + (uint64_t)stream * 0x9E3779B97F4A7C15ull;
+    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
+    uint32_t c0 = (uint32_t)offset, c1 = (uint32_t)((uint64_t)offset >> 32), c2 = 0, c3 = 0;
+    for (int round = 0; round < 10; ++round) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
+        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+    }
+    return (float)(c0 >> 8) * (1.0f / 16777216.0f);
+}"""
 HELPER_DEPS = {"kiln_round_bf16": ("kiln_bf16_to_float", "kiln_float_to_bf16")}
 
 
@@ -71,6 +84,7 @@ class CppOps(ScalarOps):
         "gt": "({0} > {1})",
         "ge": "({0} >= {1})",
         "where": "({0} ? {1} : {2})",
+        "rand": "kiln_rand({0}, {1}, {2})",
         # kiln/ops/prims_more.py
         "floor": "std::floor({0})",
         "ceil": "std::ceil({0})",

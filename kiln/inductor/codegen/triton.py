@@ -49,6 +49,8 @@ class TritonOps(ScalarOps):
         "gt": "({0} > {1})",
         "ge": "({0} >= {1})",
         "where": "tl.where({0}, {1}, {2})",
+        # counter-based Philox: (per-call seed + stream id, element index) -> uniform [0, 1)
+        "rand": "tl.rand({0} + {1}, {2})",
         # kiln/ops/prims_more.py: spelled with tl.* only, so the interpreter runs them too
         "floor": "tl.floor({0})",
         "ceil": "tl.ceil({0})",

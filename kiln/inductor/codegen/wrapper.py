@@ -8,7 +8,7 @@ import math
 import torch
 
 from kiln.inductor import ir
-from kiln.inductor.scheduler import Kernel, Schedule
+from kiln.inductor.scheduler import Kernel, ScatterStep, Schedule
 
 
 class WrapperSource:
@@ -33,16 +33,35 @@ def _device_name(device: torch.device) -> str:
     return f"dev_{device.type}{'' if device.index is None else device.index}"
 
 
+def _launch(gen, target) -> str:
+    if target == "triton":
+        return gen.launch_line()
+    return f"{gen.name}({', '.join(f'{a}.data_ptr()' for a in gen.args)})"
+
+
 def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSource:
     """generated maps kernel name -> TritonKernel | CppKernel."""
     program = sched.program
-    buffers = {b.name: b for b in program.inputs + program.buffers}
+    buffers = program.all_buffers()
     outputs = {o.buffer for o in program.outputs if isinstance(o, ir.TensorRef)}
     inputs = {b.name for b in program.inputs}
     lines = [f"def call({', '.join(b.name for b in program.inputs)}):"]
     devices = {}
+    if program.seed is not None:  # fresh randomness per call, from torch's own generator
+        dev = _device_name(program.seed.device)
+        devices[dev] = program.seed.device
+        lines.append(f"    seed = torch.randint(0, 2 ** 62, (1,), dtype=torch.int64, device={dev})")
     for i, step in enumerate(sched.steps):
-        if isinstance(step, Kernel):
+        if isinstance(step, ScatterStep):
+            gen = generated[step.name]
+            if math.prod(step.node.src_ranges):
+                lines.append(f"    {_launch(gen, target)}")
+                if getattr(gen, "checked", False):
+                    lines.append(f"    if {gen.name}_check():")
+                    lines.append(f"        raise IndexError('kiln: an index read by {gen.name} is out of range "
+                                 f"for its dimension (scatter_add/index_add)')")
+            lines.append(f"    {step.node.name} = {step.node.target}  # accumulated in place")
+        elif isinstance(step, Kernel):
             gen = generated[step.name]
             for name in step.stores:
                 b = buffers[name]

@@ -1,0 +1,103 @@
+"""Scatter-add kernels (Triton and C++): one program/iteration per *source* element, adding
+into a computed address of the target buffer. Collisions are resolved with atomics
+(``tl.atomic_add``; ``omp atomic`` for 32/64-bit C++ types, a serial loop for half types)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kiln.inductor import ir
+from kiln.inductor.codegen.common import LOW_PRECISION, IndexPrinter, KernelWriter, decompose_index
+from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for, cpp_bounds_check,
+                                       cpp_cast, cpp_const, ctype, index_check_support)
+from kiln.inductor.codegen.triton import (TL_DTYPES, TritonKernel, TritonOps, _block_config,
+                                          triton_bounds_check, triton_cast, triton_const,
+                                          triton_index_value)
+
+
+def generate_scatter(step, buffers: dict, target: str):
+    return (_triton if target == "triton" else _cpp)(step, buffers)
+
+
+def _triton(step, buffers):
+    node = step.node
+    printer = IndexPrinter("//")
+    ranges = ir.ranges_of(node.src_ranges)
+    numel = math.prod(node.src_ranges)
+    in_names: dict[str, str] = {}
+
+    def load(ld):
+        index = ir.simplify_index(ld.index, ranges)
+        ptr = in_names.setdefault(ld.buffer, f"in_ptr{len(in_names)}")
+        mask = ", xmask, other=0" if index.free_symbols else ""
+        text = f"tl.load({ptr} + ({printer.doprint(index)}){mask})"
+        return text + ".to(tl.float32)" if ld.dtype in LOW_PRECISION else text
+
+    writer = KernelWriter(TritonOps(), load, triton_const, triton_cast, lambda n, t, d: f"{n} = {t}")
+    writer.bounds_check = triton_bounds_check
+    writer.index_value_fn = lambda e: triton_index_value(e, printer, ranges)
+    lines = ["xoffset = tl.program_id(0) * XBLOCK", "xindex = xoffset + tl.arange(0, XBLOCK)",
+             "xmask = xindex < xnumel"]
+    lines += [f"i{d} = {e}" for d, e in decompose_index("xindex", node.src_ranges, range(len(node.src_ranges)), "//")]
+    writer.lines = lines
+    writer.emit(node.slot)
+    value = writer.emit(node.value)
+    index = node.index.xreplace(writer.indirect)
+    out_dtype = TL_DTYPES[node.dtype]
+    lines.append(f"tl.atomic_add(out_ptr0 + ({printer.doprint(index)}), {value}.to({out_dtype}), mask=xmask)")
+    name = f"kiln_{step.name}"
+    params = list(in_names.values()) + ["out_ptr0", "xnumel", "XBLOCK: tl.constexpr"]
+    src = ["import triton", "import triton.language as tl", ""]
+    src += [f"# from: {o}" for o in node.origins]
+    src += ["", "", "@triton.jit(debug=True)", f"def {name}({', '.join(params)}):"] + ["    " + ln for ln in lines]
+    xblock, warps = _block_config(numel)
+    return TritonKernel(name, "\n".join(src) + "\n", list(in_names) + [node.target], [numel],
+                        {"XBLOCK": xblock}, -(-numel // xblock), warps, list(node.origins))
+
+
+def _cpp(step, buffers):
+    node = step.node
+    printer = IndexPrinter("/")
+    ranges = ir.ranges_of(node.src_ranges)
+    numel = math.prod(node.src_ranges)
+    in_names: dict[str, str] = {}
+
+    def load(ld):
+        ptr = in_names.setdefault(ld.buffer, f"in_ptr{len(in_names)}")
+        text = f"{ptr}[{printer.doprint(ir.simplify_index(ld.index, ranges))}]"
+        if ld.dtype == torch.bfloat16:
+            return f"kiln_bf16_to_float({text})"
+        return f"(float)({text})" if ld.dtype == torch.float16 else text
+
+    writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast, lambda n, t, d: f"{ctype(d)} {n} = {t};")
+    writer.bounds_check = cpp_bounds_check
+    writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({printer.doprint(ir.simplify_index(e.index, ranges))})"
+    writer.lines = [f"const int64_t i{d} = {e};"
+                    for d, e in decompose_index("x0", node.src_ranges, range(len(node.src_ranges)), "/")]
+    writer.emit(node.slot)
+    value = writer.emit(node.value)
+    index = printer.doprint(node.index.xreplace(writer.indirect))
+    atomic = node.dtype not in LOW_PRECISION and node.dtype != torch.bool
+    if node.dtype == torch.bfloat16:
+        writer.lines.append(f"out_ptr0[{index}] = kiln_float_to_bf16(kiln_bf16_to_float(out_ptr0[{index}]) + {value});")
+    elif node.dtype == torch.float16:
+        writer.lines.append(f"out_ptr0[{index}] = (_Float16)((float)out_ptr0[{index}] + {value});")
+    else:
+        writer.lines += ["#pragma omp atomic", f"out_ptr0[{index}] += {value};"]
+    name = f"kiln_{step.name}"
+    params = [f"const {C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
+    params.append(f"{C_TYPES[node.dtype]}* out_ptr0")
+    parallel = "#pragma omp parallel for" if atomic and numel >= 1 << 14 else ""
+    code = [f'extern "C" void {name}({", ".join(params)}) {{']
+    if parallel:
+        code.append(f"    {parallel}")
+    code.append(f"    for (int64_t x0 = 0; x0 < {numel}; ++x0) {{")
+    code += ["        " + ln for ln in writer.lines] + ["    }", "}"]
+    text = "\n".join(code)
+    header = "\n".join(f"// from: {o}" for o in node.origins)
+    helpers = _helpers_for(text)
+    if "kiln_float_to_bf16" in text and "kiln_bf16_to_float" not in helpers:
+        helpers = _helpers_for(text + " kiln_round_bf16")
+    source = header + PRELUDE + helpers + "\n" + index_check_support(name, text) + "\n" + text + "\n"
+    return CppKernel(name, source, list(in_names) + [node.target], numel, list(node.origins))
