@@ -116,3 +116,50 @@ def overhead(device: str, quick: bool) -> list[Setup]:
         dtype=torch.float32,
         overhead=True,
         label="per-call overhead, 8 elements")]
+
+
+def _rows(device, quick, big=(8192, 4096), small=(512, 1024), tiny=(16, 64)):
+    return tiny if quick else (big if device == "cuda" else small)
+
+
+@case("softmax")
+def softmax(device: str, quick: bool) -> list[Setup]:
+    shape = _rows(device, quick)
+    return [Setup(fn=lambda x: torch.softmax(x, -1), dtype=dt,
+                  make_inputs=lambda dt=dt: (_randn(shape, device, dt),), label=f"softmax {list(shape)}")
+            for dt in (torch.float32, torch.bfloat16)]
+
+
+@case("layer_norm")
+def layer_norm(device: str, quick: bool) -> list[Setup]:
+    shape = _rows(device, quick)
+    n = shape[-1]
+
+    def ln(x, w, b):
+        return torch.nn.functional.layer_norm(x, (n,), w, b)
+    return [Setup(fn=ln, dtype=dt, rtol=2e-2 if dt == torch.bfloat16 else 1e-4, atol=2e-2 if dt == torch.bfloat16 else 1e-4,
+                  make_inputs=lambda dt=dt: (_randn(shape, device, dt), _randn((n,), device, dt), _randn((n,), device, dt)),
+                  label=f"layer_norm {list(shape)}")
+            for dt in (torch.float32, torch.bfloat16)]
+
+
+@case("cross_entropy")
+def cross_entropy(device: str, quick: bool) -> list[Setup]:
+    rows, vocab = (16, 64) if quick else ((8192, 32768) if device == "cuda" else (256, 4096))
+
+    def ce(logits, target):
+        return torch.nn.functional.cross_entropy(logits, target)
+    return [Setup(fn=ce, dtype=torch.float32, rtol=1e-4, atol=1e-4, no_grad=True,
+                  make_inputs=lambda: (_randn((rows, vocab), device, torch.float32),
+                                       torch.randint(0, vocab, (rows,), device=device)),
+                  label=f"cross_entropy [{rows}, {vocab}]")]
+
+
+@case("gelu_mlp")
+def gelu_mlp(device: str, quick: bool) -> list[Setup]:
+    shape = (2, 8, 32) if quick else ((8, 1024, 768) if device == "cuda" else (2, 64, 128))
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(shape[-1], 4 * shape[-1]), torch.nn.GELU(approximate="tanh"),
+                              torch.nn.Linear(4 * shape[-1], shape[-1])).to(device)
+    return [Setup(fn=mlp, dtype=torch.float32, rtol=1e-3, atol=1e-3, no_grad=True,
+                  make_inputs=lambda: (_randn(shape, device, torch.float32),), label=f"MLP {list(shape)}")]
