@@ -147,7 +147,7 @@ def build_joint(graph: Graph) -> JointGraph:
                 if len(result) < len(node.args):
                     raise AutogradError(f"[vjp] the rule of {node.target!r} returned {len(result)} "
                                         f"grads for {len(node.args)} arguments")
-                for arg, ga in zip(node.args, result):
+                for arg, ga in _arg_grad_pairs(node.args, result):
                     if ga is None or not isinstance(arg, Node) or not requires_grad(arg.meta.get("val")):
                         continue
                     accumulate(arg, _fit(ga, arg.meta["val"]))
@@ -156,6 +156,15 @@ def build_joint(graph: Graph) -> JointGraph:
                   for p in primals]
     joint.output(tuple(fw_outputs) + tuple(grad_nodes))
     return JointGraph(joint, primals, fw_outputs, tangents, grad_nodes)
+
+
+def _arg_grad_pairs(args, grads):
+    """(argument, gradient) pairs; a list argument (cat's tensors) takes a list of grads."""
+    for arg, ga in zip(args, grads):
+        if isinstance(arg, (list, tuple)) and isinstance(ga, (list, tuple)):
+            yield from zip(arg, ga)
+        else:
+            yield arg, ga
 
 
 def _element(graph: Graph, node: Node, i: int) -> Proxy:

@@ -46,6 +46,16 @@ RECOMPUTABLE = {
     core.to_dtype, core.eq, core.ne, core.lt, core.le, core.gt, core.ge,
     core.reshape, core.permute, core.transpose, core.expand, core.unsqueeze, core.squeeze,
     core.contiguous,
+    # core_elementwise_more: pointwise, they fuse
+    core.floor, core.ceil, core.trunc, core.round, core.sign, core.reciprocal, core.exp2,
+    core.expm1, core.log2, core.log10, core.log1p, core.sin, core.cos, core.erf, core.isnan,
+    core.isinf, core.isfinite, core.logical_not, core.logical_and, core.logical_or,
+    core.logical_xor, core.pow, core.fmod, core.remainder, core.clamp, core.lerp, core.addcmul,
+    core.addcdiv, core.masked_fill, core.nan_to_num, core.gelu, core.silu, core.hardtanh,
+    core.leaky_relu, core.elu, core.hardswish, core.hardsigmoid, core.mish, core.softplus,
+    # index transforms (core_shape) and iota: no reads beyond their inputs' elements
+    core.slice, core.select, core.cat, core.flip, core.roll, core.tril, core.triu, core.repeat,
+    core.constant_pad, core.iota,
 }
 
 
@@ -74,9 +84,11 @@ class Partition:
 
 
 def _tangent_dependent(joint: JointGraph) -> set:
+    """The backward's nodes: those that read a tangent, and those a VJP rule placed in the
+    backward on purpose (``meta['backward_only']``: attention's recomputed probabilities)."""
     dep = set(joint.tangent_nodes)
     for node in joint.graph.nodes:
-        if node.op == CALL and any(i in dep for i in node.inputs()):
+        if node.op == CALL and (node.meta.get("backward_only") or any(i in dep for i in node.inputs())):
             dep.add(node)
     return dep
 

@@ -72,6 +72,19 @@ def _one_minus(y):
     return core.add(core.neg(y), 1.0)
 
 
+def zeros_like(x):
+    """Zeros of x's shape and dtype that stay zero for inf and NaN (``x * 0`` would not):
+    ``|x| < -1`` is False for every value, NaN included."""
+    return core.to_dtype(core.lt(core.abs(x), -1.0), x.dtype)
+
+
+def in_backward(g):
+    """A block whose nodes run in the backward graph even though they do not depend on the
+    tangents: recomputation the partitioner must not hoist into the forward (attention's
+    probabilities). ``g`` is any Proxy of the joint graph."""
+    return g.graph_builder.inherit(backward_only=True)
+
+
 # ------------------------------------------------------------------ elementwise
 @VJP_RULES.register(core.add)
 def add_vjp(g, out, a, b, alpha=1):
@@ -329,4 +342,8 @@ def linear_vjp(g, out, x, weight, bias=None):
     return gx, gw, gb
 
 
-__all__ = ["sum_to_shape", "reduce_dims", "restore_reduced", "keepdim_shape"]
+__all__ = ["sum_to_shape", "reduce_dims", "restore_reduced", "keepdim_shape", "zeros_like",
+           "in_backward"]
+
+# The rules of the other core-op families (they import the helpers above).
+from kiln.autograd import rules_elementwise, rules_shape, rules_nn  # noqa: E402,F401

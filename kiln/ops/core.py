@@ -177,3 +177,4 @@ from kiln.ops.core_elementwise_more import *  # noqa: E402,F401,F403
 from kiln.ops.core_shape import *  # noqa: E402,F401,F403
 from kiln.ops.core_nn import *  # noqa: E402,F401,F403
 from kiln.ops.core_scatter import *  # noqa: E402,F401,F403
+from kiln.ops.core_grad import *  # noqa: E402,F401,F403

@@ -1,0 +1,384 @@
+"""VJP rules for the NN core ops of ``core_nn.py``: the matmul family, normalizations,
+embedding and tensor indexing, losses, attention and convolution.
+
+- Normalizations recompute their statistics from the input (reductions: the partitioner
+  computes them in the forward and saves them, small) and use the usual closed forms.
+- Embedding / index_select / gather scatter their gradient into zeros (``index_add`` /
+  ``scatter_add``).
+- Losses build one-hot masks from ``core.iota`` comparisons, which fuse into pointwise kernels.
+- Attention recomputes the probabilities from q and k *in the backward* (``in_backward``), as
+  flash attention does, so the forward saves q, k, v and not the [L, S] probabilities.
+- Convolution's gradients are convolutions themselves (transposed for the input, with batch and
+  channels swapped for the weight), so they stay library calls.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kiln.ops import core
+from kiln.ops.core_views import normalize_dim
+from kiln.ops.registry import VJP_RULES
+from kiln.autograd.rules import (_one_minus, in_backward, is_tensor, restore_reduced,
+                                 sum_to_shape, zeros_like)
+
+# ------------------------------------------------------------------ matmul family
+
+
+def _mT(x):
+    return core.transpose(x, -2, -1)
+
+
+@VJP_RULES.register(core.matmul)
+def matmul_vjp(g, out, a, b):
+    if a.ndim == 1 and b.ndim == 1:
+        return core.mul(g, b), core.mul(g, a)
+    a2 = core.unsqueeze(a, 0) if a.ndim == 1 else a
+    b2 = core.unsqueeze(b, 1) if b.ndim == 1 else b
+    g2 = g
+    if a.ndim == 1:
+        g2 = core.unsqueeze(g2, -2)
+    if b.ndim == 1:
+        g2 = core.unsqueeze(g2, -1)
+    ga = gb = None
+    if is_tensor(a):
+        ga = core.matmul(g2, _mT(b2)) if b2.ndim > 2 or g2.ndim > 2 else core.mm(g2, _mT(b2))
+        ga = sum_to_shape(ga, tuple(a2.shape))
+        ga = core.reshape(ga, tuple(a.shape)) if a.ndim == 1 else ga
+    if is_tensor(b):
+        if b2.ndim == 2:  # fold a's batch dims into one mm: no [batch, k, n] intermediate
+            k, m = a2.shape[-1], g2.shape[-1]
+            a_rows = core.reshape(a2, (-1, k)) if a2.ndim != 2 else a2
+            g_rows = core.reshape(g2, (-1, m)) if g2.ndim != 2 else g2
+            gb = core.mm(core.transpose(a_rows, 0, 1), g_rows)
+        else:
+            gb = sum_to_shape(core.matmul(_mT(a2), g2), tuple(b2.shape))
+        gb = core.reshape(gb, tuple(b.shape)) if b.ndim == 1 else gb
+    return ga, gb
+
+
+@VJP_RULES.register(core.bmm)
+def bmm_vjp(g, out, a, b):
+    return core.bmm(g, _mT(b)), core.bmm(_mT(a), g)
+
+
+def _times(x, c):
+    return x if c == 1 else core.mul(x, c)
+
+
+def _bias_grad(g, beta):
+    return zeros_like(g) if beta == 0 else _times(g, beta)
+
+
+@VJP_RULES.register(core.addmm)
+def addmm_vjp(g, out, bias, a, b, beta=1, alpha=1):
+    return (_bias_grad(g, beta) if is_tensor(bias) else None,
+            _times(core.mm(g, core.transpose(b, 0, 1)), alpha),
+            _times(core.mm(core.transpose(a, 0, 1), g), alpha), None, None)
+
+
+@VJP_RULES.register(core.baddbmm)
+def baddbmm_vjp(g, out, bias, a, b, beta=1, alpha=1):
+    return (_bias_grad(g, beta) if is_tensor(bias) else None,
+            _times(core.bmm(g, _mT(b)), alpha), _times(core.bmm(_mT(a), g), alpha), None, None)
+
+
+# ------------------------------------------------------------------ normalizations
+def _acc(x):
+    return core.to_dtype(x, torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def _normalized(x, dims, eps, center=True):
+    """(xhat, rstd) over dims, statistics with keepdim."""
+    if center:
+        mean = core.mean(x, dims, True)
+        xc = core.sub(x, mean)
+        var = core.var(x, dims, 0, True)
+    else:
+        xc = x
+        var = core.mean(core.mul(x, x), dims, True)
+    rstd = core.rsqrt(core.add(var, float(eps)))
+    return core.mul(xc, rstd), rstd
+
+
+def _norm_input_grad(gxhat, xhat, rstd, dims, center=True):
+    """Gradient through xhat = (x - mean) * rstd (or x * rstd without centering)."""
+    proj = core.mul(xhat, core.mean(core.mul(gxhat, xhat), dims, True))
+    inner = core.sub(gxhat, proj)
+    if center:
+        inner = core.sub(inner, core.mean(gxhat, dims, True))
+    return core.mul(inner, rstd)
+
+
+@VJP_RULES.register(core.layer_norm)
+def layer_norm_vjp(g, out, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    dims = tuple(range(x.ndim - len(tuple(normalized_shape)), x.ndim))
+    xa, ga = _acc(x), _acc(g)
+    xhat, rstd = _normalized(xa, dims, eps)
+    gxhat = core.mul(ga, weight) if is_tensor(weight) else ga
+    gx = _norm_input_grad(gxhat, xhat, rstd, dims) if is_tensor(x) else None
+    gw = core.mul(ga, xhat) if is_tensor(weight) else None   # summed to weight's shape by the builder
+    gb = ga if is_tensor(bias) else None
+    return gx, None, gw, gb, None
+
+
+@VJP_RULES.register(core.rms_norm)
+def rms_norm_vjp(g, out, x, normalized_shape, weight=None, eps=None):
+    dims = tuple(range(x.ndim - len(tuple(normalized_shape)), x.ndim))
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    xa, ga = _acc(x), _acc(g)
+    xhat, rstd = _normalized(xa, dims, eps, center=False)
+    gxhat = core.mul(ga, weight) if is_tensor(weight) else ga
+    gx = _norm_input_grad(gxhat, xhat, rstd, dims, center=False)
+    gw = core.mul(ga, xhat) if is_tensor(weight) else None
+    return gx, None, gw, None
+
+
+def _per_channel(v, x):
+    return core.reshape(v, (1, x.shape[1]) + (1,) * (x.ndim - 2))
+
+
+def _channel_sum(v):
+    """[N, C, ...] summed to [C]."""
+    return core.sum(v, tuple(d for d in range(v.ndim) if d != 1), False)
+
+
+@VJP_RULES.register(core.group_norm)
+def group_norm_vjp(g, out, x, num_groups, weight=None, bias=None, eps=1e-5):
+    n = x.shape[0]
+    xa, ga = _acc(x), _acc(g)
+    grouped = core.reshape(xa, (n, num_groups, -1))
+    xhat_g, rstd = _normalized(grouped, (2,), eps)
+    xhat = core.reshape(xhat_g, tuple(x.shape))
+    gxhat = core.mul(ga, _per_channel(weight, x)) if is_tensor(weight) else ga
+    gx = _norm_input_grad(core.reshape(gxhat, (n, num_groups, -1)), xhat_g, rstd, (2,))
+    gx = core.reshape(gx, tuple(x.shape))
+    gw = _channel_sum(core.mul(ga, xhat)) if is_tensor(weight) else None
+    gb = _channel_sum(ga) if is_tensor(bias) else None
+    return gx, None, gw, gb, None
+
+
+@VJP_RULES.register(core.batch_norm)
+def batch_norm_vjp(g, out, x, running_mean, running_var, weight=None, bias=None, training=False,
+                   momentum=0.1, eps=1e-5):
+    xa, ga = _acc(x), _acc(g)
+    gxhat = core.mul(ga, _per_channel(weight, x)) if is_tensor(weight) else ga
+    if training:
+        dims = tuple(d for d in range(x.ndim) if d != 1)
+        xhat, rstd = _normalized(xa, dims, eps)
+        gx = _norm_input_grad(gxhat, xhat, rstd, dims)
+    else:
+        rstd = core.rsqrt(core.add(_per_channel(running_var, x), float(eps)))
+        xhat = core.mul(core.sub(xa, _per_channel(running_mean, x)), rstd)
+        gx = core.mul(gxhat, rstd)
+    gw = _channel_sum(core.mul(ga, xhat)) if is_tensor(weight) else None
+    gb = _channel_sum(ga) if is_tensor(bias) else None
+    return gx, None, None, gw, gb, None, None, None
+
+
+# ------------------------------------------------------------------ indexing with tensors
+@VJP_RULES.register(core.embedding)
+def embedding_vjp(g, out, weight, indices):
+    d = weight.shape[1]
+    rows = core.reshape(g, (-1, d)) if g.ndim != 2 else g
+    flat = core.reshape(indices, (-1,)) if indices.ndim != 1 else indices
+    return core.index_add(zeros_like(weight), 0, flat, rows), None
+
+
+@VJP_RULES.register(core.index_select)
+def index_select_vjp(g, out, x, dim, index):
+    return core.index_add(zeros_like(x), dim, index, g), None, None
+
+
+@VJP_RULES.register(core.gather)
+def gather_vjp(g, out, x, dim, index):
+    return core.scatter_add(zeros_like(x), dim, index, g), None, None
+
+
+# ------------------------------------------------------------------ losses
+def _loss_scale(g, reduction, loss_shape, denom=None):
+    """The gradient of each element of the unreduced loss."""
+    if reduction == "none":
+        return g
+    if reduction == "sum":
+        return g
+    return core.div(g, denom) if denom is not None else core.div(g, float(max(math.prod(loss_shape), 1)))
+
+
+def _class_dim(x):
+    return 1 if x.ndim > 1 else 0
+
+
+def _one_hot(g, target, x):
+    """[N, C, d...] bool: target's class along x's class dim (g anchors the iota)."""
+    cd = _class_dim(x)
+    c = x.shape[cd]
+    classes = core.iota(g, c, target.dtype)
+    classes = core.reshape(classes, (c,) + (1,) * (x.ndim - 1 - cd)) if x.ndim > 1 else classes
+    return core.eq(core.unsqueeze(target, cd) if x.ndim > 1 else target, classes)
+
+
+def _nll_grad(g, x, target, weight, ignore_index, reduction, label_smoothing):
+    """d loss / d log-probabilities for class-index targets (the decomposition's formula)."""
+    cd = _class_dim(x)
+    c = x.shape[cd]
+    valid = core.ne(target, ignore_index)
+    onehot = _one_hot(g, target, x)
+    if is_tensor(weight):
+        w_b = core.reshape(weight, (c,) + (1,) * (x.ndim - 1 - cd)) if x.ndim > 1 else weight
+        w_t = core.sum(core.where(onehot, core.to_dtype(w_b, x.dtype), 0.0), (cd,), False)
+        w_t = core.where(valid, w_t, 0.0)
+    else:
+        w_t = core.to_dtype(valid, x.dtype)
+    denom = core.sum(w_t) if reduction == "mean" else None
+    coef = _loss_scale(g, reduction, tuple(target.shape), denom)
+    coef = core.expand(coef, tuple(target.shape)) if reduction != "none" else coef
+    picked = core.mul(coef, w_t)
+    if label_smoothing:
+        picked = core.mul(picked, 1.0 - label_smoothing)
+    picked = core.unsqueeze(picked, cd) if x.ndim > 1 else picked
+    dlogp = core.where(onehot, core.neg(picked), 0.0)
+    if label_smoothing:
+        smooth = core.where(valid, core.mul(coef, label_smoothing / c), 0.0)
+        smooth = core.unsqueeze(smooth, cd) if x.ndim > 1 else smooth
+        dlogp = core.sub(dlogp, smooth)
+    return dlogp
+
+
+def _through_log_softmax(dlogp, logp, cd):
+    return core.sub(dlogp, core.mul(core.exp(logp), core.sum(dlogp, (cd,), True)))
+
+
+@VJP_RULES.register(core.cross_entropy)
+def cross_entropy_vjp(g, out, input, target, weight=None, ignore_index=-100, reduction="mean",
+                      label_smoothing=0.0):
+    cd = _class_dim(input)
+    c = input.shape[cd]
+    logp = core.log_softmax(input, cd)
+    if target.dtype.is_floating_point:  # class probabilities
+        t = target
+        if label_smoothing:
+            t = core.add(core.mul(t, 1.0 - label_smoothing), label_smoothing / c)
+        n = float(input.shape[0]) if input.ndim > 1 else None
+        coef = _loss_scale(g, reduction, (), n)
+        coef = core.unsqueeze(coef, cd) if reduction == "none" and input.ndim > 1 else coef
+        wt = t
+        if is_tensor(weight):
+            w_b = core.reshape(weight, (c,) + (1,) * (input.ndim - 2)) if input.ndim > 1 else weight
+            wt = core.mul(wt, w_b)
+        dlogp = core.neg(core.mul(wt, coef))
+        gx = _through_log_softmax(dlogp, logp, cd)
+        gt = None
+        if is_tensor(target) and target.meta.requires_grad:
+            local = core.mul(logp, w_b) if is_tensor(weight) else logp
+            gt = core.neg(core.mul(local, coef))
+            if label_smoothing:
+                gt = core.mul(gt, 1.0 - label_smoothing)
+        return gx, gt, None, None, None, None
+    dlogp = _nll_grad(g, input, target, weight, ignore_index, reduction, label_smoothing)
+    return _through_log_softmax(dlogp, logp, cd), None, None, None, None, None
+
+
+@VJP_RULES.register(core.nll_loss)
+def nll_loss_vjp(g, out, input, target, weight=None, ignore_index=-100, reduction="mean"):
+    return _nll_grad(g, input, target, weight, ignore_index, reduction, 0.0), None, None, None, None
+
+
+def _pointwise_loss_rule(local_grads):
+    def rule(g, out, a, b, reduction="mean"):
+        shape = torch.broadcast_shapes(tuple(a.shape), tuple(b.shape))
+        coef = _loss_scale(g, reduction, shape)
+        da, db = local_grads(_acc(a), _acc(b), coef)
+        return (da if is_tensor(a) else None), (db if is_tensor(b) else None), None
+    return rule
+
+
+VJP_RULES[core.mse_loss] = _pointwise_loss_rule(
+    lambda a, b, c: (lambda d: (d, core.neg(d)))(core.mul(core.mul(core.sub(a, b), 2.0), c)))
+VJP_RULES[core.l1_loss] = _pointwise_loss_rule(
+    lambda a, b, c: (lambda d: (d, core.neg(d)))(core.mul(core.sign(core.sub(a, b)), c)))
+VJP_RULES[core.bce_with_logits] = _pointwise_loss_rule(
+    lambda x, y, c: (core.mul(core.sub(core.sigmoid(x), y), c), core.mul(core.neg(x), c)))
+
+
+# ------------------------------------------------------------------ attention
+@VJP_RULES.register(core.sdpa)
+def sdpa_vjp(g, out, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    if dropout_p:
+        raise NotImplementedError("[vjp] core.sdpa with dropout_p > 0 has no VJP rule (its mask "
+                                  "is not an output)")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    with in_backward(g):  # recompute the probabilities here, as flash attention does
+        s = core.mul(core.matmul(q, _mT(k)), float(scale))
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        if is_causal:
+            rows = core.reshape(core.iota(g, n_q), (n_q, 1))
+            cols = core.reshape(core.iota(g, n_k), (1, n_k))
+            s = core.where(core.le(cols, rows), s, -math.inf)
+        if is_tensor(attn_mask):
+            if attn_mask.dtype == torch.bool:
+                s = core.where(attn_mask, s, -math.inf)
+            else:
+                s = core.add(s, attn_mask)
+        p = core.softmax(s, -1)
+        gv = core.matmul(_mT(p), g)
+        dp = core.matmul(g, _mT(v))
+        ds = core.mul(p, core.sub(dp, core.sum(core.mul(dp, p), (-1,), True)))
+        gq = core.mul(core.matmul(ds, k), float(scale))
+        gk = core.mul(core.matmul(_mT(ds), q), float(scale))
+    gmask = ds if is_tensor(attn_mask) and attn_mask.dtype.is_floating_point else None
+    return gq, gk, gv, gmask, None, None, None
+
+
+# ------------------------------------------------------------------ convolution
+def _spread_zeros(g, d, step):
+    """Insert step-1 zeros between neighbours along d: n -> (n-1) * step + 1."""
+    if step == 1:
+        return g
+    from kiln.autograd.rules_shape import _spread, _pad_dim
+    n = g.shape[d]
+    g = _spread(g, d, step)
+    return _pad_dim(g, g.ndim, d, 0, -(step - 1))
+
+
+@VJP_RULES.register(core.conv)
+def conv_vjp(g, out, x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):
+    nd = x.ndim - 2
+    spatial = tuple(range(2, x.ndim))
+    n, c_in = x.shape[0], x.shape[1]
+    c_out, c_in_g = weight.shape[0], weight.shape[1]
+    ksize = tuple(weight.shape[2:])
+    gx = gw = gb = None
+    if is_tensor(x):
+        # a transposed convolution: spread g by the stride, pad, correlate with the flipped,
+        # in/out-swapped weight
+        gd = g
+        pad = []
+        for i, d in enumerate(spatial):
+            gd = _spread_zeros(gd, d, stride[i])
+            lo = dilation[i] * (ksize[i] - 1) - padding[i]
+            hi = x.shape[d] - gd.shape[d] - lo + dilation[i] * (ksize[i] - 1)
+            pad = [lo, hi] + pad   # constant_pad pairs start at the last dim
+        gd = core.constant_pad(gd, tuple(pad), 0.0)
+        w = core.reshape(weight, (groups, c_out // groups, c_in_g) + ksize)
+        w = core.transpose(w, 1, 2)
+        w = core.reshape(w, (c_in, c_out // groups) + ksize)
+        w = core.flip(w, spatial)
+        gx = core.conv(gd, w, None, (1,) * nd, (0,) * nd, tuple(dilation), groups)
+    if is_tensor(weight):
+        # correlate x (channels as batch, batch as channels) with g: stride and dilation swap
+        xs = core.reshape(x, (n, groups, c_in_g) + tuple(x.shape[2:]))
+        xs = core.permute(xs, (2, 1, 0) + tuple(range(3, 3 + nd)))
+        xs = core.reshape(xs, (c_in_g, groups * n) + tuple(x.shape[2:]))
+        gs = core.reshape(g, (n, groups, c_out // groups) + tuple(g.shape[2:]))
+        gs = core.permute(gs, (1, 2, 0) + tuple(range(3, 3 + nd)))
+        gs = core.reshape(gs, (c_out, n) + tuple(g.shape[2:]))
+        gw = core.conv(xs, gs, None, tuple(dilation), tuple(padding), tuple(stride), groups)
+        for i, d in enumerate(spatial):
+            if gw.shape[d] != ksize[i]:
+                gw = core.slice(gw, d, 0, ksize[i], 1)
+        gw = core.transpose(gw, 0, 1)
+    if is_tensor(bias):
+        gb = _channel_sum(g)
+    return gx, gw, gb, None, None, None, None
