@@ -96,12 +96,8 @@ def make_inputs(dtype, device):
     return a, b, c
 
 
-# (entry, dtype, target id) -> why it fails today, in code outside these ops
-KNOWN_FAILURES = {
-    ("int_round_trip", torch.bfloat16, "triton_interp"):
-        "codegen/triton.py triton_cast: the interpreter's bf16 rounding bit trick is applied to an "
-        "integer (or bool) source without converting it to float32 first",
-}
+# (entry, dtype, target id) -> why it fails today, in code outside these ops (none at present)
+KNOWN_FAILURES: dict = {}
 
 CASES = [(name, dtype) for name, (_, dtypes) in OPS.items() for dtype in dtypes]
 IDS = [f"{n}-{str(d).split('.')[-1]}" for n, d in CASES]

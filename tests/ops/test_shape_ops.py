@@ -31,14 +31,14 @@ def _each(parts):
     return tuple(out)
 
 
-# name -> (fn(x, y), dtypes, needs index values in codegen)
+# name -> (fn(x, y), dtypes, selects by position: ir.IndexValue in codegen)
 OPS = {
     "view_reshape": (lambda x, y: x.reshape(4, 30).view(2, 2, -1) * 2, MIXED, False),
     "flatten": (lambda x, y: torch.flatten(x, 1) * 2 + x.flatten().sum(), F32, False),
     "unflatten": (lambda x, y: x.unflatten(1, (2, 3)) * 2, F32, False),
     "t_transpose_permute": (lambda x, y: x.select(0, 0).t() * 2 + x.permute(2, 0, 1).transpose(0, 2).select(1, 0).t(), F32, False),
     "expand_as": (lambda x, y: y.expand_as(x) + x, F32, False),
-    # x[key] as x.__getitem__(KEY): see test_subscript_syntax for the operator form
+    # x.__getitem__(KEY) is the adapter that x[KEY] reaches; test_subscript_syntax uses the operator
     "slice_step": (lambda x, y: x.__getitem__(STEP) * 2, MIXED, False),
     "slice_negative": (lambda x, y: x.__getitem__(NEGATIVE) * 2, F32, False),
     "select_int": (lambda x, y: x.__getitem__(1) * 2 + x.__getitem__(LAST_ZERO).sum() + x.__getitem__(MIXED_KEY).sum(), MIXED, False),
@@ -89,33 +89,13 @@ def test_decomposition_matches_eager(name, dtype):
     _check(kiln.compile(fn, backend="aot_eager", fullgraph=True)(*args), fn(*args))
 
 
-def _probe_index_value():
-    try:
-        from kiln.inductor import ir
-        from kiln.inductor.codegen.common import KernelWriter
-        KernelWriter(None, None, None, None, None).index_value(ir.IndexValue(ir.index_symbol(0)))
-        return True
-    except NotImplementedError:
-        return False
-    except Exception:  # noqa: BLE001  (a real implementation needs its backend's setup)
-        return True
-
-
-INDEX_VALUES = _probe_index_value()
-NO_INDEX_VALUES = ("codegen has no rule for ir.IndexValue yet (KernelWriter.index_value raises "
-                   "NotImplementedError): cat, pad and iota select by position")
-
-
 def _kiln_cases():
     out = []
     for target in TARGETS:
         for name, dtype in CASES:
             if target.id == "cpp" and dtype != torch.float32:
                 continue  # one gcc build per entry: other dtypes run on the Triton interpreter
-            marks = []
-            if OPS[name][2] and not INDEX_VALUES:
-                marks.append(pytest.mark.xfail(reason=NO_INDEX_VALUES, strict=False))
-            out.append(pytest.param(name, dtype, target.values[0], marks=marks,
+            out.append(pytest.param(name, dtype, target.values[0],
                                     id=f"{name}-{str(dtype).split('.')[-1]}-{target.id}"))
     return out
 
@@ -161,9 +141,7 @@ def test_bad_input_raises_like_eager(fn, exc):
         kiln.compile(fn, fullgraph=True)(x)
 
 
-@pytest.mark.xfail(reason="capture/tracer.py getitem raises Unsupported for tensors instead of calling "
-                          "the capture table's Tensor.__getitem__ adapter", strict=False)
 def test_subscript_syntax():
-    fn = lambda x: x[1:3, ::2, None, 0] * 2 + x[-1]  # noqa: E731
+    fn = lambda x: x[1:3, ::2, None, 0] * 2 + x[-1, ::2, None, 0]  # noqa: E731
     x = make_inputs(torch.float32, torch.device("cpu"))[0]
     assert_close(kiln.compile(fn, fullgraph=True)(x), fn(x))
