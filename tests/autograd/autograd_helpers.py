@@ -16,7 +16,8 @@ def trace_core(fn, *inputs, name="fn") -> Graph:
     g = Graph(name)
     proxies = [Proxy(g.placeholder(f"x{i}", TensorMeta.of(t))) if isinstance(t, torch.Tensor) else t
                for i, t in enumerate(inputs)]
-    out = fn(*proxies)
+    with g.building():  # ops without tensor arguments (rand) record into g
+        out = fn(*proxies)
     g.output(tuple(out) if isinstance(out, (tuple, list)) else (out,))
     return g
 
