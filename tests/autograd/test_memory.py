@@ -47,3 +47,22 @@ def test_min_cut_saves_no_more_than_eager(backend):
     print(f"saved for backward: eager {eager_bytes} bytes, kiln (min-cut) {kiln_bytes} bytes")
     assert kiln_bytes <= eager_bytes
     torch.testing.assert_close(o, e)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_gpt_block_min_cut_saves_no_more_than_eager(backend):
+    """A pre-LayerNorm GPT block (causal sdpa, GELU MLP): attention's probabilities are
+    recomputed in the backward (as flash attention does), so they are never saved."""
+    from test_gpt_training import Block as GPTBlock
+
+    torch.manual_seed(0)
+    eager = GPTBlock(32, 4)
+    ours = kiln.compile(copy.deepcopy(eager), backend=backend)
+    x = torch.randn(4, 16, 32, requires_grad=True)
+    with kiln.config.patch(strict=True):
+        ours(x)
+        kiln_bytes, o = saved_bytes(ours, x)
+    eager_bytes, e = saved_bytes(eager, x)
+    print(f"GPT block saved for backward: eager {eager_bytes} bytes, kiln (min-cut) {kiln_bytes} bytes")
+    assert kiln_bytes <= eager_bytes
+    torch.testing.assert_close(o, e)
