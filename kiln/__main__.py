@@ -7,7 +7,7 @@ USAGE = """usage: python -m kiln COMMAND [ARGS]
 
 commands:
   demo     compile the seed example and print every stage, then time it
-  explain  run a script with compilation observed and print the explain summary (not built yet)
+  explain  run a script with compilation observed and print the explain summary
   report   turn a KILN_DEBUG dump into one HTML page (not built yet)
   bench    run the benchmark suite (python -m benchmarks.run)
 """
@@ -22,6 +22,9 @@ def main(argv=None) -> int:
     if cmd == "demo":
         from kiln.observe.demo import main as demo
         return demo(rest)
+    if cmd == "explain":
+        from kiln.observe.explain_script import main as explain
+        return explain(rest)
     if cmd == "bench":
         from benchmarks.run import main as bench
         return bench(rest)
