@@ -17,7 +17,9 @@ joint-graph builder reduces every gradient to its input's shape (``sum_to_shape`
 it to its input's dtype, so the broadcasting bookkeeping lives in one place.
 
 Calling a core op on Proxies records a node (with its meta) into the joint graph under
-construction. Ops without a rule here (comparisons, argmax/argmin, any/all) have outputs that
+construction. This file holds the helpers and the rules of the basic ops (core.py, views,
+reductions); the other families live in rules_elementwise.py, rules_shape.py (with scatter and
+random ops) and rules_nn.py. Ops without a rule here (comparisons, argmax/argmin, any/all) have outputs that
 never require grad, so the builder never asks for them; anything else raises ``MissingRule``.
 """
 from __future__ import annotations
