@@ -275,15 +275,18 @@ def amax_vjp(g, out, x, dims=None, keepdim=False):
 
 @VJP_RULES.register(core.max_dim, core.min_dim)
 def max_dim_vjp(g, out, x, dim, keepdim=False):
-    """values' gradient, shared among ties. Eager sends it to the one index returned; the two
-    agree unless a slice has tied extremes (needs an iota/scatter core op to match exactly)."""
+    """values' gradient goes to the one index returned, as in eager (ties included): a
+    scatter of the gradient into zeros at the indices."""
     g_values = g[0]
     if g_values is None:
         return (None, None, None)
     if x.ndim == 0:
         return (g_values, None, None)
-    dims = (normalize_dim(dim, x.ndim),)
-    return (_selected_vjp(g_values, out[0], x, dims), None, None)
+    d = normalize_dim(dim, x.ndim)
+    index = out[1]
+    if not keepdim:
+        index, g_values = core.unsqueeze(index, d), core.unsqueeze(g_values, d)
+    return (core.scatter_add(zeros_like(x), d, index, g_values), None, None)
 
 
 @VJP_RULES.register(core.var)

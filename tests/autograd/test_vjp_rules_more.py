@@ -135,6 +135,8 @@ SHAPE = [
     ("repeat_lead", lambda a: core.repeat(a, (2, 1, 2)), [rnd(3, 4)]),
     ("pad", lambda a: core.constant_pad(a, (1, 2), 0.5), [rnd(3, 4)]),
     ("pad_2d_neg", lambda a: core.constant_pad(a, (1, -1, -1, 2), 0.0), [rnd(3, 4)]),
+    ("max_dim_ties", lambda a: core.max_dim(a, 1)[0], [lambda d: torch.randint(0, 3, (4, 5)).to(d).requires_grad_()]),
+    ("min_dim_ties_keepdim", lambda a: core.min_dim(a, 0, True)[0], [lambda d: torch.randint(0, 3, (4, 5)).to(d).requires_grad_()]),
     ("flatten", lambda a: core.reshape(a, (2, 12)), [rnd(2, 3, 4)]),
 ]
 
