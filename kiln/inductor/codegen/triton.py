@@ -87,11 +87,17 @@ class TritonOps(ScalarOps):
         "bitwise_not": "(~{0})",
     }
 
+    # Compiled Triton has libdevice (correctly rounded, torch's own accuracy); the interpreter
+    # does not, so there the tl.* formulas of TABLE stand in.
+    LIBDEVICE = {"tanh": "libdevice.tanh({0})", "pow": "libdevice.pow({0}, {1})",
+                 "expm1": "libdevice.expm1({0})", "log1p": "libdevice.log1p({0})"}
+
     def call(self, op, args, dtype, arg_dtypes):
-        if op == "tanh":
-            if interpreting():  # the interpreter has no libdevice
-                return f"(2.0 * tl.sigmoid(2.0 * {args[0]}) - 1.0)"
-            return f"libdevice.tanh({args[0]})"
+        if op == "tanh" and interpreting():
+            return f"(2.0 * tl.sigmoid(2.0 * {args[0]}) - 1.0)"
+        if op in self.LIBDEVICE and not interpreting() and dtype in (torch.float32, torch.float64,
+                                                                     torch.float16, torch.bfloat16):
+            return self.LIBDEVICE[op].format(*args)
         return super().call(op, args, dtype, arg_dtypes)
 
 
