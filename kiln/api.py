@@ -159,6 +159,7 @@ class CompiledFunction:
         return "no guard matched"
 
     def _compile(self, cache, L, args, kwargs, grad):
+        reason = None
         if cache.entries:
             if len(cache.entries) >= config.recompile_limit:
                 cache.eager_reason = (f"recompile limit ({config.recompile_limit}) reached for "
@@ -171,6 +172,8 @@ class CompiledFunction:
                     self.code.co_firstlineno, reason)
             counters.bump("recompiles")
         with context.compiling(self.name) as ctx:
+            if reason is not None:  # the dump and the report show why this recompile happened
+                ctx.events.append({"kind": "recompile", "reason": reason})
             for rec in _RECORDERS:
                 rec.append(ctx)
             t0 = time.perf_counter()
@@ -184,6 +187,9 @@ class CompiledFunction:
             except Unsupported as e:
                 ctx.graph_breaks.append(e)
                 counters.bump("graph_breaks")
+                if config.debug:
+                    from kiln.observe.debug import write_dump
+                    write_dump(ctx, None)
                 if self.fullgraph:
                     raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
                 cache.eager_reason = f"graph break: {e}"

@@ -58,7 +58,22 @@ _FILES = [
 ]
 
 
+def new_run() -> str:
+    """Start a fresh run folder (the next dump goes there)."""
+    global _run_dir
+    _run_dir = None
+    return run_dir()
+
+
+def _break_record(b) -> dict:
+    """A graph break (capture.Unsupported) as JSON: reason and where it happened."""
+    return {"reason": getattr(b, "reason", str(b)), "filename": getattr(b, "filename", None),
+            "lineno": getattr(b, "lineno", None), "source_line": getattr(b, "source_line", None),
+            "text": str(b)}
+
+
 def write_dump(ctx, compiled) -> str:
+    """Write ctx's artifacts; ``compiled`` is None when the compile ended in a graph break."""
     folder = os.path.join(run_dir(), f"{ctx.compile_id:03d}_{ctx.name.replace('.', '_').replace('<', '').replace('>', '')}")
     os.makedirs(folder, exist_ok=True)
     have = {name: ir for _, name, ir in ctx.artifacts}
@@ -81,8 +96,11 @@ def write_dump(ctx, compiled) -> str:
         "passes": [{"stage": s, "pass": p, "seconds": t} for s, p, t in ctx.pass_times],
         "kernel_count": ctx.kernel_count,
         "extern_calls": ctx.extern_calls,
-        "graph_breaks": [str(b) for b in ctx.graph_breaks],
+        "graph_breaks": [_break_record(b) for b in ctx.graph_breaks],
+        "events": ctx.events,  # e.g. {"kind": "recompile", "reason": "guard failed: ..."}
         "guards": ctx.guards,
+        "kernels": [{"name": k.name, "origins": list(getattr(k, "origins", None) or ())}
+                    for k in ctx.kernels],
         "files": sorted(written),
     }
     with open(os.path.join(folder, "metrics.json"), "w") as f:
