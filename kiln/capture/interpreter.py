@@ -466,8 +466,7 @@ def unary_positive(frame, inst):
 
 @handler("UNARY_INVERT")
 def unary_invert(frame, inst):
-    v = frame.pop()
-    frame.push(ConstantVariable(~v.as_python()))
+    frame.push(frame.tx.unary_op("~", frame.pop()))
 
 
 @handler("UNARY_NOT")

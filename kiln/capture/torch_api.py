@@ -210,6 +210,18 @@ TENSOR_ATTRIBUTES = {
     "is_cuda": lambda t: t.device.type == "cuda",
 }
 
+# Tensor attributes that are tensors (views), computed with core ops.
+def _transpose_attr(t):
+    if t.ndim > 2:
+        raise Unsupported("Tensor.T on a tensor with more than 2 dims is deprecated in torch")
+    return core.permute(t, tuple(reversed(range(t.ndim)))) if t.ndim == 2 else t
+
+
+TENSOR_VIEW_ATTRIBUTES = {
+    "T": _transpose_attr,
+    "mT": lambda t: core.transpose(t, -2, -1),
+}
+
 # Operator spelling (dis's argrepr for BINARY_OP / COMPARE_OP) -> adapter.
 BINARY_OPERATORS = {
     "+": with_alpha(core.add), "-": with_alpha(core.sub), "*": binary(core.mul),
@@ -218,7 +230,8 @@ BINARY_OPERATORS = {
     ">=": tensor_first(core.ge), "==": tensor_first(core.eq), "!=": tensor_first(core.ne),
 }
 
-UNARY_OPERATORS = {"-": unary(core.neg), "+": positive, "abs": unary(core.abs)}
+UNARY_OPERATORS = {"-": unary(core.neg), "+": positive, "abs": unary(core.abs),
+                   "~": unary(core.bitwise_not)}
 
 
 def callable_name(fn) -> str:

@@ -246,7 +246,7 @@ class Tracer:
         if isinstance(v, TensorVariable):
             return self.call_adapter(torch_api.UNARY_OPERATORS[op], [v], {}, f"unary {op}")
         x = v.as_python()
-        return self.wrap_constant(-x if op == "-" else +x)
+        return self.wrap_constant({"-": lambda: -x, "+": lambda: +x, "~": lambda: ~x}[op]())
 
     def getitem(self, container: Variable, key: Variable) -> Variable:
         if isinstance(container, (_Sequence, DictVariable, ModuleVariable)):

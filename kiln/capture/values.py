@@ -135,6 +135,8 @@ class TensorVariable(Variable):
     def getattr(self, tx, name):
         if name in torch_api.TENSOR_ATTRIBUTES:
             return ConstantVariable(torch_api.TENSOR_ATTRIBUTES[name](self.proxy))
+        if name in torch_api.TENSOR_VIEW_ATTRIBUTES:  # .T, .mT: attributes that are tensors
+            return tx.call_adapter(torch_api.TENSOR_VIEW_ATTRIBUTES[name], [self], {}, f"Tensor.{name}")
         if name in torch_api.TENSOR_METHODS:
             return MethodVariable(self, name)
         raise Unsupported(f"Tensor.{name} is not supported by the capture table")
