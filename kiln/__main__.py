@@ -8,7 +8,7 @@ USAGE = """usage: python -m kiln COMMAND [ARGS]
 commands:
   demo     compile the seed example and print every stage, then time it
   explain  run a script with compilation observed and print the explain summary
-  report   turn a KILN_DEBUG dump into one HTML page (not built yet)
+  report   turn a KILN_DEBUG dump into one HTML page (--profile script.py: time it first)
   bench    run the benchmark suite (python -m benchmarks.run)
 """
 
@@ -25,6 +25,9 @@ def main(argv=None) -> int:
     if cmd == "explain":
         from kiln.observe.explain_script import main as explain
         return explain(rest)
+    if cmd == "report":
+        from kiln.observe.report import main as report
+        return report(rest)
     if cmd == "bench":
         from benchmarks.run import main as bench
         return bench(rest)

@@ -132,7 +132,26 @@ def compile_prims_graph(prims_graph: Graph) -> CompiledGraph:
         log.log("output_code", "wrapper:\n%s", wrapper.source)
         for k in generated.values():
             log.log("output_code", "kernel %s:\n%s", k.name, k.source)
+    constants = _graph_constants(prims_graph, program.device)
+    if constants:
+        inner = call
+
+        def call(*inputs):
+            return inner(*inputs, *constants)
     return CompiledGraph(call, wrapper.source, list(generated.values()), len(sched.externs), target)
+
+
+def _graph_constants(graph: Graph, device) -> list:
+    """Tensors the graph holds itself (``get_attr``), in the order lowering made them inputs.
+    A 0-d constant made on the CPU is a scalar to torch: it moves to the graph's device."""
+    out = []
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            t = graph.constants[node.target]
+            if t.device != device and t.dim() == 0:
+                t = t.to(device)
+            out.append(t)
+    return out
 
 
 def generate_kernels(sched, target: str) -> dict:

@@ -260,3 +260,7 @@ from kiln.capture import torch_api_nn as _nn  # noqa: E402
 TORCH_FUNCTIONS.update(_nn.FUNCTIONS)
 TENSOR_METHODS.update(_nn.METHODS)
 BINARY_OPERATORS.update(_nn.BINARY_OPERATORS)
+from kiln.capture import torch_api_creation as _creation  # noqa: E402
+
+TORCH_FUNCTIONS.update(_creation.FUNCTIONS)
+TENSOR_METHODS.update(_creation.METHODS)

@@ -219,3 +219,8 @@ def scatter_rule(kind: str):
         ctx.add_buffer(node)
         return TValue.of_ref(ir.TensorRef(name, meta.shape, base.stride, 0), meta.dtype, meta.device)
     return rule
+
+
+def full_rule(ctx, meta, shape, value, dtype, device):
+    const = ir.Const(value, dtype)
+    return TValue(tuple(shape), dtype, meta.device, lambda idx: const)

@@ -72,9 +72,14 @@ def _break_record(b) -> dict:
             "text": str(b)}
 
 
+def folder_name(ctx) -> str:
+    """The dump folder of a compile, relative to the run folder (the profiler keys on it)."""
+    return f"{ctx.compile_id:03d}_{ctx.name.replace('.', '_').replace('<', '').replace('>', '')}"
+
+
 def write_dump(ctx, compiled) -> str:
     """Write ctx's artifacts; ``compiled`` is None when the compile ended in a graph break."""
-    folder = os.path.join(run_dir(), f"{ctx.compile_id:03d}_{ctx.name.replace('.', '_').replace('<', '').replace('>', '')}")
+    folder = os.path.join(run_dir(), folder_name(ctx))
     os.makedirs(folder, exist_ok=True)
     have = {name: ir for _, name, ir in ctx.artifacts}
     written = []

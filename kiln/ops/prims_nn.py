@@ -9,7 +9,7 @@ from kiln.inductor import lowering as L
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import LOWERINGS, META_RULES, define
 
-__all__ = ["gather", "index_select", "bmm", "sdpa", "conv", "scatter_add", "index_add", "rand"]
+__all__ = ["gather", "index_select", "bmm", "sdpa", "conv", "scatter_add", "index_add", "rand", "full"]
 
 
 class NNPrimError(TypeError):
@@ -170,3 +170,12 @@ def _rand_meta(shape, dtype, device):
 
 
 LOWERINGS[rand] = L.rand_rule
+
+
+def _full_eager(shape, value, dtype, device):
+    return torch.full(tuple(shape), value, dtype=dtype, device=device)
+
+
+full = define("prims", "full", _full_eager)
+META_RULES[full] = lambda shape, value, dtype, device: TensorMeta.contiguous(tuple(shape), dtype, device)
+LOWERINGS[full] = L.full_rule

@@ -123,6 +123,10 @@ class KernelWriter:
                 raise NotImplementedError(f"[codegen:{self.ops.name}] index values are not supported here")
             return self._tmp(self.index_value_fn(expr), expr.dtype)
         if isinstance(expr, ir.Call):
+            if expr.op == "cast" and isinstance(expr.args[0], ir.Const):
+                # fold: a constant cast at compile time, rounded the way torch rounds it
+                value = torch.tensor(expr.args[0].value, dtype=expr.args[0].dtype).to(expr.dtype).item()
+                return self.const_fn(value, expr.dtype)
             args = [self.emit(a) for a in expr.args]
             if expr.op == "cast":
                 return self._tmp(self.cast_fn(args[0], expr.args[0].dtype, expr.dtype), expr.dtype)

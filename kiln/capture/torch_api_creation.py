@@ -1,0 +1,138 @@
+"""Capture-table entries for creation ops (merged into torch_api's tables). Shapes, values
+and dtypes are Python values at trace time (specialized and guarded where they came from)."""
+from __future__ import annotations
+
+import torch
+
+from kiln.capture.errors import Unsupported
+from kiln.graph import Proxy
+from kiln.graph.proxy import active_graph
+from kiln.ops import core
+
+
+def _size(size):
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        return tuple(size[0])
+    return tuple(size)
+
+
+def _check(requires_grad=False, layout=None, pin_memory=False, out=None, memory_format=None, **_):
+    if requires_grad:
+        raise Unsupported("creating a tensor with requires_grad=True inside a compiled region")
+    if out is not None:
+        raise Unsupported("creation ops with out= are not supported")
+
+
+def _dev(device, like=None):
+    if device is not None:
+        return torch.device(device)
+    return like.device if like is not None else torch.device("cpu")
+
+
+def _filler(value):
+    def adapter(*size, dtype=None, device=None, **kw):
+        _check(**kw)
+        return core.full(_size(size), value, dtype or torch.get_default_dtype(), _dev(device))
+    return adapter
+
+
+def full(size, fill_value, *, dtype=None, device=None, **kw):
+    _check(**kw)
+    if isinstance(fill_value, Proxy):
+        raise Unsupported("torch.full with a tensor fill value")
+    if dtype is None:
+        dtype = torch.bool if isinstance(fill_value, bool) else torch.int64 if isinstance(fill_value, int) \
+            else torch.get_default_dtype()
+    return core.full(tuple(size), fill_value, dtype, _dev(device))
+
+
+def _like(value):
+    def adapter(input, *, dtype=None, device=None, **kw):
+        _check(**kw)
+        return core.full(tuple(input.shape), value, dtype or input.dtype, _dev(device, input))
+    return adapter
+
+
+def full_like(input, fill_value, *, dtype=None, device=None, **kw):
+    _check(**kw)
+    return core.full(tuple(input.shape), fill_value, dtype or input.dtype, _dev(device, input))
+
+
+def _new(value):
+    def method(self, *size, dtype=None, device=None, **kw):
+        _check(**kw)
+        return core.full(_size(size), value, dtype or self.dtype, _dev(device, self))
+    return method
+
+
+def new_full(self, size, fill_value, *, dtype=None, device=None, **kw):
+    _check(**kw)
+    return core.full(tuple(size), fill_value, dtype or self.dtype, _dev(device, self))
+
+
+def arange(start, end=None, step=1, *, dtype=None, device=None, **kw):
+    _check(**kw)
+    if end is None:
+        start, end = 0, start
+    if dtype is None:
+        dtype = torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype()
+    return core.arange(start, end, step, dtype, _dev(device))
+
+
+def linspace(start, end, steps, *, dtype=None, device=None, **kw):
+    _check(**kw)
+    return core.linspace(start, end, steps, dtype or torch.get_default_dtype(), _dev(device))
+
+
+def eye(n, m=None, *, dtype=None, device=None, **kw):
+    _check(**kw)
+    return core.eye(n, n if m is None else m, dtype or torch.get_default_dtype(), _dev(device))
+
+
+def randn(*size, generator=None, dtype=None, device=None, **kw):
+    _check(**kw)
+    if generator is not None:
+        raise Unsupported("torch.randn(generator=...) is not supported")
+    return core.randn(_size(size), dtype or torch.get_default_dtype(), _dev(device))
+
+
+def randn_like(input, *, dtype=None, device=None, **kw):
+    _check(**kw)
+    return core.randn(tuple(input.shape), dtype or input.dtype, _dev(device, input))
+
+
+def randint(*args, generator=None, dtype=None, device=None, **kw):
+    _check(**kw)
+    if generator is not None:
+        raise Unsupported("torch.randint(generator=...) is not supported")
+    if len(args) == 2:
+        low, (high, size) = 0, args
+    elif len(args) == 3:
+        low, high, size = args
+    else:
+        raise Unsupported(f"torch.randint with {len(args)} positional arguments")
+    return core.randint(low, high, tuple(size), dtype or torch.int64, _dev(device))
+
+
+def tensor(data, *, dtype=None, device=None, **kw):
+    """torch.tensor(python data): a constant of the graph, created at trace time."""
+    _check(**kw)
+    graph = active_graph()
+    if graph is None:
+        raise Unsupported("torch.tensor outside a graph build")
+    value = torch.tensor(data, dtype=dtype, device=device)
+    if value.numel() > 1 << 16:
+        raise Unsupported("torch.tensor of more than 65536 elements inside a compiled region")
+    return Proxy(graph.get_attr("const", value))
+
+
+FUNCTIONS = {
+    torch.zeros: _filler(0), torch.ones: _filler(1), torch.empty: _filler(0), torch.full: full,
+    torch.zeros_like: _like(0), torch.ones_like: _like(1), torch.empty_like: _like(0),
+    torch.full_like: full_like, torch.arange: arange, torch.linspace: linspace, torch.eye: eye,
+    torch.randn: randn, torch.randn_like: randn_like, torch.randint: randint, torch.tensor: tensor,
+}
+
+METHODS = {
+    "new_zeros": _new(0), "new_ones": _new(1), "new_empty": _new(0), "new_full": new_full,
+}

@@ -1,0 +1,254 @@
+"""Run a compiled program under observation and write ``profile.json`` next to its debug dump.
+
+What is measured, and how:
+
+- **Kernel times.** While observing, every graph kiln builds has each kernel in its wrapper's
+  namespace replaced by a timing shim (the wrapper source is unchanged; it looks kernels up by
+  name). A C++ kernel is a synchronous ctypes call, so the shim times it with
+  ``time.perf_counter`` (this includes the ctypes call overhead, about a microsecond). A Triton
+  kernel is timed with a pair of CUDA events recorded on the current stream around its launch,
+  read after the run. Each call is also wrapped in ``torch.profiler.record_function`` named
+  ``kiln kernel <compile folder>/<kernel>``, so it shows on the profiler timeline, as does each
+  graph call (``kiln graph <compile folder>``).
+- **Timeline.** ``torch.profiler`` (CPU activities, plus CUDA when available) records the run;
+  the report draws kiln's ranges, the torch ops run outside kernels (eager code, library calls)
+  and device kernels.
+- **Host synchronizations.** A ``torch.overrides.TorchFunctionMode`` notes every call that
+  makes the host read a tensor's value (``item``, ``bool``/``if``, ``float``/``int``,
+  ``tolist``, printing) and the user's file:line that made it.
+
+``profile(fn, *args)`` runs ``fn`` once to compile (not timed), then ``runs`` times under the
+profiler. ``profile_script(path)`` runs a script once under the profiler (its compiles included).
+Both return the run folder, which ``python -m kiln report`` turns into a page.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import runpy
+import sys
+import time
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from kiln import api, context, pipeline
+from kiln.config import config
+from kiln.observe import debug
+
+SYNC_CALLS = {"item": "Tensor.item()", "__bool__": "truth value of a tensor (if/while/and/or)",
+              "__float__": "float(tensor)", "__int__": "int(tensor)", "__index__": "tensor as index",
+              "tolist": "Tensor.tolist()", "numpy": "Tensor.numpy()", "__repr__": "printing a tensor",
+              "__str__": "printing a tensor", "__format__": "formatting a tensor"}
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB_DIR = os.path.dirname(contextlib.__file__) + os.sep
+
+
+def _user_frame():
+    """The innermost frame outside torch and the standard library, or None when that frame is
+    kiln's own code (its compiler and generated wrappers do not count as the program's syncs)."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not (name.startswith(_TORCH_DIR) or
+                (name.startswith(_STDLIB_DIR) and "site-packages" not in name)):
+            break
+        f = f.f_back
+    if f is None or f.f_code.co_filename.startswith((_KILN_DIR, "<kiln")):
+        return None
+    return f
+
+
+class _SyncRecorder(TorchFunctionMode):
+    """Counts calls that make the host read a tensor's value, by the user's file:line.
+    (torch disables the mode inside its own handler, so a print's inner item() calls are not
+    counted twice.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict = collections.OrderedDict()  # (file, line, call) -> count
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in SYNC_CALLS:
+            f = _user_frame()
+            if f is not None:
+                key = (f.f_code.co_filename, f.f_lineno, name)
+                self.seen[key] = self.seen.get(key, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+class _TimedKernel:
+    """Stands in for one kernel in a wrapper's namespace; times each call."""
+
+    def __init__(self, fn, label: str, times: list, pending: list):
+        self.fn, self.label, self.times, self.pending = fn, label, times, pending
+
+    def __call__(self, *args):  # C++: a synchronous ctypes call
+        with torch.profiler.record_function(self.label):
+            t0 = time.perf_counter()
+            out = self.fn(*args)
+            self.times.append(time.perf_counter() - t0)
+        return out
+
+    def __getitem__(self, grid):  # Triton: kernel[grid](...)
+        launcher = self.fn[grid]
+
+        def launch(*args, **kwargs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.profiler.record_function(self.label):
+                start.record()
+                out = launcher(*args, **kwargs)
+                end.record()
+            self.pending.append((self.times, start, end))
+            return out
+        return launch
+
+
+class Observer:
+    """Times every kernel of every graph built while active (see the module docstring)."""
+
+    def __init__(self):
+        self.times: dict = collections.defaultdict(list)  # (folder, kernel) -> seconds per call
+        self.pending: list = []
+        self.syncs = _SyncRecorder()
+        self._build = None
+
+    def _timed_build(self, wrapper, generated, target):
+        call = self._build(wrapper, generated, target)
+        ctx = context.current()
+        folder = debug.folder_name(ctx) if ctx is not None else "unknown"
+        namespace = call.__globals__
+        for name in (k.name for k in generated.values()):
+            namespace[name] = _TimedKernel(namespace[name], f"kiln kernel {folder}/{name}",
+                                           self.times[(folder, name)], self.pending)
+        label = f"kiln graph {folder}"
+
+        def timed_call(*inputs):
+            with torch.profiler.record_function(label):
+                return call(*inputs)
+        return timed_call
+
+    def __enter__(self):
+        self._build = pipeline.build
+
+        def build(wrapper, generated, target):  # same name: run_pass records passes by name
+            return self._timed_build(wrapper, generated, target)
+        pipeline.build = build
+        self.syncs.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.syncs.__exit__(*exc)
+        pipeline.build = self._build
+
+    def resolve(self):
+        if self.pending:
+            torch.cuda.synchronize()
+            for times, start, end in self.pending:
+                times.append(start.elapsed_time(end) / 1e3)
+            self.pending.clear()
+
+    def reset_times(self):
+        self.resolve()
+        for v in self.times.values():
+            v.clear()
+        self.syncs.seen.clear()
+
+
+def _timeline(prof, limit=4000) -> list:
+    """kiln ranges, top-level torch ops and device kernels, in microseconds from the first."""
+    out = []
+    for e in prof.events():
+        name = e.name
+        on_device = e.device_type != torch.autograd.DeviceType.CPU
+        if name.startswith("kiln "):
+            lane = name.split(" ")[1]  # run | graph | kernel
+        elif on_device:
+            lane = "device"
+        elif name.startswith("aten::"):
+            parent = e.cpu_parent
+            while parent is not None and not parent.name.startswith(("kiln ", "aten::")):
+                parent = parent.cpu_parent
+            if parent is not None and not parent.name.startswith(("kiln run", "kiln graph")):
+                continue  # inside another op or a kiln kernel: shown by its parent
+            lane = "sync" if name in ("aten::_local_scalar_dense", "aten::is_nonzero") else "torch op"
+        else:
+            continue
+        out.append({"name": name, "lane": lane, "start_us": e.time_range.start,
+                    "dur_us": e.time_range.end - e.time_range.start})
+    if out:
+        t0 = min(ev["start_us"] for ev in out)
+        for ev in out:
+            ev["start_us"] -= t0
+    out.sort(key=lambda ev: ev["start_us"])
+    return out[:limit]
+
+
+def _write(run: str, obs: Observer, prof, what: str, runs: int) -> str:
+    obs.resolve()
+    kernels = []
+    for (folder, name), ts in sorted(obs.times.items()):
+        if ts:
+            kernels.append({"folder": folder, "kernel": name, "calls": len(ts),
+                            "total_us": sum(ts) * 1e6, "mean_us": sum(ts) / len(ts) * 1e6,
+                            "median_us": sorted(ts)[len(ts) // 2] * 1e6, "min_us": min(ts) * 1e6})
+    syncs = [{"filename": f, "lineno": ln, "call": c, "what": SYNC_CALLS[c], "count": n}
+             for (f, ln, c), n in obs.syncs.seen.items()]
+    data = {"program": what, "runs": runs, "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "timing": "C++ kernels: time.perf_counter around the ctypes call; Triton kernels: CUDA "
+                      "events around the launch on the current stream",
+            "kernels": kernels, "syncs": syncs, "timeline": _timeline(prof)}
+    with open(os.path.join(run, "profile.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    return run
+
+
+def _activities():
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    return acts
+
+
+def profile(fn, *args, runs: int = 5, **kwargs) -> str:
+    """Compile and run ``fn(*args, **kwargs)`` (a kiln-compiled function, or a plain one that
+    calls some), then run it ``runs`` times under the profiler. Clears kiln's in-memory caches
+    first (``kiln.reset()``; the disk cache stays) so every graph is compiled, and dumped,
+    under observation. Returns the run folder holding the dump and ``profile.json``."""
+    api.reset()
+    with config.patch(debug=True):
+        run = debug.new_run()
+        with Observer() as obs:
+            fn(*args, **kwargs)  # compile (not timed)
+            obs.reset_times()
+            with torch.profiler.profile(activities=_activities()) as prof:
+                for i in range(runs):
+                    with torch.profiler.record_function(f"kiln run {i}"):
+                        fn(*args, **kwargs)
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+        return _write(run, obs, prof, getattr(fn, "__qualname__", repr(fn)), runs)
+
+
+def profile_script(path: str, argv=()) -> str:
+    """Run a script once under the profiler with KILN_DEBUG on; returns the run folder."""
+    old_argv = sys.argv
+    sys.argv = [path, *argv]
+    with config.patch(debug=True):
+        run = debug.new_run()
+        try:
+            with Observer() as obs, torch.profiler.profile(activities=_activities()) as prof:
+                with torch.profiler.record_function("kiln run 0"):
+                    try:
+                        runpy.run_path(path, run_name="__main__")
+                    except SystemExit:
+                        pass
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+        finally:
+            sys.argv = old_argv
+        return _write(run, obs, prof, path, 1)
