@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import json
+import linecache
 import math
 import os
 import re
@@ -267,7 +268,7 @@ class Page:
         for i, r in enumerate(rows):
             tag = f'<a class="tag t-sync" href="#sync-{i}">sync</a>'
             link = self.line_ref(r["filename"], r["lineno"], r["source"], tag)
-            src = r["source"] or (self.lines.get((r["filename"], r["lineno"])) or {}).get("text") or ""
+            src = r["source"] or linecache.getline(r["filename"] or "", r["lineno"] or 0)
             if r["break"]:
                 c = r["compile"]
                 brk = (f"<a href='#c-{esc(c['folder'])}'>compile {c['id']} ({esc(c['name'])})</a>: "
