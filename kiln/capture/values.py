@@ -25,6 +25,7 @@ import types
 import torch
 
 from kiln.capture import torch_api
+from kiln.capture.fallback import fallback_adapter
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import ItemSource
 
@@ -139,6 +140,12 @@ class TensorVariable(Variable):
             return tx.call_adapter(torch_api.TENSOR_VIEW_ATTRIBUTES[name], [self], {}, f"Tensor.{name}")
         if name in torch_api.TENSOR_METHODS:
             return MethodVariable(self, name)
+        method = getattr(torch.Tensor, name, None)
+        if callable(method):
+            adapter, why = fallback_adapter(method, f"Tensor.{name}")
+            if adapter is not None:
+                return BoundAdapterVariable(self, adapter, f"Tensor.{name}")
+            raise Unsupported(f"Tensor.{name} is not supported by the capture table ({why})")
         raise Unsupported(f"Tensor.{name} is not supported by the capture table")
 
     def iterate(self, tx):
@@ -435,7 +442,9 @@ class TorchFunctionVariable(Variable):
         name = torch_api.callable_name(self.fn)
         adapter = torch_api.TORCH_FUNCTIONS.get(self.fn)
         if adapter is None:
-            raise Unsupported(f"call to {name} is not supported (not in the capture table)")
+            adapter, why = fallback_adapter(self.fn, name)
+            if adapter is None:
+                raise Unsupported(f"call to {name} is not supported (not in the capture table; {why})")
         return tx.call_adapter(adapter, args, kwargs, name)
 
     def __repr__(self):
@@ -492,6 +501,22 @@ class MethodVariable(Variable):
         if isinstance(obj, (_Sequence, DictVariable)):
             return obj.call_method(tx, self.name, args, kwargs)
         raise Unsupported(f"calling {self.name} on {obj} is not supported")
+
+    def __repr__(self):
+        return f"Method({self.obj}.{self.name})"
+
+
+class BoundAdapterVariable(Variable):
+    """``tensor.method`` whose call goes through an adapter made on the fly (fallback nodes)."""
+
+    def __init__(self, obj, adapter, name):
+        self.obj, self.adapter, self.name = obj, adapter, name
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        return tx.call_adapter(self.adapter, [self.obj, *args], kwargs, self.name)
 
     def __repr__(self):
         return f"Method({self.obj}.{self.name})"

@@ -9,7 +9,7 @@ from kiln.inductor import lowering as L
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import LOWERINGS, META_RULES, define
 
-__all__ = ["gather", "index_select", "bmm", "sdpa", "conv", "scatter_add", "index_add", "rand", "full"]
+__all__ = ["gather", "index_select", "bmm", "sdpa", "conv", "scatter_add", "index_add", "rand", "full", "fallback"]
 
 
 class NNPrimError(TypeError):
@@ -179,3 +179,20 @@ def _full_eager(shape, value, dtype, device):
 full = define("prims", "full", _full_eager)
 META_RULES[full] = lambda shape, value, dtype, device: TensorMeta.contiguous(tuple(shape), dtype, device)
 LOWERINGS[full] = L.full_rule
+
+
+def _prim_fallback_eager(target, *args, **kwargs):
+    from kiln.ops.core_fallback import resolve
+    return resolve(target)(*args, **kwargs)
+
+
+fallback = define("prims", "fallback", _prim_fallback_eager, library=True)
+
+
+@META_RULES.register(fallback)
+def _prim_fallback_meta(target, *args, **kwargs):
+    from kiln.ops.core_fallback import fallback_meta
+    return fallback_meta(target, *args, **kwargs)
+
+
+LOWERINGS[fallback] = L.extern_rule

@@ -1,0 +1,80 @@
+"""Fallback nodes in capture: a torch function or Tensor method with no capture-table entry
+runs eagerly inside the compiled graph (``core.fallback``), when that is safe:
+
+* its output metadata can be computed on torch's meta device (one tensor out);
+* it does not mutate (no trailing ``_``, no ``out=``), change device, or leave torch's compute
+  namespaces (RNG state, CUDA streams, autograd, I/O are graph breaks);
+* no gradient is needed through it (fallback has no VJP rule).
+Each fallback is logged on the ``graph`` channel with the op's name.
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln import log
+from kiln.capture.errors import Unsupported
+from kiln.graph import Proxy
+from kiln.ops import core
+from kiln.ops.core_fallback import register_fallback_target
+
+DENIED_MODULES = ("torch.cuda", "torch.distributed", "torch.random", "torch.autograd", "torch.backends",
+                  "torch.utils", "torch.profiler", "torch.jit", "torch.serialization", "torch.onnx",
+                  "torch.hub", "torch.multiprocessing", "torch._dynamo", "torch.fx")
+DENIED_NAMES = {"manual_seed", "seed", "save", "load", "set_grad_enabled", "no_grad", "enable_grad",
+                "is_grad_enabled", "set_default_dtype", "set_printoptions", "compile", "cond",
+                "item", "tolist", "numpy", "cpu", "cuda", "backward", "register_hook", "data_ptr",
+                "storage", "untyped_storage", "pin_memory", "record_stream", "retain_grad",
+                "requires_grad_", "to", "type", "is_nonzero", "nonzero", "unique", "masked_select",
+                "bincount", "histc", "repeat_interleave", "equal", "allclose"}
+
+
+def _leaves(obj):
+    if isinstance(obj, (tuple, list)):
+        for x in obj:
+            yield from _leaves(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _leaves(x)
+    else:
+        yield obj
+
+
+def eligible(fn, name: str) -> str | None:
+    """None if fn may become a fallback node, else the reason it may not."""
+    short = name.rsplit(".", 1)[-1]
+    mod = getattr(fn, "__module__", None) or ""
+    if short.endswith("_") or short.startswith("_"):
+        return f"{name} mutates its input or is private"
+    if short in DENIED_NAMES:
+        return f"{name} has side effects, a data-dependent shape or changes device"
+    if any(mod.startswith(m) for m in DENIED_MODULES):
+        return f"{name} is outside torch's tensor functions"
+    return None
+
+
+def fallback_adapter(fn, name: str):
+    """An adapter that records ``core.fallback(name, ...)`` for fn."""
+    short = getattr(fn, "__name__", "")
+    if not name.startswith("Tensor.") and short and getattr(torch, short, None) is fn:
+        name = f"torch.{short}"  # torch._VariableFunctionsClass.cumsum -> torch.cumsum
+    elif getattr(torch.nn.functional, short, None) is fn:
+        name = f"torch.nn.functional.{short}"
+    reason = eligible(fn, name)
+    if reason is not None:
+        return None, reason
+
+    def adapter(*args, **kwargs):
+        if kwargs.get("out") is not None or "device" in kwargs:
+            raise Unsupported(f"{name} with out=/device= is not captured")
+        proxies = [a for a in _leaves((args, kwargs)) if isinstance(a, Proxy)]
+        if not proxies:
+            raise Unsupported(f"{name} has no tensor argument")
+        if torch.is_grad_enabled() and any(p.meta.requires_grad for p in proxies):
+            raise Unsupported(f"{name} has no core op, and a gradient is needed through it")
+        target = register_fallback_target(name, fn)
+        out = core.fallback(target, *args, **kwargs)
+        if not isinstance(out, Proxy):
+            raise Unsupported(f"{name} returns several tensors (fallback takes one)")
+        log.log("graph", "fallback node: %s runs eagerly inside the compiled graph", name)
+        return out
+    return adapter, None

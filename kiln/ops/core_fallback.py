@@ -1,0 +1,90 @@
+"""Fallback: a torch callable with no core op, run eagerly inside compiled code.
+
+Capture turns a call to an unknown torch function or Tensor method into
+``core.fallback("torch.cumsum", x, dim=0)`` when its output metadata can be computed on torch's
+``meta`` device (that is the meta rule); otherwise it stays a graph break. The callable is
+looked up by name in ``FALLBACK_TARGETS`` so the graph still prints as runnable Python. It
+decomposes to ``prims.fallback``, a library op: the wrapper calls torch for it, between kernels.
+There is no VJP rule, so capture only emits one where no gradient is needed.
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.meta.tensor_meta import TensorMeta
+from kiln.graph.node import map_args
+from kiln.ops import prims
+from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, define
+
+__all__ = ["fallback", "FALLBACK_TARGETS", "register_fallback_target"]
+
+FALLBACK_TARGETS: dict[str, object] = {}
+
+
+def register_fallback_target(name: str, fn):
+    FALLBACK_TARGETS[name] = fn
+    return name
+
+
+def resolve(name: str):
+    """The callable for a fallback name: registered by capture, or found from its dotted name
+    ("torch.cumsum", "torch.nn.functional.glu", "Tensor.erfinv") in a fresh process."""
+    fn = FALLBACK_TARGETS.get(name)
+    if fn is not None:
+        return fn
+    head, _, rest = name.partition(".")
+    obj = torch.Tensor if head == "Tensor" else torch if head == "torch" else None
+    for part in rest.split(".") if obj is not None else ():
+        obj = getattr(obj, part, None)
+    if obj is None or not callable(obj):
+        raise KeyError(f"[fallback] no callable registered under {name!r}")
+    FALLBACK_TARGETS[name] = obj
+    return obj
+
+
+def _fallback_eager(target, *args, **kwargs):
+    return resolve(target)(*args, **kwargs)
+
+
+def _leaves(obj):
+    if isinstance(obj, (tuple, list)):
+        for x in obj:
+            yield from _leaves(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _leaves(x)
+    else:
+        yield obj
+
+
+def _map(obj, fn):
+    if isinstance(obj, tuple):
+        return tuple(_map(x, fn) for x in obj)
+    if isinstance(obj, list):
+        return [_map(x, fn) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _map(v, fn) for k, v in obj.items()}
+    return fn(obj)
+
+
+def fallback_meta(target, *args, **kwargs):
+    """Run the callable on meta tensors; outputs land on the inputs' device."""
+    metas = [a for a in _leaves((args, kwargs)) if isinstance(a, TensorMeta)]
+    if not metas:
+        raise TypeError(f"[meta] core.fallback({target}): needs a tensor argument")
+    device = next((m.device for m in metas if m.device.type != "cpu"), metas[0].device)
+    fake = _map((args, kwargs), lambda a: a.fake() if isinstance(a, TensorMeta) else a)
+    out = resolve(target)(*fake[0], **fake[1])
+
+    def to_meta(t):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"[meta] core.fallback({target}): returns {type(t).__name__}, not tensors")
+        return TensorMeta(t.shape, t.stride(), t.dtype, device, False)
+    if isinstance(out, (tuple, list)):
+        return tuple(to_meta(t) for t in out)
+    return to_meta(out)
+
+
+fallback = define("core", "fallback", _fallback_eager)
+META_RULES[fallback] = fallback_meta
+DECOMPOSITIONS[fallback] = lambda target, *args, **kwargs: prims.fallback(target, *args, **kwargs)

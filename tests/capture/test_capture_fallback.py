@@ -1,0 +1,48 @@
+"""Fallback nodes: a torch callable with no core op runs eagerly inside the compiled graph when
+its metadata can be computed on the meta device; otherwise a graph break with the op's name."""
+import subprocess
+import sys
+
+import torch
+
+import kiln
+from testing import assert_close
+
+
+def f(x):
+    y = torch.cumsum(x * 2, dim=1)
+    return torch.relu(y) + x.erfinv().nan_to_num()
+
+
+def test_unknown_ops_become_fallback_nodes_inside_one_graph():
+    x = torch.rand(4, 5)
+    out = kiln.compile(f, fullgraph=True)(x)
+    assert_close(out, f(x))
+    e = kiln.explain(f)(x)
+    assert e.graph_count == 1 and e.graph_break_count == 0 and e.extern_calls == 2
+    src = e.graphs[0].python()
+    assert "core.fallback('torch.cumsum', mul, dim=1)" in src and "'Tensor.erfinv'" in src
+
+
+def test_fallback_printout_runs_in_a_fresh_process():
+    e = kiln.explain(f)(torch.rand(3, 4))
+    code = ("import torch\nfrom kiln.ops import core, prims\nfrom kiln.graph import graph\n"
+            + e.graphs[0].python() + "\nx = torch.rand(3, 4)\nprint(f(x)[0].shape)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "torch.Size([3, 4])" in proc.stdout
+
+
+def test_fallback_needing_a_gradient_is_a_graph_break_naming_the_op():
+    x = torch.rand(4, 5, requires_grad=True)
+    e = kiln.explain(lambda x: torch.cumsum(x, 0) * 2)(x)
+    assert e.graph_break_count == 1 and "torch.cumsum" in e.break_reasons[0].reason
+    out = kiln.compile(lambda x: torch.cumsum(x, 0) * 2)(x)
+    out.sum().backward()
+    assert_close(x.grad, torch.arange(4, 0, -1.0)[:, None].expand(4, 5) * 2)
+
+
+def test_side_effects_and_data_dependent_shapes_stay_graph_breaks():
+    for fn in (lambda x: torch.nonzero(x), lambda x: x.add_(1), lambda x: x.cpu() + 1):
+        e = kiln.explain(fn)(torch.rand(3))
+        assert e.graph_break_count == 1
