@@ -1,0 +1,132 @@
+"""python -m kiln report: the page of a two-graph program with a graph break in the middle,
+rendered in a real headless browser (Debian's chromium)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kiln.observe import report
+
+PROGRAM = textwrap.dedent("""\
+    import torch
+    import kiln
+
+
+    @kiln.compile
+    def scale(x, w):
+        return torch.relu(x) * 2 + w
+
+
+    @kiln.compile
+    def check(y):
+        total = y.sum()
+        print("total is", total)
+        return y * 3
+
+
+    @kiln.compile
+    def finish(y):
+        return torch.sigmoid(y).sum(dim=1)
+
+
+    def program(x, w):
+        y = scale(x, w)          # graph 1
+        y = check(y)             # graph break: print of a tensor (runs eagerly)
+        z = finish(y)            # graph 2
+        if z.mean() > 0:         # host sync outside compiled code
+            z = z + 1
+        return z
+
+
+    if __name__ == "__main__":
+        x, w = torch.randn(64, 256), torch.randn(256)
+        for _ in range(3):
+            program(x, w)
+        scale(torch.randn(32, 256), w)  # a recompile: the shape guard fails
+""")
+
+
+def _chromium():
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def profiled_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    script = tmp / "two_graphs.py"
+    script.write_text(PROGRAM)
+    out = tmp / "report.html"
+    env = dict(os.environ, KILN_DEBUG_DIR=str(tmp / "kiln_debug"), KILN_CACHE_DIR=str(tmp / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "kiln", "report", "-o", str(out), "--profile", str(script)],
+                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return tmp, script, out
+
+
+def test_dump_records_breaks_and_recompiles(profiled_run):
+    tmp, script, _ = profiled_run
+    run = report.find_run(str(tmp / "kiln_debug"))
+    metrics = [json.load(open(os.path.join(run, d, "metrics.json"))) for d in sorted(os.listdir(run))
+               if os.path.isdir(os.path.join(run, d))]
+    breaks = [b for m in metrics for b in m["graph_breaks"]]
+    assert len(breaks) == 1 and "print" in breaks[0]["reason"]
+    assert breaks[0]["lineno"] == 13 and breaks[0]["source_line"].strip() == 'print("total is", total)'
+    recompiles = [e for m in metrics for e in m["events"] if e["kind"] == "recompile"]
+    assert len(recompiles) == 1 and "shape" in recompiles[0]["reason"]
+    prof = json.load(open(os.path.join(run, "profile.json")))
+    assert {k["folder"].split("_", 1)[1] for k in prof["kernels"]} == {"scale", "finish"}
+    assert all(k["calls"] >= 1 and k["min_us"] > 0 for k in prof["kernels"])
+    lines = {(os.path.basename(s["filename"]), s["lineno"]) for s in prof["syncs"]}
+    assert ("two_graphs.py", 13) in lines and ("two_graphs.py", 26) in lines
+
+
+def test_report_model():
+    loop_ir = "arg0 = Input(float32[64, 128], stride=[128, 1])\nbuf1 = Pointwise(float16[64], stride=[1])\n"
+    sizes = report.buffer_bytes(loop_ir)
+    assert sizes == {"arg0": 64 * 128 * 4, "buf1": 64 * 2}
+    wrapper = "def call(arg0):\n    k0(arg0.data_ptr(), arg0.data_ptr(), buf1.data_ptr())\n"
+    assert report.kernel_bytes("k0", wrapper, sizes) == 64 * 128 * 4 + 64 * 2
+    [o] = report.parse_origins("// from: mul = core.mul(relu, 2)  [/a/f.py:18: return y * 2]\nint x;")
+    assert o == {"node": "mul = core.mul(relu, 2)", "filename": "/a/f.py", "lineno": 18,
+                 "source": "return y * 2"}
+    assert report.sync_kind("Tensor.item is not supported by the capture table")
+    assert report.sync_kind("data-dependent branch: the truth value of a tensor depends on its data")
+    assert report.sync_kind("opcode FOO is not supported") is None
+
+
+def test_report_in_headless_chromium(profiled_run, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium); .ci/run installs it")
+    _, _, page = profiled_run
+    text = page.read_text()
+    assert "http://" not in text and "https://" not in text  # self-contained
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000"]
+    shot_dir = os.environ.get("TMPDIR", str(tmp_path))
+    shot = os.path.join(shot_dir, "kiln_report.png")
+    subprocess.run(flags + [f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120)
+    assert os.path.exists(shot) and os.path.getsize(shot) > 10_000
+    dom = subprocess.run(flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True,
+                         timeout=120).stdout
+    assert "<table class=\"synclist\">" in dom  # the browser parsed and rendered the page
+    # the break, with its reason, line and source text
+    assert "graph break" in dom and "call to print is not supported" in dom
+    assert "two_graphs.py:13" in dom and 'print("total is", total)' in dom
+    # the recompile with the guard that failed
+    assert "recompile of scale" in dom and "L['x'].shape == (64, 256)" in dom
+    # both graphs' kernels, their source and the Python lines they came from
+    for folder in ("scale", "finish"):
+        assert f"_{folder}-kiln_kernel0\"" in dom
+    assert "return torch.relu(x) * 2 + w" in dom and "return torch.sigmoid(y).sum(dim=1)" in dom
+    assert "extern \"C\"" in dom or "@triton.jit" in dom
+    # measured time and bandwidth, the timeline and the host syncs (print and the eager if)
+    assert "GB/s" in dom and "class=\"lane\"" in dom
+    assert "two_graphs.py:26" in dom and "if z.mean() &gt; 0:" in dom
