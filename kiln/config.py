@@ -23,6 +23,20 @@ class Config:
     cpu_backend: str = dataclasses.field(default_factory=lambda: os.environ.get("KILN_CPU_BACKEND", "cpp"))
     triton_max_persistent_rblock: int = 4096  # longer rows use looped reductions
     triton_looped_rblock: int = 1024
+    # split reductions (lowering.reduction): few rows over a long reduced extent become a
+    # partial reduction over row x chunk, then a small second reduction over the chunks
+    split_reductions: bool = True
+    split_reduction_min_rnumel: int = 1 << 16   # only reduced extents at least this long
+    split_reduction_min_chunk: int = 4096       # each chunk reduces at least this many elements
+    split_reduction_rows_cuda: int = 1024       # aim for about this many (row, chunk) programs
+    split_reduction_rows_cpu: int = 0           # 0: 8 x the OpenMP thread count
+    # online softmax: a looped max pass and the sum(exp(x - max)) pass after it run as one
+    triton_online_softmax: bool = True
+    # autotuning of Triton kernels on CUDA (kiln/runtime/autotune.py); "interpret" also tunes
+    # under TRITON_INTERPRET (tests only)
+    triton_autotune: object = dataclasses.field(default_factory=lambda: os.environ.get("KILN_AUTOTUNE", "1") not in ("0", "false", "no"))
+    # buffer reuse in the wrapper: a dead buffer of the same size, dtype and device is reused
+    reuse_buffers: bool = True
     cpp_flags: tuple = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
     cpp_compiler: str = dataclasses.field(default_factory=lambda: os.environ.get("CXX", "g++"))
     # runtime

@@ -342,7 +342,24 @@ def simplify_index(expr, ranges: dict) -> sympy.Expr:
         if b is not None and den.is_Integer and 0 <= b[0] and b[1] < int(den):
             return sympy.Integer(0)
         return sympy.floor(args[0])
+    if expr.is_Add:
+        args = _merge_unravelled(args)
     return expr.func(*args)
+
+
+def _merge_unravelled(terms: list) -> list:
+    """``Mod(a, n) + n*floor(a/n)`` -> ``a``: a flat index unravelled and raveled again (split
+    reductions over a flattened extent index a contiguous input this way)."""
+    for k, t in enumerate(terms):
+        if not isinstance(t, sympy.Mod) or not t.args[1].is_Integer:
+            continue
+        a, n = t.args
+        want = n * sympy.floor(a / n)
+        for j, u in enumerate(terms):
+            if j != k and sympy.expand(u - want) == 0:
+                rest = [v for i, v in enumerate(terms) if i not in (j, k)]
+                return _merge_unravelled(rest + [a])
+    return terms
 
 
 def ranges_of(shape) -> dict:

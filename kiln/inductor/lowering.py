@@ -141,12 +141,109 @@ def copy_rule(ctx, meta, x):
     return TValue(x.shape, x.dtype, x.device, x.loader)
 
 
+# The second stage of a split reduction combines the partial results with this reduction.
+SPLIT_COMBINE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min"}
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    for s in range(min(at_most, n), 1, -1):
+        if n % s == 0:
+            return s
+    return 1
+
+
+def split_plan(kind: str, shape, dims, device):
+    """How to split a reduction with few rows over a long extent, or None.
+
+    A long reduction over few rows runs as few programs (``x.sum()`` over 8192x8192: one
+    program looping over 67M elements), so the reduced extent is cut into ``S`` chunks: a first
+    reduction over (row, chunk) pairs writes ``rows x S`` partial results, a second reduces
+    those (the standard two-stage reduction; on the CPU the first stage's rows are what OpenMP
+    spreads over threads). ``S`` divides the outermost reduced dim when it can (the chunks are
+    then whole slices of it, with linear index math); otherwise it divides the flattened
+    reduced extent, whose indices are unravelled. An extent with no suitable divisor is not
+    split. Returns ("dim", S) or ("flat", S).
+
+    argmax/argmin stay unsplit: their second stage would need (value, index) pairs.
+    """
+    from kiln.config import config
+    if not config.split_reductions or kind not in SPLIT_COMBINE:
+        return None
+    rows = math.prod(s for d, s in enumerate(shape) if d not in dims)
+    rnumel = math.prod(shape[d] for d in dims)
+    if rnumel < config.split_reduction_min_rnumel or rows == 0:
+        return None
+    if device is not None and device.type == "cuda":
+        target = config.split_reduction_rows_cuda
+    else:
+        target = config.split_reduction_rows_cpu or 8 * torch.get_num_threads()
+    want = min(target // rows, rnumel // max(config.split_reduction_min_chunk, 1))
+    if want < 2:
+        return None
+    s = _largest_divisor(shape[dims[0]], want)
+    if s >= max(2, want // 4):
+        return "dim", s
+    s = _largest_divisor(rnumel, want)
+    return ("flat", s) if s >= max(2, want // 4) else None
+
+
+def _split_reduction(ctx, meta, x, dims, kind, plan):
+    """First stage over (kept dims..., chunk id, chunk dims...), reducing the chunk dims into
+    a contiguous [kept..., S] buffer; second stage reduces S. Low-precision partial results
+    stay in float32 (they are rounded once, by the second stage)."""
+    how, s = plan
+    n = len(x.shape)
+    kept = [d for d in range(n) if d not in dims]
+    kept_sizes = [x.shape[d] for d in kept]
+    if how == "dim":
+        d0 = dims[0]
+        chunk_sizes = [x.shape[d0] // s] + [x.shape[d] for d in dims[1:]]
+    else:
+        chunk_sizes = [math.prod(x.shape[d] for d in dims) // s]
+    ranges1 = kept_sizes + [s] + chunk_sizes
+    syms = ir.index_symbols(len(ranges1))
+    nk = len(kept)
+    chunk_id, chunk_syms = syms[nk], syms[nk + 1:]
+    idx = [None] * n
+    for k, d in enumerate(kept):
+        idx[d] = syms[k]
+    if how == "dim":
+        idx[dims[0]] = chunk_id * chunk_sizes[0] + chunk_syms[0]
+        for d, sym in zip(dims[1:], chunk_syms[1:]):
+            idx[d] = sym
+    else:
+        flat = chunk_id * chunk_sizes[0] + chunk_syms[0]
+        for d, e in zip(dims, _unravel(flat, [x.shape[d] for d in dims])):
+            idx[d] = e
+    partial_dtype = torch.float32 if meta.dtype in (torch.float16, torch.bfloat16) else meta.dtype
+    body = x.loader(idx)
+    if body.dtype != partial_dtype and meta.dtype in (torch.float16, torch.bfloat16):
+        body = ir.Call("cast", (body,), partial_dtype)
+    shape1 = tuple(kept_sizes) + (s,)
+    stride1 = contiguous_strides(shape1)
+    name1 = ctx.new_name("buf")
+    reduced1 = tuple(range(nk + 1, len(ranges1)))
+    ctx.add_buffer(ir.Reduction(name1, shape1, stride1, partial_dtype, meta.device, kind,
+                                ranges1, reduced1, body, ctx.current_origins))
+    syms2 = ir.index_symbols(nk + 1)
+    # no cast here: the partials are combined in float32 and rounded once where stored
+    body2 = ir.Load(name1, sum((a * b for a, b in zip(syms2, stride1)), sympy.Integer(0)), partial_dtype)
+    name2 = ctx.new_name("buf")
+    ctx.add_buffer(ir.Reduction(name2, meta.shape, meta.stride, meta.dtype, meta.device,
+                                SPLIT_COMBINE[kind], shape1, (nk,), body2, ctx.current_origins))
+    return TValue.of_ref(ir.TensorRef(name2, meta.shape, meta.stride, 0), meta.dtype, meta.device)
+
+
 def reduction(kind: str):
     """Rule for a reduction prim: a ``Reduction`` buffer whose body is over the input's full
-    index space; the reduced dims disappear from the output."""
+    index space; the reduced dims disappear from the output. Few rows over a long extent are
+    split in two stages (``split_plan``)."""
     def rule(ctx, meta, x, dims):
         n = len(x.shape)
         dims = tuple(sorted(set(d % n for d in dims)))
+        plan = split_plan(kind, x.shape, dims, meta.device)
+        if plan is not None:
+            return _split_reduction(ctx, meta, x, dims, kind, plan)
         body = x.loader(ir.index_symbols(n))
         name = ctx.new_name("buf")
         node = ir.Reduction(name, meta.shape, meta.stride, meta.dtype, meta.device, kind,
