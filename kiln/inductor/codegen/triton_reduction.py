@@ -150,6 +150,43 @@ def generate_triton_reduction(kernel, buffers: dict) -> TritonKernel:
         hit = f"(({vals} == {best}) | (({best} != {best}) & ({vals} != {vals})))"
         return writer._tmp(f"tl.min(tl.where({hit}, {idxs}, {rnumel}), 1)[:, None]", torch.int64)
 
+    def shift_of(m_node, x, register):
+        """X (the per-row shift expression of the max m_node) with the max read from register."""
+        key = (m_node.name, writer.canon(kernel.store_index(m_node)))
+        saved = writer.in_registers.get(key)
+        writer.in_registers[key] = register
+        try:
+            return writer.emit(x)
+        finally:
+            if saved is None:
+                writer.in_registers.pop(key, None)
+            else:
+                writer.in_registers[key] = saved
+
+    def online_step(m_node, m_acc, block, sums, accs):
+        """One block of the running max and of each sum(exp(E - X)) relative to X(max)."""
+        e = writer.emit(kernel.body(m_node))
+        m_new = writer._tmp(_combine_inline("max", m_acc, block), torch.float32)
+        for node, x in sums:
+            s_acc = accs[node.name][0]
+            g_old, g_new = shift_of(m_node, x, m_acc), shift_of(m_node, x, m_new)
+            term = writer._tmp(f"tl.where(xmask & rmask & ({g_new} != float('-inf')), tl.exp({e} - {g_new}), 0.0)",
+                               torch.float32)
+            alpha = writer._tmp(f"tl.where({g_old} == {g_new}, 1.0, tl.exp({g_old} - {g_new}))", torch.float32)
+            lines.append(f"{s_acc} = {s_acc} * {alpha} + {term}")
+        lines.append(f"{m_acc} = {m_new}")
+
+    def online_finish(m_node, m_acc, m_value, sums, accs):
+        """Combine the lanes: each lane's sum rescaled from its own max to the row's."""
+        lane_shifts = [shift_of(m_node, x, m_acc) for _, x in sums]
+        finish(m_node, m_value)
+        for (node, x), g_lane in zip(sums, lane_shifts):
+            g_row = writer.emit(x)
+            s_acc = accs[node.name][0]
+            scaled = writer._tmp(f"tl.where({g_lane} == {g_row}, {s_acc}, {s_acc} * tl.exp({g_lane} - {g_row}))",
+                                 torch.float32)
+            finish(node, writer._tmp(reduce_text("sum", scaled), torch.float32))
+
     head = [
         f"xoffset = tl.program_id(0) * XBLOCK",
         "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
@@ -176,10 +213,17 @@ def generate_triton_reduction(kernel, buffers: dict) -> TritonKernel:
     else:
         lines += head
         pre, phases = plan_phases(kernel)
+        online = plan_online(kernel, phases)
         for node in pre:
             store(node, emit_value(node), "x")
-        for phase in phases:
+        for pi, phase in enumerate(phases):
             accs = {}
+            pairs = online.get(pi, {})
+            for m_name, sums in pairs.items():
+                for node, _ in sums:
+                    acc = writer._tmp("tl.full([XBLOCK, RBLOCK], 0.0, tl.float32)", torch.float32)
+                    writer.cache.pop("tl.full([XBLOCK, RBLOCK], 0.0, tl.float32)", None)
+                    accs[node.name] = (acc, None, torch.float32)
             for node in phase.reductions:
                 dt = acc_dtype(node)
                 ident = triton_const(IDENTITY[node.reduction_type](dt), dt)
@@ -206,6 +250,8 @@ def generate_triton_reduction(kernel, buffers: dict) -> TritonKernel:
                     upd = writer._tmp(f"(xmask & rmask) & {better}", torch.bool)
                     lines.append(f"{idx} = tl.where({upd}, {arg_dim} + tl.zeros([XBLOCK, RBLOCK], tl.int64), {idx})")
                     lines.append(f"{acc} = tl.where({upd}, {block}, {acc})")
+                elif node.name in pairs:
+                    online_step(node, acc, block, pairs[node.name], accs)
                 else:
                     lines.append(f"{acc} = {_combine_inline(kind, acc, block)}")
             for node in phase.stores:
@@ -220,7 +266,10 @@ def generate_triton_reduction(kernel, buffers: dict) -> TritonKernel:
                     value = arg_pick(kind, acc, idx)
                 else:
                     value = writer._tmp(reduce_text(kind, acc), dt)
-                finish(node, value)
+                if node.name in pairs:
+                    online_finish(node, acc, value, pairs[node.name], accs)
+                else:
+                    finish(node, value)
             for node in phase.after:
                 store(node, emit_value(node), "x")
 
@@ -251,3 +300,59 @@ def _combine_inline(kind, acc, value):
     if kind == "prod":
         return f"{acc} * {value}"
     raise NotImplementedError(f"[codegen:triton] no combine rule for reduction {kind!r}")
+
+
+def _match_exp_sub(body):
+    """(E, X) when body is exp(E - X), else None."""
+    if isinstance(body, ir.Call) and body.op == "exp" and isinstance(body.args[0], ir.Call) \
+            and body.args[0].op == "sub":
+        return body.args[0].args
+    return None
+
+
+def plan_online(kernel, phases) -> dict:
+    """Online softmax: {phase k: {max node name: [(sum node, X), ...]}}, with the sums moved
+    out of phase k + 1 (which disappears when nothing else is left in it).
+
+    A looped pass computing ``M = max(E)`` followed by a pass computing ``S = sum(exp(E - X))``,
+    where ``X`` is a per-row expression of ``M`` (softmax: ``M``; logsumexp: ``M`` with
+    infinities replaced by 0), become one pass: each lane keeps a running max ``m`` and a sum
+    relative to ``X(m)``, rescaled by ``exp(X(m_old) - X(m_new))`` when the max grows; the
+    lanes are combined the same way after the loop. Softmax, log-softmax, logsumexp and
+    cross-entropy read their input once fewer.
+    """
+    if not config.triton_online_softmax:
+        return {}
+    red_syms = {ir.index_symbol(d) for d in kernel.reduced_dims}
+    inside = {n.name for n in kernel.nodes}
+    plan: dict = {}
+    k = 0
+    while k < len(phases) - 1:
+        maxes = {n.name: n for n in phases[k].reductions
+                 if n.reduction_type == "max" and compute_dtype(n.body.dtype).is_floating_point}
+        nxt = phases[k + 1]
+        for node in list(nxt.reductions) if maxes else []:
+            if node.reduction_type != "sum" or not compute_dtype(node.dtype).is_floating_point:
+                continue
+            match = _match_exp_sub(kernel.body(node))
+            if match is None:
+                continue
+            e, x = match
+            loads = ir.loads_of(x)
+            mine = {ld.buffer for ld in loads if ld.buffer in inside}
+            if len(mine) != 1 or next(iter(mine)) not in maxes:
+                continue
+            if any(isinstance(t, (ir.Load, ir.IndexValue)) and t.index.free_symbols & red_syms
+                   for t in ir.walk(x)) or any(isinstance(t, ir.Let) for t in ir.walk(x)):
+                continue
+            m = maxes[next(iter(mine))]
+            if repr(kernel.body(m)) != repr(e):
+                continue
+            nxt.reductions.remove(node)
+            plan.setdefault(k, {}).setdefault(m.name, []).append((node, x))
+        if k in plan and not nxt.reductions and not nxt.stores:
+            phases[k].after.extend(nxt.after)
+            del phases[k + 1]
+            continue
+        k += 1
+    return plan
