@@ -381,7 +381,7 @@ class Page:
                 f"<span class='muted'>({esc(k['lang'])}, {esc(k['file'])})</span>{perf}"
                 f"<table class='origins'><tr><th>node</th><th>line</th><th>Python source</th></tr>"
                 f"{''.join(origins) or '<tr><td colspan=3>no from: lines</td></tr>'}</table>"
-                f"<details><summary>source</summary><pre>{src}</pre></details></div>")
+                f"<details open><summary>source</summary><pre>{src}</pre></details></div>")
 
     def sources(self) -> str:
         if not self.lines:
