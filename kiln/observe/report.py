@@ -37,8 +37,8 @@ BUFFER_RE = re.compile(r"^(\w+) = [^(\n]*\((\w+)\[([0-9, ]*)\]")
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
                "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16}
 # Graph-break reasons that mean the program reads a tensor's value on the host.
-SYNC_BREAKS = [(re.compile(r"data-dependent"), "tensor used as a condition (if/while)"),
-               (re.compile(r"\bitem\b"), "Tensor.item()"),
+SYNC_BREAKS = [(re.compile(r"\bitem\b"), "Tensor.item()"),
+               (re.compile(r"data-dependent branch|truth value"), "tensor used as a condition (if/while)"),
                (re.compile(r"call to print"), "print (of a tensor: reads its values)"),
                (re.compile(r"tolist|numpy"), "tensor converted to Python values"),
                (re.compile(r"iterating over a tensor"), "iterating over a tensor")]

@@ -98,7 +98,8 @@ def test_report_model():
     assert o == {"node": "mul = core.mul(relu, 2)", "filename": "/a/f.py", "lineno": 18,
                  "source": "return y * 2"}
     assert report.sync_kind("Tensor.item is not supported by the capture table")
-    assert report.sync_kind("data-dependent branch: the truth value of a tensor depends on its data")
+    assert report.sync_kind("Tensor.item is not supported (a data-dependent shape)") == "Tensor.item()"
+    assert "condition" in report.sync_kind("data-dependent branch: the truth value of a tensor depends on its data")
     assert report.sync_kind("opcode FOO is not supported") is None
 
 
