@@ -82,30 +82,39 @@ class _SyncRecorder(TorchFunctionMode):
 
 
 class _TimedKernel:
-    """Stands in for one kernel in a wrapper's namespace; times each call."""
+    """Stands in for one kernel in a wrapper's namespace; times each launch, however the wrapper
+    spells it: ``k(...)`` (C++ through ctypes), ``k[grid](...)`` or ``k.run(...)`` (Triton)."""
 
-    def __init__(self, fn, label: str, times: list, pending: list):
+    def __init__(self, fn, label: str, times: list, pending: list, on_cuda: bool):
         self.fn, self.label, self.times, self.pending = fn, label, times, pending
+        self.on_cuda = on_cuda
 
-    def __call__(self, *args):  # C++: a synchronous ctypes call
-        with torch.profiler.record_function(self.label):
-            t0 = time.perf_counter()
-            out = self.fn(*args)
-            self.times.append(time.perf_counter() - t0)
-        return out
-
-    def __getitem__(self, grid):  # Triton: kernel[grid](...)
-        launcher = self.fn[grid]
-
-        def launch(*args, **kwargs):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    def _timed(self, launch):
+        def call(*args, **kwargs):
             with torch.profiler.record_function(self.label):
-                start.record()
-                out = launcher(*args, **kwargs)
-                end.record()
-            self.pending.append((self.times, start, end))
-            return out
-        return launch
+                if self.on_cuda:  # asynchronous: CUDA events on the current stream, read later
+                    start = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    out = launch(*args, **kwargs)
+                    end.record()
+                    self.pending.append((self.times, start, end))
+                    return out
+                t0 = time.perf_counter()  # synchronous (C++ kernels, the Triton interpreter)
+                out = launch(*args, **kwargs)
+                self.times.append(time.perf_counter() - t0)
+                return out
+        return call
+
+    def __call__(self, *args, **kwargs):
+        return self._timed(self.fn)(*args, **kwargs)
+
+    def __getitem__(self, grid):
+        return self._timed(self.fn[grid])
+
+    def __getattr__(self, name):
+        value = getattr(self.fn, name)
+        return self._timed(value) if callable(value) else value
 
 
 class Observer:
@@ -122,9 +131,10 @@ class Observer:
         ctx = context.current()
         folder = debug.folder_name(ctx) if ctx is not None else "unknown"
         namespace = call.__globals__
+        on_cuda = target == "triton" and torch.cuda.is_available()
         for name in (k.name for k in generated.values()):
             namespace[name] = _TimedKernel(namespace[name], f"kiln kernel {folder}/{name}",
-                                           self.times[(folder, name)], self.pending)
+                                           self.times[(folder, name)], self.pending, on_cuda)
         label = f"kiln graph {folder}"
 
         def timed_call(*inputs):
