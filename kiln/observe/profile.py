@@ -6,8 +6,9 @@ What is measured, and how:
   namespace replaced by a timing shim (the wrapper source is unchanged; it looks kernels up by
   name). A C++ kernel is a synchronous ctypes call, so the shim times it with
   ``time.perf_counter`` (this includes the ctypes call overhead, about a microsecond). A Triton
-  kernel is timed with a pair of CUDA events recorded on the current stream around its launch,
-  read after the run. Each call is also wrapped in ``torch.profiler.record_function`` named
+  kernel's time is the duration torch.profiler's CUDA activity measured for the GPU kernel
+  launched inside that range (a pair of CUDA events around the launch is the fallback; it also
+  counts launch latency while the GPU waits for the host). Each call is also wrapped in ``torch.profiler.record_function`` named
   ``kiln kernel <compile folder>/<kernel>``, so it shows on the profiler timeline, as does each
   graph call (``kiln graph <compile folder>``).
 - **Timeline.** ``torch.profiler`` (CPU activities, plus CUDA when available) records the run;
@@ -198,8 +199,22 @@ def _timeline(prof, limit=4000) -> list:
     return out[:limit]
 
 
+def _device_times(prof) -> dict:
+    """(folder, kernel) -> device durations (s) of the GPU kernels launched inside each
+    ``kiln kernel`` range, as the profiler's CUDA activity measured them (empty on CPU)."""
+    out = collections.defaultdict(list)
+    for e in prof.events():
+        if e.name.startswith("kiln kernel ") and getattr(e, "kernels", None):
+            folder, kernel = e.name.split(" ", 2)[2].split("/", 1)
+            out[(folder, kernel)].append(sum(k.duration for k in e.kernels) / 1e6)
+    return out
+
+
 def _write(run: str, obs: Observer, prof, what: str, runs: int) -> str:
     obs.resolve()
+    for key, ts in _device_times(prof).items():  # on GPU, prefer the device's own kernel times
+        if len(ts) == len(obs.times.get(key, ())):
+            obs.times[key][:] = ts
     kernels = []
     for (folder, name), ts in sorted(obs.times.items()):
         if ts:
@@ -209,8 +224,9 @@ def _write(run: str, obs: Observer, prof, what: str, runs: int) -> str:
     syncs = [{"filename": f, "lineno": ln, "call": c, "what": SYNC_CALLS[c], "count": n}
              for (f, ln, c), n in obs.syncs.seen.items()]
     data = {"program": what, "runs": runs, "device": "cuda" if torch.cuda.is_available() else "cpu",
-            "timing": "C++ kernels: time.perf_counter around the ctypes call; Triton kernels: CUDA "
-                      "events around the launch on the current stream",
+            "timing": "C++ kernels: time.perf_counter around the ctypes call; Triton kernels: the "
+                      "profiler's CUDA kernel duration (CUDA events around the launch when the "
+                      "profiler has none)",
             "kernels": kernels, "syncs": syncs, "timeline": _timeline(prof)}
     with open(os.path.join(run, "profile.json"), "w") as f:
         json.dump(data, f, indent=1)
