@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from kiln.config import config
 from kiln.inductor import ir
 from kiln.inductor.scheduler import Kernel, ScatterStep, Schedule
 
@@ -39,6 +40,42 @@ def _launch(gen, target) -> str:
     return f"{gen.name}({', '.join(f'{a}.data_ptr()' for a in gen.args)})"
 
 
+def _dense(shape, stride) -> bool:
+    """The strides cover exactly numel elements (a permutation of contiguous strides)."""
+    n = math.prod(shape)
+    if n == 0:
+        return False
+    return 1 + sum((d - 1) * abs(st) for d, st in zip(shape, stride)) == n and min(stride, default=1) >= 0
+
+
+FRESH_RESULT_EXTERNS = {"mm", "bmm", "sdpa", "conv"}
+
+
+class _ReusePool:
+    """Dead buffers by (element count, dtype, device): a compile-time plan, so a call only
+    renames tensors. A buffer is recycled only after the step that last reads it, so a kernel
+    never writes memory it still reads."""
+
+    def __init__(self):
+        self.free: dict = {}
+
+    @staticmethod
+    def _key(b):
+        return math.prod(b.shape), b.dtype, str(b.device)
+
+    def give(self, name, b) -> bool:
+        if _dense(b.shape, b.stride):
+            self.free.setdefault(self._key(b), []).append(name)
+            return True
+        return False
+
+    def take(self, b):
+        if not _dense(b.shape, b.stride):
+            return None
+        names = self.free.get(self._key(b))
+        return names.pop() if names else None
+
+
 def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSource:
     """generated maps kernel name -> TritonKernel | CppKernel."""
     program = sched.program
@@ -46,6 +83,16 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
     outputs = {o.buffer for o in program.outputs if isinstance(o, ir.TensorRef)}
     inputs = {b.name for b in program.inputs}
     lines = [f"def call({', '.join(b.name for b in program.inputs)}):"]
+    reuse = config.reuse_buffers
+    pool = _ReusePool()
+    pending_del: dict = {}  # pooled buffer -> index of its `del` line
+    allocated: set = set()  # buffers this wrapper allocates (the only ones it may recycle)
+    # memory a scatter accumulates into lives on under the scatter's name
+    aliased = {s.node.target for s in sched.steps if isinstance(s, ScatterStep)}
+    # a library op other than these may return a view of its operand (an eager fallback)
+    for s in sched.steps:
+        if isinstance(s, ir.Extern) and s.op.name not in FRESH_RESULT_EXTERNS:
+            aliased |= s.reads()
     devices = {}
     if program.seed is not None:  # fresh randomness per call, from torch's own generator
         dev = _device_name(program.seed.device)
@@ -67,8 +114,19 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
                 b = buffers[name]
                 dev = _device_name(b.device)
                 devices[dev] = b.device
+                old = pool.take(b) if reuse else None
+                if old is not None:
+                    lines[pending_del.pop(old)] = None
+                    lines.append(f"    # reuse {old} for {name}")
+                    same = tuple(buffers[old].shape) == tuple(b.shape) and tuple(buffers[old].stride) == tuple(b.stride)
+                    lines.append(f"    {name} = {old}" if same else
+                                 f"    {name} = as_strided({old}, {tuple(b.shape)}, {tuple(b.stride)})")
+                    lines.append(f"    del {old}")
+                    allocated.add(name)
+                    continue
                 lines.append(f"    {name} = empty_strided({tuple(b.shape)}, {tuple(b.stride)}, "
                              f"dtype={b.dtype}, device={dev})")
+                allocated.add(name)
             if math.prod(step.xshape if step.is_reduction else step.shape) == 0:
                 lines.append(f"    # {step.name} skipped: empty iteration space")
             elif target == "triton":
@@ -87,11 +145,20 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
         dead = [b for b, last in sched.last_use.items()
                 if last == i and b not in outputs and b not in inputs]
         if dead:
-            lines.append(f"    del {', '.join(sorted(dead))}")
+            # a buffer that may be recycled keeps its own `del` line, dropped if it is reused
+            poolable = [b for b in sorted(dead) if reuse and b in allocated and b not in aliased
+                        and pool.give(b, buffers[b])]
+            rest = [b for b in sorted(dead) if b not in poolable]
+            if rest:
+                lines.append(f"    del {', '.join(rest)}")
+            for b in poolable:
+                pending_del[b] = len(lines)
+                lines.append(f"    del {b}")
     outs = []
     for o in program.outputs:
         outs.append(_ref_expr(o, buffers) if isinstance(o, ir.TensorRef) else repr(o))
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     header = [f"{d} = torch.device({str(dev)!r})" for d, dev in devices.items()]
+    lines = [ln for ln in lines if ln is not None]
     source = "\n".join(header + [""] + lines) + "\n"
     return WrapperSource(source, list(generated.values()), sched.externs)
