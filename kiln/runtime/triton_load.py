@@ -35,7 +35,16 @@ def clear_memory():
 
 
 def load_triton(source: str, name: str):
-    """The @triton.jit function ``name`` defined in ``source``."""
+    """The @triton.jit function ``name`` defined in ``source`` (an ``autotune.Autotuned``
+    over its variants when codegen registered a tuning spec for it)."""
+    from kiln.runtime import autotune
+    spec = autotune.spec_for(source)
+    if spec is not None:
+        return autotune.Autotuned(spec, [_load_one(src, name) for src, _ in spec.variants])
+    return _load_one(source, name)
+
+
+def _load_one(source: str, name: str):
     ensure_triton_cache_dir()
     interp = os.environ.get("TRITON_INTERPRET", "0")
     key = cache.content_key(source, _triton_version(), interp)

@@ -149,14 +149,27 @@ def triton_cast(x: str, src: torch.dtype, dst: torch.dtype) -> str:
 class TritonKernel:
     """A generated kernel plus what the wrapper needs to launch it: pointer args (buffer
     names), then integer scalars, then constexpr block sizes, over a 1-D grid."""
-    __slots__ = ("name", "source", "args", "scalars", "constexprs", "grid", "num_warps", "origins")
+    __slots__ = ("name", "source", "args", "scalars", "constexprs", "grid", "num_warps", "origins", "tune")
 
     def __init__(self, name, source, args, scalars, constexprs, grid, num_warps, origins):
         self.name, self.source, self.args = name, source, args
         self.scalars, self.constexprs, self.grid = scalars, constexprs, grid
         self.num_warps, self.origins = num_warps, origins
+        self.tune = None  # an autotune.TuneSpec: launched through Autotuned.run
+
+    def with_tuning(self, variants):
+        """Tune over [(source, [config, ...])] (the first source is this kernel's own)."""
+        from kiln.runtime import autotune
+        if not autotune.enabled():
+            return self
+        self.tune = autotune.TuneSpec(self.name, variants, self.scalars)
+        autotune.register(self.tune)
+        return self
 
     def launch_line(self) -> str:
+        if self.tune is not None:
+            args = ", ".join(list(self.args) + [str(s) for s in self.scalars])
+            return f"{self.name}.run({args})"
         args = ", ".join(list(self.args) + [str(s) for s in self.scalars] +
                          [f"{k}={v}" for k, v in self.constexprs.items()])
         return f"{self.name}[({self.grid},)]({args}, num_warps={self.num_warps})"
@@ -267,5 +280,16 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
         header += [f"# from: {o}" for o in kernel.origins]
     source = "\n".join(header) + "\n\n\n" + "\n".join(lines) + "\n"
     xblock, warps = _block_config(numel)
-    return TritonKernel(name, source, list(in_names) + list(out_names), [numel], {"XBLOCK": xblock},
-                        -(-numel // xblock), warps, list(kernel.origins))
+    gen = TritonKernel(name, source, list(in_names) + list(out_names), [numel], {"XBLOCK": xblock},
+                       -(-numel // xblock), warps, list(kernel.origins))
+    if numel >= POINTWISE_TUNE_MIN:
+        gen.with_tuning([(source, pointwise_configs(numel))])
+    return gen
+
+
+POINTWISE_TUNE_MIN = 1 << 16  # smaller kernels are launch-bound: the heuristic is as good
+
+
+def pointwise_configs(numel: int) -> list[dict]:
+    return [{"XBLOCK": xb, "num_warps": w} for xb, w in ((256, 2), (512, 4), (1024, 4), (1024, 8),
+                                                          (2048, 8), (4096, 16)) if xb <= max(256, numel)]

@@ -45,13 +45,50 @@ def block_config(xnumel: int, rnumel: int):
     return False, 1, min(config.triton_looped_rblock, rblock), 8
 
 
+REDUCTION_TUNE_MIN = 1 << 16  # elements; smaller kernels keep the heuristic
+
+
 def generate_triton_reduction(kernel, buffers: dict) -> TritonKernel:
+    gen = _generate_triton_reduction(kernel, buffers)
+    xnumel, rnumel = math.prod(kernel.xshape), math.prod(kernel.rshape)
+    from kiln.runtime import autotune
+    if xnumel * rnumel < REDUCTION_TUNE_MIN or not autotune.enabled():
+        return gen
+    persistent = gen.constexprs["RBLOCK"] >= rnumel
+    variants = [(gen.source, reduction_configs(persistent, xnumel, rnumel))]
+    if persistent and rnumel >= 1024:  # the looped form too: long rows may run better looped
+        looped = _generate_triton_reduction(kernel, buffers, force_looped=True)
+        variants.append((looped.source, reduction_configs(False, xnumel, rnumel)))
+    return gen.with_tuning(variants)
+
+
+def reduction_configs(persistent: bool, xnumel: int, rnumel: int) -> list[dict]:
+    rblock = _pow2(rnumel)
+    out = []
+    if persistent:
+        for xb in (1, 2, 4, 8, 16, 32, 64):
+            tile = xb * rblock
+            if xb > _pow2(xnumel) or tile > 8192 or (tile < 2048 and xb * 2 <= _pow2(xnumel) and xb < 64):
+                continue
+            for w in (2, 4, 8, 16):
+                if (w >= 4 or tile <= 512) and (w < 16 or tile >= 4096) and 32 * w <= tile:
+                    out.append({"XBLOCK": xb, "RBLOCK": rblock, "num_warps": w})
+        return out
+    for xb, rb, w in ((1, 1024, 8), (1, 2048, 8), (1, 2048, 16), (1, 4096, 16), (2, 1024, 8)):
+        if rb <= rblock and xb <= _pow2(xnumel):
+            out.append({"XBLOCK": xb, "RBLOCK": rb, "num_warps": w})
+    return out
+
+
+def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False) -> TritonKernel:
     printer = IndexPrinter("//")
     name = f"kiln_{kernel.name}"
     ranges = ir.ranges_of(kernel.ranges)
     xshape, rshape = kernel.xshape, kernel.rshape
     xnumel, rnumel = math.prod(xshape), math.prod(rshape)
     persistent, xblock, rblock, warps = block_config(xnumel, rnumel)
+    if force_looped and persistent:
+        persistent, xblock, rblock, warps = False, 1, min(config.triton_looped_rblock, rblock), 8
     red_syms = {ir.index_symbol(d) for d in kernel.reduced_dims}
     in_names: dict[str, str] = {}
     out_names: dict[str, str] = {}

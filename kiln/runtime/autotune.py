@@ -1,0 +1,123 @@
+"""Autotuning of generated Triton kernels.
+
+Codegen offers, per kernel, a few *variants* (sources: a reduction's persistent and looped
+forms) and for each a small set of launch configs (``XBLOCK``, ``RBLOCK``, ``num_warps``). On
+the first call, ``Autotuned`` launches every (variant, config) on the call's real arguments,
+times them, and keeps the fastest; the choice is written to the disk cache under
+``<cache>/autotune``, keyed by the variants' sources, the launch sizes and the device name, so
+later processes skip the search. Generated kernels only write their outputs from their inputs
+(scatter kernels, which accumulate in place, are never tuned), so launching one several times
+is harmless.
+
+Tuning runs on CUDA; under the Triton interpreter codegen keeps its heuristic config unless
+``config.triton_autotune == "interpret"`` (used by tests, timed with perf_counter).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+from kiln import log
+from kiln.runtime import cache
+
+_SPECS: dict = {}   # source -> TuneSpec (codegen registers, load_triton looks up)
+_lock = threading.Lock()
+
+
+class TuneSpec:
+    """Variants of one kernel: [(source, [config dict, ...])], the kernel's name, and its
+    launch sizes (the scalars after the pointers; the first is xnumel)."""
+    __slots__ = ("name", "variants", "scalars")
+
+    def __init__(self, name, variants, scalars):
+        self.name, self.variants, self.scalars = name, variants, tuple(scalars)
+
+
+def enabled() -> bool:
+    from kiln.config import config
+    from kiln.inductor.codegen.triton import interpreting
+    setting = config.triton_autotune
+    if setting == "interpret":
+        return True
+    return bool(setting) and not interpreting()
+
+
+def register(spec: TuneSpec):
+    with _lock:
+        _SPECS[spec.variants[0][0]] = spec
+
+
+def spec_for(source: str):
+    with _lock:
+        return _SPECS.get(source)
+
+
+def _device_name() -> str:
+    import torch
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return "cpu-interpreter"
+
+
+def _launch(fn, cfg, args, xnumel):
+    grid = (-(-xnumel // cfg["XBLOCK"]),)
+    consts = {k: v for k, v in cfg.items() if k != "num_warps"}
+    fn[grid](*args, **consts, num_warps=cfg["num_warps"])
+
+
+class Autotuned:
+    """Callable as ``kernel.run(*pointers_and_scalars)``: picks its config on the first call."""
+
+    def __init__(self, spec: TuneSpec, fns):
+        self.spec, self.fns = spec, fns
+        self.choice = None
+        self.key = cache.content_key(*(src for src, _ in spec.variants), repr(spec.scalars),
+                                     json.dumps([cfgs for _, cfgs in spec.variants]), _device_name())
+        self.path = os.path.join(cache.subdir("autotune"), self.key[:2], self.key + ".json")
+
+    def _load(self):
+        if cache.valid_entry(self.path):
+            try:
+                with open(self.path) as f:
+                    v, cfg = json.load(f)
+                if 0 <= v < len(self.fns):
+                    return v, cfg
+            except (OSError, ValueError, TypeError):
+                pass
+        return None
+
+    def _time(self, fn, cfg, args):
+        import torch
+        xnumel = self.spec.scalars[0]
+        if torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET") == "1":
+            from triton.testing import do_bench
+            return do_bench(lambda: _launch(fn, cfg, args, xnumel), warmup=5, rep=20)
+        t = time.perf_counter()
+        _launch(fn, cfg, args, xnumel)
+        return time.perf_counter() - t
+
+    def tune(self, args):
+        results = []
+        for v, ((_, cfgs), fn) in enumerate(zip(self.spec.variants, self.fns)):
+            for cfg in cfgs:
+                try:
+                    _launch(fn, cfg, args, self.spec.scalars[0])  # compile outside the timing
+                    results.append((self._time(fn, cfg, args), v, cfg))
+                except Exception as e:  # noqa: BLE001 - a config that does not compile or fit
+                    log.log("cache", "autotune " + "%s: config %s of variant %d failed: %s", self.spec.name, cfg, v, e)
+        if not results:
+            raise RuntimeError(f"[autotune] no config of {self.spec.name} ran")
+        results.sort(key=lambda r: r[0])
+        t, v, cfg = results[0]
+        log.log("cache", "autotune " + "%s: variant %d %s (%.3g) of %d configs", self.spec.name, v, cfg, t, len(results))
+        cache.write_atomic(self.path, json.dumps([v, cfg]).encode())
+        cache.commit_entry(self.path)
+        return v, cfg
+
+    def run(self, *args):
+        if self.choice is None:
+            self.choice = self._load() or self.tune(args)
+        v, cfg = self.choice
+        _launch(self.fns[v], cfg, args, self.spec.scalars[0])
