@@ -163,3 +163,11 @@ def gelu_mlp(device: str, quick: bool) -> list[Setup]:
                               torch.nn.Linear(4 * shape[-1], shape[-1])).to(device)
     return [Setup(fn=mlp, dtype=torch.float32, rtol=1e-3, atol=1e-3, no_grad=True,
                   make_inputs=lambda: (_randn(shape, device, torch.float32),), label=f"MLP {list(shape)}")]
+
+
+@case("sum_all")
+def sum_all(device: str, quick: bool) -> list[Setup]:
+    """A full reduction over few rows: split in two stages (kiln/inductor/lowering.split_plan)."""
+    shape = (64, 64) if quick else ((8192, 8192) if device == "cuda" else (2048, 2048))
+    return [Setup(fn=lambda x: x.sum(), dtype=torch.float32, rtol=1e-3, atol=1e-2,
+                  make_inputs=lambda: (_randn(shape, device, torch.float32),), label=f"sum {list(shape)}")]
