@@ -93,7 +93,7 @@ def kernel_bytes(name: str, wrapper: str, sizes: dict) -> int | None:
     """Bytes of the distinct buffers passed to each launch of kernel ``name`` in the wrapper."""
     total, found = 0, False
     for line in wrapper.splitlines():
-        m = re.match(rf"\s*{re.escape(name)}(?:\[.*?\])?\((.*)\)\s*$", line)
+        m = re.match(rf"\s*{re.escape(name)}(?:\[.*?\]|\.\w+)?\((.*)\)\s*$", line)
         if m:
             found = True
             total += sum(sizes[a] for a in set(re.findall(r"\b(\w+)\b", m.group(1))) if a in sizes)
