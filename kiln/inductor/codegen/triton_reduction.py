@@ -9,6 +9,11 @@ walks the reduced dims (flattened) as a ``[1, RBLOCK]`` row.
 * **Looped** (long rows): one loop over the reduced extent per *pass* (see
   ``common.plan_phases``); per-element values needed by a later pass are recomputed there,
   accumulators live in ``[XBLOCK, RBLOCK]`` registers and are combined at the end of the pass.
+  A max pass followed by a ``sum(exp(E - X(max)))`` pass runs as one (online softmax,
+  ``plan_online``).
+
+On CUDA, kernels of at least ``REDUCTION_TUNE_MIN`` elements are autotuned
+(``kiln/runtime/autotune.py``) over the persistent and looped forms and their block sizes.
 """
 from __future__ import annotations
 
