@@ -24,6 +24,7 @@ CHANNELS = {
     "output_code": "the wrapper and every kernel's source",
     "perf": "time per stage of each compile",
     "cache": "disk cache hits, misses and rebuilt entries",
+    "autotune": "each Triton kernel's tuning: configs tried, their times, the choice",
 }
 
 _enabled: dict[str, bool] = {}  # channel -> verbose?

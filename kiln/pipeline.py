@@ -174,7 +174,7 @@ def build(wrapper, generated: dict, target: str):
 
     def load(k):
         if target == "triton":
-            return load_triton(k.source, k.name)
+            return load_triton(k.source, k.name, tune=getattr(k, "tune", None))
         return load_cpp_function(k.source, k.name, len(k.args))
 
     kernels = list(generated.values())

@@ -22,7 +22,6 @@ import time
 from kiln import log
 from kiln.runtime import cache
 
-_SPECS: dict = {}   # source -> TuneSpec (codegen registers, load_triton looks up)
 _lock = threading.Lock()
 
 
@@ -42,16 +41,6 @@ def enabled() -> bool:
     if setting == "interpret":
         return True
     return bool(setting) and not interpreting()
-
-
-def register(spec: TuneSpec):
-    with _lock:
-        _SPECS[spec.variants[0][0]] = spec
-
-
-def spec_for(source: str):
-    with _lock:
-        return _SPECS.get(source)
 
 
 def _device_name() -> str:
@@ -106,12 +95,12 @@ class Autotuned:
                     _launch(fn, cfg, args, self.spec.scalars[0])  # compile outside the timing
                     results.append((self._time(fn, cfg, args), v, cfg))
                 except Exception as e:  # noqa: BLE001 - a config that does not compile or fit
-                    log.log("cache", "autotune " + "%s: config %s of variant %d failed: %s", self.spec.name, cfg, v, e)
+                    log.log("autotune", "%s: config %s of variant %d failed: %s", self.spec.name, cfg, v, e)
         if not results:
             raise RuntimeError(f"[autotune] no config of {self.spec.name} ran")
         results.sort(key=lambda r: r[0])
         t, v, cfg = results[0]
-        log.log("cache", "autotune " + "%s: variant %d %s (%.3g) of %d configs", self.spec.name, v, cfg, t, len(results))
+        log.log("autotune", "%s: chose variant %d %s (%.3g) of %d configs", self.spec.name, v, cfg, t, len(results))
         cache.write_atomic(self.path, json.dumps([v, cfg]).encode())
         cache.commit_entry(self.path)
         return v, cfg

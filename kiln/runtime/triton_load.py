@@ -34,11 +34,11 @@ def clear_memory():
         _loaded.clear()
 
 
-def load_triton(source: str, name: str):
-    """The @triton.jit function ``name`` defined in ``source`` (an ``autotune.Autotuned``
-    over its variants when codegen registered a tuning spec for it)."""
+def load_triton(source: str, name: str, tune=None):
+    """The @triton.jit function ``name`` defined in ``source``, or an ``autotune.Autotuned``
+    over its variants when codegen gave it a tuning spec (``tune``)."""
     from kiln.runtime import autotune
-    spec = autotune.spec_for(source)
+    spec = tune
     if spec is not None:
         return autotune.Autotuned(spec, [_load_one(src, name) for src, _ in spec.variants])
     return _load_one(source, name)

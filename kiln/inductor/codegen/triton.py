@@ -163,7 +163,6 @@ class TritonKernel:
         if not autotune.enabled():
             return self
         self.tune = autotune.TuneSpec(self.name, variants, self.scalars)
-        autotune.register(self.tune)
         return self
 
     def launch_line(self) -> str:
