@@ -36,7 +36,6 @@ def test_pointwise_kernel_is_tuned_and_cached(tmp_path):
 
 
 def test_reduction_tunes_persistent_and_looped_variants(tmp_path):
-    from kiln.runtime import autotune
     fn = lambda x: torch.softmax(x, -1)  # noqa: E731
     x = torch.randn(64, 1024)
     out = _tuned(fn, x, tmp_path=tmp_path)
