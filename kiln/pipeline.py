@@ -183,7 +183,10 @@ def build(wrapper, generated: dict, target: str):
             loaded = list(pool.map(load, kernels))
     else:
         loaded = [load(k) for k in kernels]
-    namespace = {"torch": torch, "empty_strided": torch.empty_strided, "as_strided": torch.as_strided}
+    from kiln.inductor.codegen.wrapper import ensure_layout
+
+    namespace = {"torch": torch, "empty_strided": torch.empty_strided, "as_strided": torch.as_strided,
+                 "ensure_layout": ensure_layout}
     for k, fn in zip(kernels, loaded):
         namespace[k.name] = fn
         if getattr(k, "checked", False):

@@ -34,6 +34,20 @@ def _device_name(device: torch.device) -> str:
     return f"dev_{device.type}{'' if device.index is None else device.index}"
 
 
+# torch.mm / torch.bmm always return a fresh row-major result
+LAYOUT_GUARANTEED_EXTERNS = ("mm", "bmm")
+
+
+def ensure_layout(t, shape, stride):
+    """t itself when it has the promised strides (the common case: one comparison), else a copy
+    with them."""
+    if t.stride() == stride or t.numel() <= 1:
+        return t
+    out = t.new_empty_strided(shape, stride)
+    out.copy_(t)
+    return out
+
+
 def _launch(gen, target) -> str:
     if target == "triton":
         return gen.launch_line()
@@ -142,6 +156,10 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
             args = [_ref_expr(r, buffers) if isinstance(r, ir.TensorRef) else repr(r) for r in step.inputs]
             kwargs = [f"{k}={v!r}" for k, v in step.kwargs.items()]
             lines.append(f"    {step.name} = extern_{step.op.name}({', '.join(args + kwargs)})")
+            if step.op.name not in LAYOUT_GUARANTEED_EXTERNS:
+                # kernels index the result with the strides meta promised; a library may pick
+                # another layout (flash attention on CUDA returns [B, T, H, D] transposed)
+                lines.append(f"    {step.name} = ensure_layout({step.name}, {tuple(step.shape)}, {tuple(step.stride)})")
         dead = [b for b, last in sched.last_use.items()
                 if last == i and b not in outputs and b not in inputs]
         if dead:
