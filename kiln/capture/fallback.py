@@ -14,6 +14,7 @@ import torch
 from kiln import log
 from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
+from kiln.graph.node import flatten_args
 from kiln.ops import core
 from kiln.ops.core_fallback import register_fallback_target
 
@@ -26,17 +27,6 @@ DENIED_NAMES = {"manual_seed", "seed", "save", "load", "set_grad_enabled", "no_g
                 "storage", "untyped_storage", "pin_memory", "record_stream", "retain_grad",
                 "requires_grad_", "to", "type", "is_nonzero", "nonzero", "unique", "masked_select",
                 "bincount", "histc", "repeat_interleave", "equal", "allclose"}
-
-
-def _leaves(obj):
-    if isinstance(obj, (tuple, list)):
-        for x in obj:
-            yield from _leaves(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _leaves(x)
-    else:
-        yield obj
 
 
 def eligible(fn, name: str) -> str | None:
@@ -66,7 +56,7 @@ def fallback_adapter(fn, name: str):
     def adapter(*args, **kwargs):
         if kwargs.get("out") is not None or "device" in kwargs:
             raise Unsupported(f"{name} with out=/device= is not captured")
-        proxies = [a for a in _leaves((args, kwargs)) if isinstance(a, Proxy)]
+        proxies = [a for a in flatten_args((args, kwargs)) if isinstance(a, Proxy)]
         if not proxies:
             raise Unsupported(f"{name} has no tensor argument")
         if torch.is_grad_enabled() and any(p.meta.requires_grad for p in proxies):

@@ -130,7 +130,3 @@ def _pick_device(devices):
         if d.type != "cpu":
             return d
     return torch.device("cpu")
-
-
-def simplify_index(expr):
-    return sympy.simplify(expr)

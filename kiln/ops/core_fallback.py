@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from kiln.meta.tensor_meta import TensorMeta
-from kiln.graph.node import map_args
+from kiln.graph.node import flatten_args
 from kiln.ops import prims
-from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, define
+from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
 
 __all__ = ["fallback", "FALLBACK_TARGETS", "register_fallback_target"]
 
@@ -46,17 +46,6 @@ def _fallback_eager(target, *args, **kwargs):
     return resolve(target)(*args, **kwargs)
 
 
-def _leaves(obj):
-    if isinstance(obj, (tuple, list)):
-        for x in obj:
-            yield from _leaves(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _leaves(x)
-    else:
-        yield obj
-
-
 def _map(obj, fn):
     if isinstance(obj, tuple):
         return tuple(_map(x, fn) for x in obj)
@@ -69,7 +58,7 @@ def _map(obj, fn):
 
 def fallback_meta(target, *args, **kwargs):
     """Run the callable on meta tensors; outputs land on the inputs' device."""
-    metas = [a for a in _leaves((args, kwargs)) if isinstance(a, TensorMeta)]
+    metas = [a for a in flatten_args((args, kwargs)) if isinstance(a, TensorMeta)]
     if not metas:
         raise TypeError(f"[meta] core.fallback({target}): needs a tensor argument")
     device = next((m.device for m in metas if m.device.type != "cpu"), metas[0].device)

@@ -73,6 +73,30 @@ class KernelWriter:
         self.indirect: dict = {}  # Let symbol -> symbol named after the register holding it
         self.canon = sympy.expand  # index normal form used to match loads with stores
 
+    def recompute_from(self, kernel):
+        """Loads of the kernel's own per-element buffers that are not in a register in the
+        current scope (an earlier pass computed them) are recomputed from their bodies."""
+        inside = {n.name: n for n in kernel.nodes}
+
+        def recompute(ld: ir.Load):
+            producer = inside.get(ld.buffer)
+            if producer is None or kernel.levels[producer.name] != "r":
+                return None
+            index = self.canon(kernel.store_index(producer))
+            if self.canon(ld.index) != index:
+                return None
+            value = self.emit(kernel.body(producer))
+            self.in_registers[(producer.name, index)] = value
+            return value
+        self.recompute = recompute
+        self._kernel = kernel
+
+    def emit_node(self, node) -> str:
+        """Emit a node's value and remember it in a register under its store index."""
+        value = self.emit(self._kernel.body(node))
+        self.in_registers[(node.name, self.canon(self._kernel.store_index(node)))] = value
+        return value
+
     def push_scope(self):
         self._scopes.append((dict(self.cache), dict(self.in_registers)))
 

@@ -43,27 +43,11 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
 
     writer.canon = ir.canonical_index_fn(ranges)
     writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({printer.doprint(ir.simplify_index(e.index, ranges))})"
-    inside = {n.name: n for n in kernel.nodes}
-
-    def recompute(ld: ir.Load):
-        producer = inside.get(ld.buffer)
-        if producer is None or kernel.levels[producer.name] != "r":
-            return None
-        index = writer.canon(kernel.store_index(producer))
-        if writer.canon(ld.index) != index:
-            return None
-        value = writer.emit(kernel.body(producer))
-        writer.in_registers[(producer.name, index)] = value
-        return value
-
-    writer.recompute = recompute
+    writer.recompute_from(kernel)
     writer.bounds_check = cpp_bounds_check
     lines = writer.lines
 
-    def emit_value(node):
-        value = writer.emit(kernel.body(node))
-        writer.in_registers[(node.name, writer.canon(kernel.store_index(node)))] = value
-        return value
+    emit_value = writer.emit_node
 
     def store(node, value):
         if node.name not in kernel.stores:

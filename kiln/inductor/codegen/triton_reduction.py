@@ -120,27 +120,11 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
 
     writer.canon = ir.canonical_index_fn(ranges)
     writer.index_value_fn = lambda e: triton_index_value(e, printer, ranges)
-    inside = {n.name: n for n in kernel.nodes}
-
-    def recompute(ld: ir.Load):
-        producer = inside.get(ld.buffer)
-        if producer is None or kernel.levels[producer.name] != "r":
-            return None
-        index = writer.canon(kernel.store_index(producer))
-        if writer.canon(ld.index) != index:
-            return None
-        value = writer.emit(kernel.body(producer))
-        writer.in_registers[(producer.name, index)] = value
-        return value
-
-    writer.recompute = recompute
+    writer.recompute_from(kernel)
     writer.bounds_check = triton_bounds_check
     lines = writer.lines
 
-    def emit_value(node):
-        value = writer.emit(kernel.body(node))
-        writer.in_registers[(node.name, writer.canon(kernel.store_index(node)))] = value
-        return value
+    emit_value = writer.emit_node
 
     def store(node, value, level):
         if node.name not in kernel.stores:
@@ -230,12 +214,12 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
             finish(node, writer._tmp(reduce_text("sum", scaled), torch.float32))
 
     head = [
-        f"xoffset = tl.program_id(0) * XBLOCK",
+        "xoffset = tl.program_id(0) * XBLOCK",
         "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
         "xmask = xindex < xnumel",
     ]
     head += [f"i{d} = {e}" for d, e in decompose_index("xindex", xshape, kernel.kept_dims, "//")]
-    rsetup = [f"rmask = rindex < rnumel"]
+    rsetup = ["rmask = rindex < rnumel"]
     rsetup += [f"i{d} = {e}" for d, e in decompose_index("rindex", rshape, kernel.reduced_dims, "//")]
 
     if persistent:
