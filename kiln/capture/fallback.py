@@ -18,9 +18,10 @@ from kiln.graph.node import flatten_args
 from kiln.ops import core
 from kiln.ops.core_fallback import register_fallback_target
 
-DENIED_MODULES = ("torch.cuda", "torch.distributed", "torch.random", "torch.autograd", "torch.backends",
-                  "torch.utils", "torch.profiler", "torch.jit", "torch.serialization", "torch.onnx",
-                  "torch.hub", "torch.multiprocessing", "torch._dynamo", "torch.fx")
+# torch submodules whose functions are never run as fallbacks (RNG state, devices, autograd,
+# I/O, compilers): a call into them stays a graph break
+DENIED_SUBMODULES = ("cuda", "distributed", "random", "autograd", "backends", "utils", "profiler",
+                     "jit", "serialization", "onnx", "hub", "multiprocessing", "_dynamo", "fx")
 DENIED_NAMES = {"manual_seed", "seed", "save", "load", "set_grad_enabled", "no_grad", "enable_grad",
                 "is_grad_enabled", "set_default_dtype", "set_printoptions", "compile", "cond",
                 "item", "tolist", "numpy", "cpu", "cuda", "backward", "register_hook", "data_ptr",
@@ -37,7 +38,7 @@ def eligible(fn, name: str) -> str | None:
         return f"{name} mutates its input or is private"
     if short in DENIED_NAMES:
         return f"{name} has side effects, a data-dependent shape or changes device"
-    if any(mod.startswith(m) for m in DENIED_MODULES):
+    if any(mod == f"torch.{m}" or mod.startswith(f"torch.{m}.") for m in DENIED_SUBMODULES):
         return f"{name} is outside torch's tensor functions"
     return None
 
