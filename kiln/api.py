@@ -187,6 +187,15 @@ class CompiledFunction:
             except Unsupported as e:
                 ctx.graph_breaks.append(e)
                 counters.bump("graph_breaks")
+                if e.__cause__ is not None and not isinstance(e.__cause__, Unsupported):
+                    # An op refused its arguments at capture (bad shapes, dim, dtype): most
+                    # likely the user's error. Run eagerly so torch raises its own exception
+                    # from the user's line; the cache stays unpoisoned for good inputs.
+                    log.log("graph_breaks", "%s; running %s eagerly this call", e, self.name)
+                    if self.fullgraph:
+                        self.fn(*args, **kwargs)  # raises the user's error if eager rejects it too
+                        raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
+                    return None
                 if config.debug:
                     from kiln.observe.debug import write_dump
                     write_dump(ctx, None)
