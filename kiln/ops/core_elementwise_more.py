@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.graph.proxy import Proxy
+from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import prims
 from kiln.ops import prims_more as pm
 from kiln.ops.prim_utils import broadcast_to, to_dtype
@@ -221,6 +222,20 @@ bitwise_or = _binary("bitwise_or", torch.bitwise_or)
 bitwise_xor = _binary("bitwise_xor", torch.bitwise_xor)
 
 
+def _integral_meta(name, rule):
+    """Meta of a bitwise op: integer or bool operands only (eager raises on floats)."""
+    def meta(*args, **kwargs):
+        out = rule(*args, **kwargs)
+        if not _is_int(out.dtype):
+            raise ElementwiseError(f"[meta] core.{name}: not defined for {out.dtype}")
+        return out
+    return meta
+
+
+for _op in (bitwise_and, bitwise_or, bitwise_xor, bitwise_not):
+    META_RULES[_op] = _integral_meta(_op.name, META_RULES[_op])
+
+
 def _int_power(x, n: int):
     """x ** n for a non-negative Python int n, by repeated squaring (exact for integers)."""
     result, base = None, x
@@ -386,7 +401,14 @@ def _clamp_decomp(x, min=None, max=None):
 
 
 lerp = _core("lerp", torch.lerp)
-META_RULES[lerp] = _meta_of("lerp", Promotion.DEFAULT, 3)
+
+
+@META_RULES.register(lerp)
+def _lerp_meta(start, end, weight):
+    dtypes = {t.dtype for t in (start, end, weight) if isinstance(t, TensorMeta)}
+    if len(dtypes) > 1:  # eager lerp does not promote: every tensor operand has one dtype
+        raise ElementwiseError(f"[meta] core.lerp: expected one dtype, got {sorted(map(str, dtypes))}")
+    return _meta_of("lerp", Promotion.DEFAULT, 3)(start, end, weight)
 
 
 @DECOMPOSITIONS.register(lerp)
