@@ -88,7 +88,17 @@ def choose_target(device: torch.device) -> str:
 
 
 def compile_graph(graph: Graph, backend: str = "kiln"):
-    """Compile a captured graph of core ops into a callable taking the graph's inputs."""
+    """Compile a captured graph of core ops into a callable taking the graph's inputs.
+    A captured graph that mutates its inputs (``graph.input_mutations``, set by capture) gets
+    them written back after each call (``capture.mutation.WritebackGraph``)."""
+    compiled = _compile_graph(graph, backend)
+    if getattr(graph, "input_mutations", None):
+        from kiln.capture.mutation import with_writeback
+        compiled = with_writeback(compiled, graph)
+    return compiled
+
+
+def _compile_graph(graph: Graph, backend: str):
     graph = _stage("meta", propagate_meta, graph)
     if config.verify:
         _stage("meta", verify, graph, ("core", "prims"), name="verify_captured")

@@ -621,9 +621,21 @@ def binary_slice(frame, inst):
 @handler("STORE_SUBSCR")
 def store_subscr(frame, inst):
     key, container, value = frame.pop(), frame.pop(), frame.pop()
+    if isinstance(container, TensorVariable):  # functionalized (kiln/capture/mutation.py)
+        frame.tx.setitem(container, key, value)
+        return
     if container.source is not None or not isinstance(container, (ListVariable, DictVariable)):
         raise Unsupported(f"item assignment on {container} is not supported")
     container.items[key.as_python()] = value
+
+
+@handler("STORE_SLICE", versions=((3, 12), (3, 12)))
+def store_slice(frame, inst):
+    end, start, container, value = frame.pop(), frame.pop(), frame.pop(), frame.pop()
+    if not isinstance(container, TensorVariable):
+        raise Unsupported(f"slice assignment on {container} is not supported")
+    key = ConstantVariable(slice(start.as_python(), end.as_python()))
+    frame.tx.setitem(container, key, value)
 
 
 def python_versions_covered():

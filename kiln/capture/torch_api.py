@@ -264,3 +264,9 @@ from kiln.capture import torch_api_creation as _creation  # noqa: E402
 
 TORCH_FUNCTIONS.update(_creation.FUNCTIONS)
 TENSOR_METHODS.update(_creation.METHODS)
+from kiln.capture import torch_api_inplace as _inplace  # noqa: E402
+
+# In-place forms last: they are derived from the functional entries above.
+_inplace_functions, _inplace_methods = _inplace.build_tables(TORCH_FUNCTIONS, TENSOR_METHODS)
+TORCH_FUNCTIONS.update(_inplace_functions)
+TENSOR_METHODS.update(_inplace_methods)

@@ -14,7 +14,7 @@ import types
 import torch
 
 from kiln import log
-from kiln.capture import torch_api
+from kiln.capture import mutation, torch_api
 from kiln.capture.builtins import is_builtin
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, Source,
@@ -55,6 +55,7 @@ class Tracer:
         self.input_sources: list[Source] = []
         self._tensor_inputs: dict[int, tuple[TensorVariable, Source, torch.Tensor]] = {}
         self._var_of_node: dict = {}
+        self.storages: list = []  # mutation.Storage per tensor memory that aliasing touched
         self._placeholder_names: set[str] = set()
         self.steps = 0
         self._executed: list[str] = []
@@ -195,7 +196,8 @@ class Tracer:
         except Exception as e:
             # Bad arguments or a meta rule refusing the inputs: eager torch will report it.
             raise Unsupported(f"{name} failed during capture: {type(e).__name__}: {e}") from e
-        return self.wrap_result(out)
+        # views of arguments and in-place writes (kiln/capture/mutation.py)
+        return mutation.wrap_outputs(self, out, args, kwargs, py_args, py_kwargs, name)
 
     # ---------------------------------------------------------------- operators
     def binary_op(self, op: str, a: Variable, b: Variable) -> Variable:
@@ -231,16 +233,12 @@ class Tracer:
             raise Unsupported(f"{x!r} {op} {y!r} raised {e!r}") from None
 
     def _inplace_update(self, target: TensorVariable, result: TensorVariable, op: str):
-        # In-place ops on tensors made inside the graph are functionalized: the tracker (which
-        # every alias on the stack and in locals shares) now points at the new value.
-        if target.source is not None:
-            raise Unsupported(f"in-place {op} on an input tensor is not supported")
-        old, new = target.proxy.meta, result.proxy.meta
-        if old.shape != new.shape or old.dtype != new.dtype:
-            raise Unsupported(f"in-place {op} would change the tensor's shape or dtype")
-        target.proxy = result.proxy
-        self._var_of_node[result.proxy.node] = target
+        # functionalized: the write reaches target's storage and every alias of it
+        mutation.mutate(self, target, result.proxy, f"operator {op}")
         return target
+
+    def setitem(self, target: TensorVariable, key: Variable, value: Variable):
+        mutation.setitem(self, target, key, value)
 
     def unary_op(self, op: str, v: Variable) -> Variable:
         if isinstance(v, TensorVariable):
@@ -443,6 +441,11 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None) -> CaptureResult:
     filename, lineno, line = root.location(root.current)
     try:
         spec = _output_spec(ret, proxies)
+    except Unsupported as e:
+        e.locate(filename, lineno, line)
+        raise
+    try:  # mutated inputs: extra outputs, written back after the graph runs
+        tx.graph.input_mutations = mutation.finalize(tx, ret, proxies)
     except Unsupported as e:
         e.locate(filename, lineno, line)
         raise

@@ -126,9 +126,24 @@ class ConstantVariable(Variable):
 
 class TensorVariable(Variable):
     def __init__(self, proxy, python_type=torch.Tensor, source=None):
-        self.proxy = proxy
+        self._proxy = proxy
         self._type = python_type
         self.source = source
+        self.alias = None  # mutation.Alias: storage + view chain, once aliasing matters
+        self._seen = 0     # the storage version _proxy was computed at
+
+    @property
+    def proxy(self):
+        # A view whose storage was written since it was last read replays its view chain.
+        a = self.alias
+        if a is not None and (self._seen != a.storage.version or a.storage.poisoned):
+            from kiln.capture.mutation import refresh
+            refresh(self)
+        return self._proxy
+
+    @proxy.setter
+    def proxy(self, value):
+        self._proxy = value
 
     def python_type(self):
         return self._type

@@ -1,0 +1,514 @@
+"""Functionalization: in-place ops and aliasing during capture, write-back after the graph runs.
+
+Captured graphs are functional. Capture keeps eager's aliasing on the side:
+
+* a ``Storage`` is one piece of memory: its current whole value (a graph value), a version
+  bumped by every write, and whether its root is a graph input;
+* a ``TensorVariable`` that is a view carries an ``Alias``: its storage and the chain of view
+  steps (``ViewStep``: select, slice, permute, reshape, ...) from the storage's root to it.
+
+A write to a variable (``mutate``) computes the new value of the variable, then scatters it back
+through the inverse of each view step (``select_scatter``, ``slice_scatter``, reshape back,
+inverse permute, ...) into a new value of the whole storage, and bumps the version. A variable
+whose storage changed since it last read it replays its view chain on the storage's new value
+the next time it is read (``TensorVariable.proxy`` calls ``refresh``). So writing through a view
+updates the base and every other live view, and writing the base updates views taken earlier.
+
+Which results are views is read off the graph: after each capture-table call, the nodes between
+an argument and a result are walked back; a result reached only through view ops is a view of
+that argument (``wrap_outputs``). Where eager's aliasing depends on strides capture does not know
+exactly (``reshape``/``view``/``contiguous`` of a computed tensor, whose eager layout may differ
+from kiln's meta; results of fallback nodes), the step is *uncertain*: reading such a view after
+its storage changed, or reading any other alias after writing through such a view, is a graph
+break, never a guess.
+
+At the end of capture (``finalize``), each mutated storage whose root is a graph input adds its
+final value as an extra graph output, and ``graph.input_mutations`` lists (input index, output
+index) pairs. ``WritebackGraph`` (wrapped around every compiled graph by
+``pipeline.compile_graph``) copies those outputs into the inputs after the graph runs.
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.capture.errors import Unsupported
+from kiln.capture.torch_api_inplace import Writes
+from kiln.graph import Proxy
+from kiln.graph.node import CALL, PLACEHOLDER, Node
+from kiln.ops import core
+from kiln.ops.core_views import _view_strides
+
+
+class Storage:
+    __slots__ = ("value", "version", "from_input", "root", "root_node", "poisoned")
+
+    def __init__(self, value: Proxy, root, from_input: bool):
+        self.value = value          # the whole storage's current value
+        self.version = 0
+        self.from_input = from_input  # the root is a graph input (its strides are eager's)
+        self.root = root            # the TensorVariable that is the whole storage
+        self.root_node = value.node  # its first value (the placeholder, for an input)
+        self.poisoned = None        # reason string once the aliasing is no longer known
+
+
+class Alias:
+    __slots__ = ("storage", "chain")
+
+    def __init__(self, storage: Storage, chain: tuple):
+        self.storage = storage
+        self.chain = chain
+
+
+def _inverse_reshape(base, new, *args, **kwargs):
+    return core.reshape(new, tuple(base.shape))
+
+
+def _inverse_permute(base, new, dims):
+    dims = [d % base.ndim for d in dims]
+    inv = [0] * len(dims)
+    for i, d in enumerate(dims):
+        inv[d] = i
+    return core.permute(new, tuple(inv))
+
+
+def _inverse_expand(base, new, shape):
+    if tuple(new.shape) != tuple(base.shape):
+        raise Unsupported("in-place update of an expanded tensor: more than one element refers to "
+                          "the same memory location (eager raises)")
+    return new
+
+
+# view op -> the write that puts a new value of the view back into its base:
+# inverse(base value, new view value, *the view's own args) -> new base value
+SCATTERS = {
+    core.select: lambda base, new, dim, index: core.select_scatter(base, new, dim, index),
+    core.slice: lambda base, new, dim=0, start=None, end=None, step=1:
+        core.slice_scatter(base, new, dim, start, end, step),
+    core.unsqueeze: _inverse_reshape,
+    core.squeeze: _inverse_reshape,
+    core.reshape: _inverse_reshape,
+    core.permute: _inverse_permute,
+    core.transpose: lambda base, new, d0, d1: core.transpose(new, d0, d1),
+    core.expand: _inverse_expand,
+    core.detach: lambda base, new: new,
+}
+VIEW_OPS = frozenset(SCATTERS)
+
+
+class ViewStep:
+    """One view op from a parent value to a child, replayable and invertible."""
+    __slots__ = ("op", "args", "kwargs", "uncertain")
+
+    def __init__(self, op, args, kwargs, uncertain: str | None = None):
+        self.op, self.args, self.kwargs = op, args, kwargs
+        self.uncertain = uncertain  # why eager's aliasing is not known here, or None
+
+    def apply(self, value):
+        if self.op is None:
+            return value
+        return self.op(value, *self.args, **self.kwargs)
+
+    def scatter(self, base, new):
+        return SCATTERS[self.op](base, new, *self.args, **self.kwargs)
+
+    def __repr__(self):
+        return f"{self.op}{self.args}" + (" (uncertain)" if self.uncertain else "")
+
+
+# ---------------------------------------------------------------- reading
+def eager_meta(var):
+    """var's TensorMeta with eager's exact strides, when capture knows them (a graph input or a
+    certain view chain of one; in-place writes never change a tensor's strides), else None."""
+    from kiln.ops.registry import META_RULES
+
+    a = var.alias
+    if a is None:
+        node = var._proxy.node
+        return node.meta["val"] if node.op == PLACEHOLDER else None
+    if not a.storage.from_input or any(s.uncertain or s.op is None for s in a.chain):
+        return None
+    meta = a.storage.root_node.meta["val"]
+    for s in a.chain:
+        meta = META_RULES[s.op](meta, *s.args, **s.kwargs)
+    return meta
+
+
+def refresh(var):
+    """Recompute var's value from its storage (the storage changed since var last read it)."""
+    a = var.alias
+    st = a.storage
+    if st.poisoned:
+        raise Unsupported(st.poisoned)
+    for step in a.chain:
+        if step.uncertain:
+            raise Unsupported(f"reading a view after its memory was written in place: {step.uncertain}")
+    value = st.value
+    for step in a.chain:
+        value = step.apply(value)
+    var._proxy = value
+    var._seen = st.version
+
+
+def storage_of(tx, var) -> Alias:
+    if var.alias is None:
+        node = var._proxy.node
+        st = Storage(var._proxy, var, node.op == PLACEHOLDER and var.source is not None)
+        tx.storages.append(st)
+        var.alias = Alias(st, ())
+        var._seen = 0
+    return var.alias
+
+
+# ---------------------------------------------------------------- results of capture-table calls
+def wrap_outputs(tx, out, args, kwargs, py_args, py_kwargs, name: str):
+    """Wrap an adapter's result as Variables, recording views and applying writes."""
+    from kiln.capture.values import TensorVariable
+
+    by_proxy = []  # (proxy object the adapter received, its Variable)
+    by_node = {}
+    for v, p in list(zip(args, py_args)) + [(kwargs[k], py_kwargs[k]) for k in kwargs]:
+        for var, proxy in _tensor_pairs(v, p):
+            by_proxy.append((proxy, var))
+            by_node.setdefault(proxy.node, var)
+    if isinstance(out, Writes):
+        for target, new in out.updates:
+            var = next((v for p, v in by_proxy if p is target), None)
+            if var is None or not isinstance(var, TensorVariable):
+                raise Unsupported(f"{name}: writes into a tensor that is not an argument")
+            mutate(tx, var, new, name)
+        result = out.result
+        for p, v in by_proxy:
+            if result is p:
+                return v
+        out = result
+    return _wrap(tx, out, by_node, name)
+
+
+def _tensor_pairs(v, p):
+    from kiln.capture.values import TensorVariable, _Sequence
+
+    if isinstance(v, TensorVariable) and isinstance(p, Proxy):
+        yield v, p
+    elif isinstance(v, _Sequence) and isinstance(p, (list, tuple)):
+        for vi, pi in zip(v.items, p):
+            yield from _tensor_pairs(vi, pi)
+
+
+def _wrap(tx, out, by_node, name):
+    from kiln.capture.values import ListVariable, TupleVariable
+
+    if isinstance(out, Proxy):
+        return _wrap_proxy(tx, out, by_node, name)
+    if isinstance(out, tuple) and not isinstance(out, torch.Size):
+        return TupleVariable([_wrap(tx, o, by_node, name) for o in out])
+    if isinstance(out, list):
+        return ListVariable([_wrap(tx, o, by_node, name) for o in out])
+    return tx.wrap_result(out)
+
+
+def _wrap_proxy(tx, out: Proxy, by_node, name):
+    from kiln.capture.values import TensorVariable
+
+    steps = []
+    node = out.node
+    base_var = by_node.get(node)
+    while base_var is None:
+        if not (node.op == CALL and node.target in VIEW_OPS and isinstance(node.args[0], Node)):
+            if node.op == CALL and node.target is core.fallback:
+                return _fallback_result(tx, out, node, by_node)
+            return tx.wrap_result(out)  # a new tensor
+        steps.append(node)
+        node = node.args[0]
+        base_var = by_node.get(node)
+    from kiln.ops.registry import META_RULES
+
+    meta = eager_meta(base_var)
+    if not steps:
+        if name == "Tensor.contiguous":
+            if meta is None:
+                return _view_var(tx, out, base_var, [ViewStep(None, (), {}, _uncertain("contiguous"))])
+            if not meta.is_contiguous():
+                return TensorVariable(core.contiguous(out))  # eager copies
+        return base_var  # the call returned its argument (or an alias of all of it)
+    chain = []
+    for n in reversed(steps):
+        uncertain = None
+        args, kwargs = tuple(n.args[1:]), dict(n.kwargs)
+        if n.target is core.reshape:
+            if meta is None:
+                uncertain = _uncertain("reshape/view")
+            elif _view_strides(meta.shape, meta.stride, n.meta["val"].shape) is None:
+                return TensorVariable(out)  # eager copies: a new tensor (views of it are new too)
+        if meta is not None and uncertain is None:
+            meta = META_RULES[n.target](meta, *args, **kwargs)
+        else:
+            meta = None
+        chain.append(ViewStep(n.target, args, kwargs, uncertain))
+    return _view_var(tx, out, base_var, chain)
+
+
+def _uncertain(what):
+    return (f"{what} of a computed tensor may alias it or copy it in eager (it depends on strides "
+            "kiln does not track)")
+
+
+def _view_var(tx, out, base_var, chain):
+    from kiln.capture.values import TensorVariable
+
+    base = storage_of(tx, base_var)
+    var = TensorVariable(out)
+    var.alias = Alias(base.storage, base.chain + tuple(chain))
+    var._seen = base.storage.version
+    return var
+
+
+def _fallback_result(tx, out, node, by_node):
+    """A fallback op may return a view in eager: link it to its first tensor argument with an
+    uncertain step, so reading it after that argument changes is a break."""
+    from kiln.capture.values import TensorVariable
+
+    for a in node.args[1:]:
+        if isinstance(a, Node) and a in by_node:
+            why = f"{node.args[0]} (a fallback op) may return a view of its input in eager"
+            return _view_var(tx, out, by_node[a], [ViewStep(None, (), {}, why)])
+    return TensorVariable(out)
+
+
+# ---------------------------------------------------------------- writing
+def mutate(tx, var, new: Proxy, what: str):
+    """Write new (var's whole new value) into var, and so into its storage."""
+    old = var.proxy
+    if not isinstance(new, Proxy):
+        raise Unsupported(f"{what}: the new value is not a tensor")
+    if tuple(new.shape) != tuple(old.shape):
+        raise Unsupported(f"{what}: the result's shape {list(new.shape)} differs from the tensor's "
+                          f"{list(old.shape)} (eager raises)")
+    if new.dtype != old.dtype:
+        if not torch.can_cast(new.dtype, old.dtype):
+            raise Unsupported(f"{what}: result type {new.dtype} can't be cast to the tensor's "
+                              f"{old.dtype} (eager raises)")
+        new = core.to_dtype(new, old.dtype)
+    if not getattr(tx, "grad_enabled", True) and new.meta.requires_grad:
+        if old.meta.requires_grad:
+            # eager keeps the gradient path to the tensor's earlier history; kiln would drop it
+            raise Unsupported(f"{what}: in-place update under no_grad of a tensor that requires "
+                              "grad is not supported")
+        new = core.detach(new)
+    alias = storage_of(tx, var)
+    st = alias.storage
+    if st.poisoned:
+        raise Unsupported(st.poisoned)
+    _check_input_write(tx, st, what)
+    uncertain = next((s.uncertain for s in alias.chain if s.uncertain), None)
+    if uncertain is not None:
+        # Whether this write reaches the base is not known: the variable becomes its own
+        # storage, and every other alias of the old one is unreadable from now on.
+        st.poisoned = f"{what} wrote through a view whose aliasing is not known: {uncertain}"
+        st.version += 1
+        own = Storage(new, var, False)
+        tx.storages.append(own)
+        var.alias = Alias(own, ())
+        var._proxy, var._seen = new, 0
+        return
+    values = [st.value]
+    for step in alias.chain[:-1]:
+        values.append(step.apply(values[-1]))
+    cur = new
+    for step, base in zip(reversed(alias.chain), reversed(values)):
+        cur = step.scatter(base, cur)
+    st.value = cur
+    st.version += 1
+    var._proxy, var._seen = new, st.version
+
+
+def _check_input_write(tx, st: Storage, what: str):
+    if not st.from_input:
+        return
+    meta = st.root_node.meta["val"]
+    t = next((t for v, _, t in tx._tensor_inputs.values() if v is st.root), None)
+    if t is not None and getattr(tx, "grad_enabled", True) and t.requires_grad and t.is_leaf:
+        raise Unsupported(f"{what}: in-place update of a leaf tensor that requires grad "
+                          "(eager raises RuntimeError)")
+    if st.version == 0 and any(s == 0 and n > 1 for n, s in zip(meta.shape, meta.stride)):
+        raise Unsupported(f"{what}: in-place update of an input with overlapping memory (stride 0; "
+                          "eager raises)")
+
+
+def setitem(tx, target, key, value):
+    """``target[key] = value``: basic indices write through a view; one index tensor (int or
+    bool) writes with index_put / a masked where."""
+    from kiln.capture import torch_api
+    from kiln.capture.torch_api_inplace import _fill_value, _index_put_values, masked_assign
+    from kiln.capture.values import ConstantVariable, TensorVariable
+
+    py_key = tx.unwrap(key, "tensor item assignment")
+    py_value = tx.unwrap(value, "tensor item assignment")
+    if isinstance(value, ConstantVariable) and not isinstance(py_value, (int, float, bool)):
+        raise Unsupported(f"assigning a {type(py_value).__name__} into a tensor is not supported")
+    keys = py_key if isinstance(py_key, tuple) else (py_key,)
+    tensor_keys = [i for i, k in enumerate(keys) if isinstance(k, Proxy)]
+    if any(isinstance(k, list) for k in keys):
+        raise Unsupported("assigning through a list index is not supported")
+    if not tensor_keys:
+        view = tx.call_adapter(torch_api.TENSOR_METHODS["__getitem__"], [target, key], {},
+                               "tensor item assignment")
+        if not isinstance(view, TensorVariable):
+            raise Unsupported("tensor item assignment: the indexed result is not a tensor")
+        try:
+            new = _fill_value(view.proxy, py_value)
+        except Unsupported:
+            raise
+        except Exception as e:
+            raise Unsupported(f"tensor item assignment failed during capture: {e}") from e
+        mutate(tx, view, new, "tensor item assignment")
+        return
+    if len(tensor_keys) > 1:
+        raise Unsupported("assigning through several index tensors is not supported")
+    pos = tensor_keys[0]
+    others = [k for i, k in enumerate(keys) if i != pos]
+    if any(not (k is Ellipsis or k == slice(None)) for k in others) or keys.count(Ellipsis) > 1:
+        raise Unsupported("assigning through an index tensor combined with other indices than ':' "
+                          "and '...' is not supported")
+    x = target.proxy
+    idx = keys[pos]
+    if Ellipsis in keys and keys.index(Ellipsis) < pos:
+        dim = x.ndim - sum(1 for k in keys[pos + 1:]) - (idx.ndim if idx.dtype == torch.bool else 1)
+    else:
+        dim = pos
+    try:
+        if idx.dtype == torch.bool:
+            new = masked_assign(x, dim, idx, py_value)
+        elif idx.dtype in (torch.int64, torch.int32):
+            if idx.ndim != 1:
+                raise Unsupported("assigning through a multi-dimensional index tensor is not supported")
+            new = core.index_put(x, dim, idx, _index_put_values(x, dim, idx, py_value))
+        else:
+            raise IndexError(f"tensors used as indices must be long, int or bool tensors, got {idx.dtype}")
+    except (Unsupported, IndexError):
+        raise
+    except Exception as e:
+        raise Unsupported(f"tensor item assignment failed during capture: {type(e).__name__}: {e}") from e
+    mutate(tx, target, new, "tensor item assignment")
+
+
+# ---------------------------------------------------------------- end of capture
+def finalize(tx, ret, proxies: list):
+    """Add each mutated input's final value to the graph outputs; return the write-back plan:
+    (input_mutations: [(input index, output index)], returned_inputs: [(output index, input index)])."""
+    placeholders = [n for n in tx.graph.nodes if n.op == PLACEHOLDER]
+    mutated = [st for st in tx.storages if st.version and st.from_input]
+    if not mutated:
+        return None
+    index_of = {n: i for i, n in enumerate(placeholders)}
+    mutations = []
+    for st in mutated:
+        if st.poisoned:
+            raise Unsupported(st.poisoned)
+        mutations.append((index_of[st.root_node], len(proxies)))
+        proxies.append(st.value)
+    returned = []
+    roots = {id(st.root): st for st in mutated}
+    for i, var in enumerate(_output_vars(ret)):
+        st = roots.get(id(var))
+        if st is not None and var.alias.storage is st and var.alias.chain == ():
+            returned.append((i, index_of[st.root_node]))
+    _guard_disjoint(tx, mutated)
+    return mutations, returned
+
+
+def _output_vars(v):
+    from kiln.capture.values import DictVariable, TensorVariable, _Sequence
+
+    if isinstance(v, TensorVariable):
+        yield v
+    elif isinstance(v, _Sequence):
+        for x in v.items:
+            yield from _output_vars(x)
+    elif isinstance(v, DictVariable):
+        for x in v.items.values():
+            yield from _output_vars(x)
+
+
+def _guard_disjoint(tx, mutated):
+    """A mutated input must not share memory with another input (guarded: a later call that
+    passes aliased tensors recompiles, and capture then refuses it)."""
+    sources = {id(var): src for var, src, _ in tx._tensor_inputs.values()}
+    tensors = {id(var): t for var, _, t in tx._tensor_inputs.values()}
+    mut_ids = [id(st.root) for st in mutated]
+    for mid in mut_ids:
+        ptr = _storage_ptr(tensors[mid])
+        for oid, t in tensors.items():
+            if oid != mid and _storage_ptr(t) == ptr:
+                raise Unsupported(f"in-place update of input {sources[mid].expr()}, which shares memory "
+                                  f"with input {sources[oid].expr()}, is not supported")
+    if len(tensors) < 2:
+        return
+    m = ", ".join(sources[i].expr() for i in mut_ids)
+    o = ", ".join(sources[i].expr() for i in tensors if i not in mut_ids)
+    check = (f"len({{t.untyped_storage().data_ptr() for t in ({m},)}}) == {len(mut_ids)}"
+             if not o else
+             f"not ({{t.untyped_storage().data_ptr() for t in ({m},)}} & "
+             f"{{t.untyped_storage().data_ptr() for t in ({o},)}})")
+    first = sources[mut_ids[0]]
+    tx.guards.add(first, check)
+
+
+def _storage_ptr(t):
+    return t.untyped_storage().data_ptr()
+
+
+# ---------------------------------------------------------------- after the graph runs
+class WritebackGraph:
+    """A compiled graph plus its input write-backs: calls the graph, copies each mutated input's
+    new value into the input tensor, and returns the user's outputs (a returned mutated input is
+    the input tensor itself, as in eager)."""
+
+    def __init__(self, inner, input_mutations, returned_inputs, num_user_outputs):
+        self.inner = inner
+        self.input_mutations = list(input_mutations)
+        self.returned_inputs = list(returned_inputs)
+        self.num_user_outputs = num_user_outputs
+
+    def __getattr__(self, name):  # kernel_count, wrapper_source, ... of the compiled graph
+        return getattr(self.__dict__["inner"], name)
+
+    def __call__(self, *inputs):
+        inputs = list(inputs)
+        grad = torch.is_grad_enabled()
+        saved = getattr(self.inner, "saved_inputs", None)
+        given = list(inputs)
+        if grad and saved:
+            # the backward reads saved inputs; writing them back would change what it reads
+            saved = set(i for i in saved if i is not None)
+            for i, _ in self.input_mutations:
+                if i in saved:
+                    inputs[i] = inputs[i].clone()
+        outs = self.inner(*inputs)
+        for i, o in self.input_mutations:
+            t, new = given[i], outs[o]
+            if grad and t.requires_grad:
+                t.copy_(new)  # recorded by autograd, as eager's in-place op was
+            else:
+                with torch.no_grad():
+                    t.copy_(new)
+        user = list(outs[:self.num_user_outputs])
+        for o, i in self.returned_inputs:
+            user[o] = given[i]
+        return tuple(user)
+
+
+def with_writeback(compiled, graph):
+    plan = getattr(graph, "input_mutations", None)
+    if not plan:
+        return compiled
+    mutations, returned = plan
+    n_out = len(graph.output_node.args[0]) if hasattr(graph, "output_node") else None
+    n_user = (n_out if n_out is not None else _num_outputs(graph)) - len(mutations)
+    return WritebackGraph(compiled, mutations, returned, n_user)
+
+
+def _num_outputs(graph):
+    for n in reversed(graph.nodes):
+        if n.op == "output":
+            return len(n.args[0])
+    raise ValueError("graph has no output node")
