@@ -20,6 +20,7 @@ from kiln.capture.values import (NULL, CellVariable, ConstantVariable, DictVaria
                                  FunctionVariable, IteratorVariable, LazyVariable, ListVariable,
                                  ModuleVariable, NullVariable, TensorVariable,
                                  TupleVariable, Variable, _Sequence)
+from kiln.capture.values_python import SetVariable
 
 MAX_STEPS = 200_000
 
@@ -51,6 +52,8 @@ def handler(*opnames, versions=((3, 11), (3, 12))):
 
 
 class Frame:
+    stop_at: int | None = None  # resume.py: stop before this instruction index
+
     def __init__(self, tx, code, globals_, globals_source, locals_, cells, parent=None,
                  trusted=False):
         self.tx = tx
@@ -108,6 +111,8 @@ class Frame:
     def run(self) -> Variable:
         graph = self.tx.graph
         while self.return_value is None:
+            if self.ip == self.stop_at:
+                return None  # a re-trace for a graph break stops before this instruction
             if self.ip >= len(self.instructions):
                 raise Unsupported("fell off the end of the bytecode")
             inst = self.instructions[self.ip]
@@ -149,6 +154,9 @@ class Frame:
     def load_global(self, name):
         from kiln.capture.guards import GlobalSource, ItemSource
 
+        written = self.tx.side_effects.load_global(self.globals, name)
+        if written is not None:
+            return written
         if name in self.globals:
             value = self.globals[name]
             source = GlobalSource(name) if self.globals_source is None else ItemSource(self.globals_source, name)
@@ -257,7 +265,10 @@ def load_deref(frame, inst):
 
 @handler("STORE_DEREF")
 def store_deref(frame, inst):
-    frame.cells.setdefault(inst.argval, CellVariable()).contents = frame.pop()
+    cell = frame.cells.setdefault(inst.argval, CellVariable())
+    cell.contents = frame.pop()
+    if cell.cell_source is not None:  # a real closure cell: replayed after the call
+        frame.tx.side_effects.store_cell(cell)
 
 
 @handler("LOAD_GLOBAL")
@@ -270,12 +281,23 @@ def load_global(frame, inst):
 
 @handler("STORE_ATTR")
 def store_attr(frame, inst):
-    raise Unsupported(f"assigning attribute {inst.argval!r} is not supported")
+    # Modules and objects from the inputs: recorded and replayed after the call
+    # (side_effects.py); objects made during the trace just change.
+    obj, value = frame.pop(), frame.pop()
+    if isinstance(obj, ModuleVariable):
+        if isinstance(value, TensorVariable) and value.source is None and \
+                inst.argval in obj.module._parameters:
+            raise Unsupported(f"assigning a computed tensor to parameter {inst.argval!r}")
+        frame.tx.side_effects.store_attr(obj, inst.argval, value)
+    elif hasattr(obj, "setattr"):
+        obj.setattr(frame.tx, inst.argval, value)
+    else:
+        raise Unsupported(f"assigning attribute {inst.argval!r} of {obj} is not supported")
 
 
 @handler("STORE_GLOBAL")
 def store_global(frame, inst):
-    raise Unsupported(f"assigning global {inst.argval!r} is not supported")
+    frame.tx.side_effects.store_global(frame.globals, inst.argval, frame.pop())
 
 
 # ---------------------------------------------------------------- attributes
@@ -347,6 +369,20 @@ def make_function(frame, inst):
     defaults = tuple(frame.pop().items) if inst.arg & 0x01 else ()
     frame.push(FunctionVariable(code=code, globals_=frame.globals, defaults=defaults,
                                 kwdefaults=kwdefaults, closure=tuple(closure)))
+
+
+@handler("BEFORE_WITH")
+def before_with(frame, inst):
+    # Pushes the bound __exit__ and what __enter__ returned; the normal exit is a CALL of the
+    # former with (None, None, None). Context managers capture models define ``enter(tx)``
+    # (torch.autocast: capture/autocast.py); the exceptional path is never interpreted.
+    mgr = frame.pop()
+    enter = getattr(mgr, "enter", None)
+    if enter is None:
+        raise Unsupported(f"`with` on {mgr} is not supported")
+    exit_fn, value = enter(frame.tx)
+    frame.push(exit_fn)
+    frame.push(value)
 
 
 @handler("RETURN_VALUE")
@@ -624,9 +660,84 @@ def store_subscr(frame, inst):
     if isinstance(container, TensorVariable):  # functionalized (kiln/capture/mutation.py)
         frame.tx.setitem(container, key, value)
         return
-    if container.source is not None or not isinstance(container, (ListVariable, DictVariable)):
+    if not isinstance(container, (ListVariable, DictVariable)):
         raise Unsupported(f"item assignment on {container} is not supported")
-    container.items[key.as_python()] = value
+    frame.tx.side_effects.mutate(container)  # replayed when it came from the inputs
+    k = key.as_python()
+    if isinstance(container, ListVariable) and isinstance(k, slice):
+        container.items[k] = value.iterate(frame.tx)
+    else:
+        container.items[k] = value
+
+
+@handler("DELETE_SUBSCR")
+def delete_subscr(frame, inst):
+    key, container = frame.pop(), frame.pop()
+    if not isinstance(container, (ListVariable, DictVariable)):
+        raise Unsupported(f"item deletion on {container} is not supported")
+    frame.tx.side_effects.mutate(container)
+    try:
+        del container.items[key.as_python()]
+    except (KeyError, IndexError):
+        raise Unsupported(f"del of missing item {key.as_python()!r}") from None
+
+
+# ---------------------------------------------------------------- sets
+@handler("BUILD_SET")
+def build_set(frame, inst):
+    frame.push(SetVariable(frame.popn(inst.arg)))
+
+
+@handler("SET_ADD")
+def set_add(frame, inst):
+    v = frame.pop()
+    frame.stack[-inst.arg].add(v)
+
+
+@handler("SET_UPDATE")
+def set_update(frame, inst):
+    seq = frame.pop()
+    target = frame.stack[-inst.arg]
+    for v in seq.iterate(frame.tx):
+        target.add(v)
+
+
+@handler("MAP_ADD")
+def map_add(frame, inst):
+    value, key = frame.pop(), frame.pop()
+    frame.stack[-inst.arg].items[key.as_python()] = value
+
+
+# ---------------------------------------------------------------- generators
+# A generator called during capture runs to its end at once (tracer.inline_call): each
+# YIELD_VALUE appends to ``frame.yielded`` and resumes with None, as ``next()`` would send.
+@handler("RETURN_GENERATOR")
+def return_generator(frame, inst):
+    if getattr(frame, "yielded", None) is None:
+        raise Unsupported("RETURN_GENERATOR outside a generator call")
+    frame.push(ConstantVariable(None))  # the value the first resume sends; POP_TOP drops it
+
+
+@handler("YIELD_VALUE")
+def yield_value(frame, inst):
+    if getattr(frame, "yielded", None) is None:
+        raise Unsupported("yield outside a generator call")
+    frame.yielded.append(frame.pop())
+    frame.push(ConstantVariable(None))
+
+
+# ---------------------------------------------------------------- super (3.12)
+@handler("LOAD_SUPER_ATTR", versions=((3, 12), (3, 12)))
+def load_super_attr(frame, inst):
+    # Pops self, the class and the global `super`; the low arg bit asks for a method load
+    # (NULL + bound method here, as LOAD_ATTR), bit 1 marks the two-argument form.
+    self_var, cls_var, super_fn = frame.pop(), frame.pop(), frame.pop()
+    from kiln.capture.values_python import SuperVariable
+    del super_fn
+    attr = SuperVariable(cls_var.as_python(), self_var).getattr(frame.tx, inst.argval)
+    if inst.arg & 1:
+        frame.push(NULL)
+    frame.push(attr)
 
 
 @handler("STORE_SLICE", versions=((3, 12), (3, 12)))
@@ -636,6 +747,24 @@ def store_slice(frame, inst):
         raise Unsupported(f"slice assignment on {container} is not supported")
     key = ConstantVariable(slice(start.as_python(), end.as_python()))
     frame.tx.setitem(container, key, value)
+
+
+def frame_super(frame):
+    """Zero-argument ``super()``: the ``__class__`` cell and the first argument of the frame."""
+    from kiln.capture.values_python import SuperVariable
+    cell = frame.cells.get("__class__")
+    if cell is None or cell.contents is None or not frame.code.co_varnames:
+        raise Unsupported("super() without arguments outside a method")
+    cls = frame.load_cell("__class__").as_python()
+    first = frame.code.co_varnames[0]
+    obj = frame.locals.get(first)
+    if obj is None and first in frame.cells:
+        obj = frame.load_cell(first)
+    if obj is None:
+        raise Unsupported("super(): the method's first argument is not bound")
+    if isinstance(obj, LazyVariable):
+        obj = frame.load_local(first)
+    return SuperVariable(cls, obj)
 
 
 def python_versions_covered():

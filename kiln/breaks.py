@@ -1,0 +1,86 @@
+"""The api's graph-break path: re-trace up to the break, build the glue and resume functions.
+
+``CompiledFunction._compile`` calls ``retrace_at_break`` when capture raised ``Unsupported``
+(and ``fullgraph`` is off). The capture it returns has ``break_state`` (capture/resume.py) and
+``glue``; the prefix graph is compiled like any other, and ``BreakEntry.run`` calls
+``glue(outs, L)`` after it, which runs the breaking instruction and calls the resume function.
+"""
+from __future__ import annotations
+
+import types
+
+from kiln import context, log
+from kiln.capture import Unsupported, trace
+from kiln.capture.resume import CannotResume, build_glue, plan_break
+
+
+def retrace_at_break(cf, cache, err, args, kwargs):
+    """The capture of ``cf``'s call up to the break ``err``, with its glue; None when the break
+    cannot be resumed (then ``cache.eager_reason`` says why and the function runs eagerly)."""
+    from kiln import api
+
+    func = api._unwrap(cf.fn)
+    try:
+        plan = plan_break(err, cf.code)
+        api._local.compiling = True
+        try:
+            with context.timed("capture"):
+                capture = trace(cf.fn, args, kwargs, dynamic=cf.dynamic,
+                                auto_dynamic=cache.auto_dynamic, plan=plan)
+        finally:
+            api._local.compiling = False
+        glue, codes = build_glue(capture.break_state, func, _resume_maker(cf),
+                                 _callee_wrapper(cf) if plan.wrap_callee else None)
+    except (CannotResume, Unsupported) as why:
+        cache.eager_reason = f"graph break: {err}; it cannot be resumed: {why}"
+        log.log("graph_breaks", "%s runs eagerly: %s", cf.name, cache.eager_reason)
+        return None
+    except Exception as e:  # noqa: BLE001 - an internal error while building the resume path
+        from kiln.pipeline import StageError
+        return cf._internal_error(cache, StageError("capture", f"graph break at {err.filename}:"
+                                                    f"{err.lineno}: {type(e).__name__}: {e}"), e)
+    capture.glue = glue
+    what = "runs eagerly" if plan.eager_rest else "resumes compiled"
+    log.log("graph_breaks", "%s: graph break at %s:%s (%s); the prefix graph has %d outputs; "
+            "the rest %s in %s", cf.name, err.filename, err.lineno, err.reason,
+            len(capture.break_state.outputs), what, ", ".join(c.co_name for c in codes))
+    return capture
+
+
+def _opts(cf):
+    return dict(fullgraph=cf.fullgraph, dynamic=cf.dynamic, backend=cf.backend, mode=cf.mode,
+                options=cf.options, private_cache=cf._private is not None)
+
+
+def _resume_maker(cf):
+    from kiln.api import CompiledFunction
+
+    def make(code, closure, eager):
+        fn = types.FunctionType(code, cf.globals, code.co_name, None, closure)
+        fn.__qualname__ = code.co_qualname if hasattr(code, "co_qualname") else code.co_name
+        return fn if eager else CompiledFunction(fn, **_opts(cf))
+    return make
+
+
+def _callee_wrapper(cf):
+    """A break inside an inlined call: the callee (known at compile time, and guarded by
+    identity) is called through kiln's compile, so its own body is compiled."""
+    from kiln.api import CompiledFunction
+    from kiln.capture.values import FunctionVariable, ModuleVariable
+
+    def wrap(v):
+        target = None
+        if isinstance(v, FunctionVariable) and v.fn is not None:
+            if getattr(v.fn, "_kiln_disabled", False) or getattr(v.fn, "_kiln_graph_break", False):
+                return None
+            if v.self_var is None and v.source is not None:
+                target = v.fn
+            elif isinstance(v.self_var, ModuleVariable):
+                target = types.MethodType(v.fn, v.self_var.module)
+        elif isinstance(v, ModuleVariable):
+            target = v.module.forward
+        if target is None:
+            log.log("graph_breaks", "the callee %s runs eagerly (not known at compile time)", v)
+            return None
+        return CompiledFunction(target, **_opts(cf))
+    return wrap

@@ -1,0 +1,599 @@
+"""Graph breaks with resume functions: the code kiln runs where a trace had to stop.
+
+When capture stops at instruction ``i`` of the function's own frame (the *break*), kiln:
+
+1. traces again and stops *before* ``i`` (``trace(..., stop_at=i)``): the prefix becomes a
+   graph whose outputs are the tensors live at ``i`` (``finish_at_break``);
+2. builds a **glue** code object (``build_glue``) with the ``bytecode`` library. Called as
+   ``glue(outs, L)`` after the prefix graph ran, it restores the stack and the live locals as
+   they were at ``i`` (tensors from ``outs``, inputs from ``L`` and the globals, constants
+   inline, containers rebuilt), executes instruction ``i`` for real, and calls the resume
+   function of each successor with the stack and the live locals as arguments;
+3. a **resume function** (``resume_code``) is a copy of the original code whose prologue pushes
+   its stack arguments and jumps to the successor instruction. It is wrapped with kiln's compile
+   (its own guards and cache), so the rest of the function is compiled when it is called.
+
+Policies, decided by ``plan_break``:
+
+* a break inside a loop of the function's own frame stops before the outermost loop holding it,
+  and the rest of the frame (loop included) runs eagerly in an uncompiled resume function;
+* a break inside an inlined callee breaks at the outermost call site; the callee, when it is a
+  plain function, bound method or module known at compile time, is called through kiln's
+  compile (so its own body is compiled), otherwise it runs eagerly;
+* an instruction the glue cannot execute on its own, or a stack value it cannot rebuild,
+  makes the rest of the frame run eagerly (resume at ``i``, uncompiled), or, failing that,
+  raises ``CannotResume`` and the api runs the whole function eagerly.
+
+Every such choice is logged on the ``graph_breaks`` channel.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+import types
+
+import torch
+from bytecode import Bytecode, Instr, Label
+
+from kiln import log
+from kiln.capture.guards import AttrSource, GlobalSource, ItemSource, LocalSource, Source
+from kiln.capture.instructions import decode
+from kiln.capture.values import (NULL, BoundAdapterVariable, BuiltinVariable, ConstantVariable,
+                                 DictVariable, FunctionVariable, IteratorVariable, LazyVariable,
+                                 ListVariable, MethodVariable, ModuleVariable, NullVariable,
+                                 OpaqueVariable, PythonModuleVariable, TensorVariable,
+                                 TorchFunctionVariable, TupleVariable)
+
+PY = sys.version_info[:2]
+CO_VARARGS, CO_VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
+_STACK = "___kiln_stack"
+
+
+class CannotResume(Exception):
+    """The break cannot be resumed; the whole function runs eagerly (the reason says why)."""
+
+
+# ====================================================================== instruction facts
+_ENDS = {"RETURN_VALUE", "RETURN_CONST", "JUMP_FORWARD", "JUMP_BACKWARD",
+         "JUMP_BACKWARD_NO_INTERRUPT", "RAISE_VARARGS", "RERAISE", "JUMP"}
+_COND_JUMPS = {"POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE"}
+
+
+def _cond_jump_kind(opname: str) -> str | None:
+    """'POP_JUMP_FORWARD_IF_FALSE' (3.11) and 'POP_JUMP_IF_FALSE' (3.12) -> 'IF_FALSE'."""
+    for direction in ("", "FORWARD_", "BACKWARD_"):
+        for kind in ("IF_TRUE", "IF_FALSE", "IF_NONE", "IF_NOT_NONE"):
+            if opname == f"POP_JUMP_{direction}{kind}":
+                return kind
+    return None
+
+
+def _operands(inst) -> int | None:
+    """How many stack values the breaking instruction pops (None: the glue does not run it)."""
+    name, arg = inst.opname, inst.arg
+    fixed = {"BINARY_OP": 2, "COMPARE_OP": 2, "BINARY_SUBSCR": 2, "CONTAINS_OP": 2, "IS_OP": 2,
+             "STORE_ATTR": 2, "STORE_SUBSCR": 3, "DELETE_SUBSCR": 2, "UNARY_NEGATIVE": 1,
+             "UNARY_NOT": 1, "UNARY_INVERT": 1, "GET_ITER": 1, "STORE_GLOBAL": 1,
+             "BEFORE_WITH": 1, "LOAD_METHOD": 1, "LOAD_ATTR": 1}
+    if name in fixed:
+        return fixed[name]
+    if name == "CALL":
+        return arg + 2
+    if name == "CALL_FUNCTION_EX":
+        return 3 + (arg & 1)
+    if name == "UNPACK_SEQUENCE":
+        return 1
+    if name == "FORMAT_VALUE":
+        return 2 if arg & 0x04 else 1
+    if name == "BUILD_STRING":
+        return arg
+    if _cond_jump_kind(name):
+        return 1
+    return None
+
+
+def _result_layout(inst) -> list[bool]:
+    """The stack slots the glue's copy of the instruction leaves (True marks a NULL)."""
+    name = inst.opname
+    if name in ("STORE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR", "STORE_GLOBAL") or _cond_jump_kind(name):
+        return []
+    if name == "UNPACK_SEQUENCE":
+        return [False] * inst.arg
+    if name == "BEFORE_WITH":
+        return [False, False]
+    if name == "LOAD_METHOD" or (name == "LOAD_ATTR" and inst.flag):
+        return [True, False]  # the glue loads a bound method; the resume pushes the NULL
+    return [False]
+
+
+def loop_head(instructions, index: int) -> int | None:
+    """The first instruction of the outermost loop whose body holds ``index``, if any."""
+    head = None
+    for inst in instructions:
+        if inst.target is not None and inst.target <= inst.index and inst.target <= index <= inst.index:
+            head = inst.target if head is None else min(head, inst.target)
+    return head
+
+
+def live_locals(code, instructions, index: int) -> set[str] | None:
+    """Fast locals read at or after ``index`` before being written (None: assume all)."""
+    if code.co_exceptiontable:
+        return None  # handlers are reachable from everywhere; keep it simple and pass them all
+    n = len(instructions)
+    use, kill, succ = [], [], []
+    for inst in instructions:
+        u, k = set(), set()
+        if inst.opname in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_CLOSURE",
+                           "DELETE_FAST") and isinstance(inst.argval, str):
+            u.add(inst.argval)
+        elif inst.opname == "STORE_FAST":
+            k.add(inst.argval)
+        use.append(u)
+        kill.append(k)
+        s = [] if inst.opname in _ENDS else ([inst.index + 1] if inst.index + 1 < n else [])
+        if inst.target is not None:
+            s.append(inst.target)
+        succ.append(s)
+    live = [set() for _ in range(n)]
+    changed = True
+    while changed:
+        changed = False
+        for i in range(n - 1, -1, -1):
+            out = set()
+            for s in succ[i]:
+                out |= live[s]
+            new = (out - kill[i]) | use[i]
+            if new != live[i]:
+                live[i] = new
+                changed = True
+    return live[index]
+
+
+# ====================================================================== resume functions
+_RESUME_CODES: dict = {}
+
+
+def _bytecode_items(code):
+    """The code as a ``bytecode.Bytecode`` list, and each kiln instruction's position in it."""
+    bc = Bytecode.from_code(code)
+    items = list(bc)
+    positions = [n for n, x in enumerate(items) if isinstance(x, Instr)]
+    ours = [i for i in decode(code) if i.opname != "EXTENDED_ARG"]
+    if len(positions) != len(ours) or any(items[p].name != i.opname for p, i in zip(positions, ours)):
+        raise CannotResume(f"the bytecode of {code.co_name} does not decode one-to-one")
+    index_of = {i.index: p for i, p in zip(ours, positions)}
+    return bc, items, index_of
+
+
+def resume_code(code, index: int, layout: tuple, argnames: tuple, tag: str) -> types.CodeType:
+    """A copy of ``code`` that starts at instruction ``index`` with a stack given by ``layout``
+    (True marks a NULL slot; the others are the leading ``___kiln_stack<k>`` arguments) and the
+    locals ``argnames`` (the rest of the arguments)."""
+    key = (code, index, layout, argnames)
+    cached = _RESUME_CODES.get(key)
+    if cached is not None:
+        return cached
+    bc, items, index_of = _bytecode_items(code)
+    if index not in index_of:
+        raise CannotResume(f"no instruction {index} in {code.co_name}")
+    pos = index_of[index]
+    label = Label()
+    items.insert(pos, label)
+    start = next((n for n, x in enumerate(items) if isinstance(x, Instr) and x.name == "RESUME"), None)
+    if start is None or start >= pos:
+        raise CannotResume(f"{code.co_name} has no RESUME before instruction {index}")
+    lineno = items[pos + 1].lineno or code.co_firstlineno
+    prologue, k = [], 0
+    for is_null in layout:
+        if is_null:
+            prologue.append(Instr("PUSH_NULL", lineno=lineno))
+        else:
+            prologue.append(Instr("LOAD_FAST", f"{_STACK}{k}", lineno=lineno))
+            k += 1
+    prologue.append(Instr("JUMP_FORWARD", label, lineno=lineno))
+    new = Bytecode(items[:start + 1] + prologue + items[start + 1:])
+    new._copy_attr_from(bc)
+    new.argnames = [f"{_STACK}{j}" for j in range(k)] + list(argnames)
+    new.argcount = len(new.argnames)
+    new.posonlyargcount = 0
+    new.kwonlyargcount = 0
+    new.flags = bc.flags & ~(CO_VARARGS | CO_VARKEYWORDS)
+    new.name = f"{code.co_name}_{tag}_{index}"
+    if PY >= (3, 11):
+        new.qualname = f"{getattr(code, 'co_qualname', code.co_name)}.<{tag} at {index}>"
+    try:
+        out = new.to_code()
+    except Exception as e:  # noqa: BLE001 - the assembler refused our copy
+        raise CannotResume(f"could not assemble a resume function: {type(e).__name__}: {e}") from None
+    _RESUME_CODES[key] = out
+    return out
+
+
+# ====================================================================== the state at a break
+@dataclasses.dataclass
+class BreakState:
+    """What ``trace(..., stop_at=i)`` hands back: the root frame at instruction ``i``."""
+    code: types.CodeType
+    instructions: list
+    index: int
+    stack: list
+    locals: dict            # name -> Variable, the live fast locals (and bound cellvars)
+    outputs: list           # TensorVariables computed by the prefix graph, in output order
+    grad_enabled: bool      # grad mode at the break (what the breaking instruction must see)
+    eager_rest: bool        # the continuation runs uncompiled
+    reason: str             # why the frame broke
+
+
+def finish_at_break(tx, root, plan) -> BreakState:
+    """Collect the root frame's state where the trace stopped; fills the graph's output."""
+    code, index = root.code, root.ip
+    live = live_locals(code, root.instructions, index)
+    locals_ = {}
+    for name, v in root.locals.items():
+        if live is None or name in live:
+            locals_[name] = v
+    for name in code.co_cellvars:
+        cell = root.cells.get(name)
+        if cell is not None and cell.contents is not None:
+            locals_[name] = cell.contents
+    for name in code.co_freevars:
+        cell = root.cells.get(name)
+        contents = cell.contents if cell is not None else None
+        if contents is not None and contents.source != LocalSource(name):
+            raise CannotResume(f"free variable {name!r} was assigned before the break")
+    outputs, seen = [], set()
+
+    def collect(v, depth=0):
+        if depth > 50:
+            raise CannotResume("a value nested too deeply to rebuild")
+        if isinstance(v, TensorVariable):
+            if v.source is None and v.proxy.node not in seen:
+                seen.add(v.proxy.node)
+                outputs.append(v)
+        elif isinstance(v, (TupleVariable, ListVariable)) and v.source is None:
+            for x in v.items:
+                collect(x, depth + 1)
+        elif isinstance(v, DictVariable) and v.source is None:
+            for x in v.items.values():
+                collect(x, depth + 1)
+        elif isinstance(v, IteratorVariable):
+            for x in v.items[v.pos:]:
+                collect(x, depth + 1)
+        elif isinstance(v, (MethodVariable, BoundAdapterVariable)):
+            collect(v.obj, depth + 1)
+        elif isinstance(v, FunctionVariable) and v.self_var is not None:
+            collect(v.self_var, depth + 1)
+
+    for v in root.stack:
+        collect(v)
+    for v in locals_.values():
+        collect(v)
+    for v in [*root.stack, *locals_.values()]:
+        _specialize_sizes(v)
+    return BreakState(code, root.instructions, index, list(root.stack), locals_, outputs,
+                      torch.is_grad_enabled(), plan.eager_rest, plan.reason)
+
+
+def _specialize_sizes(v, depth=0):
+    """Symbolic sizes handed to Python at a break become ints (int() records their guards)."""
+    from kiln.meta.symbolic import SymInt
+    if depth > 50:
+        return
+    if isinstance(v, ConstantVariable):
+        value = v.value
+        if isinstance(value, SymInt):
+            v.value = int(value)
+        elif isinstance(value, tuple) and any(isinstance(x, SymInt) for x in value):
+            ints = tuple(int(x) for x in value)
+            v.value = torch.Size(ints) if type(value) is not tuple else ints
+    elif isinstance(v, (TupleVariable, ListVariable)) and v.source is None:
+        for x in v.items:
+            _specialize_sizes(x, depth + 1)
+    elif isinstance(v, DictVariable) and v.source is None:
+        for x in v.items.values():
+            _specialize_sizes(x, depth + 1)
+
+
+# ====================================================================== the plan
+@dataclasses.dataclass
+class BreakPlan:
+    stop_at: int          # root instruction index where the re-trace stops
+    eager_rest: bool      # continue uncompiled from stop_at
+    wrap_callee: bool     # the break came from inside an inlined callee
+    reason: str
+
+
+def plan_break(err, code) -> BreakPlan:
+    """Where to stop the re-trace for the break ``err`` (an Unsupported) in ``code``."""
+    if not err.frames or err.frames[0].code is not code:
+        raise CannotResume("the break has no position in the function's own frame")
+    index = err.frames[0].instruction_index
+    instructions = decode(code)
+    head = loop_head(instructions, index)
+    if head is not None:
+        log.log("graph_breaks", "%s: the break at instruction %d is inside a loop; the graph "
+                "stops before the loop and the rest of the frame runs eagerly", code.co_name, index)
+        return BreakPlan(head, True, False, err.reason)
+    inst = instructions[index]
+    if _operands(inst) is None:
+        log.log("graph_breaks", "%s: the glue cannot run %s on its own; the rest of the frame "
+                "runs eagerly", code.co_name, inst.opname)
+        return BreakPlan(index, True, False, err.reason)
+    return BreakPlan(index, False, len(err.frames) > 1, err.reason)
+
+
+# ====================================================================== the glue
+class GradModeExit:
+    """A with-block's ``__exit__`` rebuilt at a break: restores grad mode to ``prev``."""
+    __slots__ = ("prev",)
+
+    def __init__(self, prev: bool):
+        self.prev = prev
+
+    def __call__(self, *exc):
+        torch._C._set_grad_enabled(self.prev)
+        return False
+
+
+def _load_attr(name):
+    return Instr("LOAD_ATTR", (False, name) if PY >= (3, 12) else name)
+
+
+def _call(n):
+    return ([Instr("PRECALL", n)] if PY < (3, 12) else []) + [Instr("CALL", n)]
+
+
+class Glue:
+    """Emits the glue's instructions; ``load(v)`` pushes the real value of Variable ``v``."""
+
+    def __init__(self, state: BreakState, fn_globals: dict):
+        self.state = state
+        self.globals = fn_globals
+        self.out_index = {v.proxy.node: k for k, v in enumerate(state.outputs)}
+        self.instrs: list = []
+        self.temps: dict[int, str] = {}
+        self.keep: list = []
+
+    def emit(self, *instrs):
+        self.instrs.extend(instrs)
+
+    def temp(self) -> str:
+        return f"___kiln_t{len(self.keep) + len(self.temps)}"
+
+    def load_source(self, s: Source):
+        if isinstance(s, LocalSource):
+            self.emit(Instr("LOAD_FAST", "___L"), Instr("LOAD_CONST", s.name), Instr("BINARY_SUBSCR"))
+        elif isinstance(s, GlobalSource):
+            self.emit(Instr("LOAD_GLOBAL", (False, s.name)))
+        elif isinstance(s, AttrSource):
+            self.load_source(s.parent)
+            self.emit(_load_attr(s.attr))
+        elif isinstance(s, ItemSource):
+            self.load_source(s.parent)
+            self.emit(Instr("LOAD_CONST", s.key), Instr("BINARY_SUBSCR"))
+        else:  # any other kind of source: evaluate its expression
+            getter = eval(f"lambda L, G: {s.expr()}", {"torch": torch})  # noqa: S307 - our own text
+            self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", getter), Instr("LOAD_FAST", "___L"),
+                      Instr("LOAD_CONST", self.globals), *_call(2))
+
+    def load(self, v):
+        reconstruct = getattr(v, "reconstruct", None)
+        if reconstruct is not None:  # a Variable that knows how to rebuild itself
+            reconstruct(self)
+            return
+        if isinstance(v, NullVariable):
+            raise CannotResume("a NULL inside a value")
+        if isinstance(v, TensorVariable):
+            if v.source is not None:
+                self.load_source(v.source)
+            else:
+                self.emit(Instr("LOAD_FAST", "___outs"), Instr("LOAD_CONST", self.out_index[v.proxy.node]),
+                          Instr("BINARY_SUBSCR"))
+            return
+        if isinstance(v, LazyVariable):
+            if v.source is None:
+                raise CannotResume("an unread value without a source")
+            self.load_source(v.source)
+            return
+        if isinstance(v, ConstantVariable):
+            self.emit(Instr("LOAD_CONST", v.value))
+            return
+        if id(v) in self.temps:
+            self.emit(Instr("LOAD_FAST", self.temps[id(v)]))
+            return
+        if v.source is not None and isinstance(v, (TupleVariable, ListVariable, DictVariable,
+                                                   ModuleVariable, FunctionVariable, OpaqueVariable,
+                                                   PythonModuleVariable, TorchFunctionVariable,
+                                                   BuiltinVariable)):
+            self.load_source(v.source)
+            return
+        if isinstance(v, (TupleVariable, ListVariable)):
+            for x in v.items:
+                self.load(x)
+            self.emit(Instr("BUILD_TUPLE" if isinstance(v, TupleVariable) else "BUILD_LIST", len(v.items)))
+            if isinstance(v, ListVariable):
+                self._memo(v)
+            return
+        if isinstance(v, DictVariable):
+            for k, x in v.items.items():
+                self.emit(Instr("LOAD_CONST", k))
+                self.load(x)
+            self.emit(Instr("BUILD_MAP", len(v.items)))
+            self._memo(v)
+            return
+        if isinstance(v, IteratorVariable):
+            for x in v.items[v.pos:]:
+                self.load(x)
+            self.emit(Instr("BUILD_TUPLE", len(v.items) - v.pos), Instr("GET_ITER"))
+            self._memo(v)
+            return
+        if isinstance(v, (MethodVariable, BoundAdapterVariable)):
+            self.load(v.obj)
+            self.emit(_load_attr(v.name.rsplit(".", 1)[-1]))
+            return
+        if isinstance(v, FunctionVariable) and v.fn is not None and v.self_var is not None:
+            owner = getattr(v.self_var, "module", None)
+            name = v.fn.__name__
+            bound = getattr(owner, name, None)
+            if getattr(bound, "__func__", None) is not v.fn:
+                raise CannotResume(f"cannot rebuild the bound method {v.qualname}")
+            self.load(v.self_var)
+            self.emit(_load_attr(name))
+            return
+        if isinstance(v, (BuiltinVariable, TorchFunctionVariable, OpaqueVariable)) and v.source is None:
+            self.emit(Instr("LOAD_CONST", getattr(v, "fn", getattr(v, "value", None))))
+            return
+        if isinstance(v, FunctionVariable) and v.fn is not None and v.source is None:
+            self.emit(Instr("LOAD_CONST", v.fn))  # a function reached through a trusted path
+            return
+        raise CannotResume(f"cannot rebuild {v} at the break")
+
+    def _memo(self, v):
+        name = self.temp()
+        self.keep.append(v)
+        self.emit(Instr("STORE_FAST", name), Instr("LOAD_FAST", name))
+        self.temps[id(v)] = name
+
+    def call_const(self, fn, args_emitted: int):
+        self.emit(*_call(args_emitted))
+
+
+def _store_slots(glue: Glue, values) -> list:
+    """Rebuild ``values`` (stack slots, bottom first) into temporaries; NULLs are skipped."""
+    names = []
+    for v in values:
+        if isinstance(v, NullVariable):
+            continue
+        glue.load(v)
+        name = glue.temp()
+        glue.keep.append(v)
+        glue.emit(Instr("STORE_FAST", name))
+        names.append(name)
+    return names
+
+
+def _call_resume(glue: Glue, fn, stack_names, local_names):
+    glue.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", fn))
+    for name in stack_names:
+        glue.emit(Instr("LOAD_FAST", name))
+    for name in local_names:
+        glue.emit(Instr("LOAD_FAST", name))
+    glue.emit(*_call(len(stack_names) + len(local_names)), Instr("RETURN_VALUE"))
+
+
+def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
+    """The glue function ``glue(outs, L)`` for ``state`` (see the module docstring).
+
+    ``make_resume(code, closure)`` turns a resume code object into the callable the glue calls
+    (kiln's compile for compiled continuations); ``wrap_callee(value)`` wraps the callee of a
+    break that happened inside an inlined call (or returns None to call it eagerly).
+    Returns ``(glue, resume_codes)``.
+    """
+    code, index = state.code, state.index
+    inst = state.instructions[index]
+    glue = Glue(state, func.__globals__)
+    local_names = sorted(state.locals)
+    stack = state.stack
+    n_ops = 0 if state.eager_rest else _operands(inst)
+    if n_ops > len(stack):
+        raise CannotResume(f"{inst.opname} needs {n_ops} stack values, the trace has {len(stack)}")
+    deeper, operands = stack[:len(stack) - n_ops], stack[len(stack) - n_ops:]
+    deep_names = _store_slots(glue, deeper)
+    local_temps = []
+    for name in local_names:
+        glue.load(state.locals[name])
+        t = f"___kiln_l_{name}"
+        glue.emit(Instr("STORE_FAST", t))
+        local_temps.append(t)
+    deep_layout = tuple(isinstance(v, NullVariable) for v in deeper)
+    codes = []
+
+    def resume_at(target, layout):
+        rc = resume_code(code, target, layout, tuple(local_names),
+                         "rest" if state.eager_rest else "resume")
+        codes.append(rc)
+        return make_resume(rc, func.__closure__, state.eager_rest)
+
+    if state.eager_rest:
+        _call_resume(glue, resume_at(index, deep_layout), deep_names, local_temps)
+        return _assemble(glue, state, func), codes
+
+    # the breaking instruction, on the operands rebuilt on the glue's own stack
+    for k, v in enumerate(operands):
+        if isinstance(v, NullVariable):
+            glue.emit(Instr("PUSH_NULL"))
+        elif k == 1 and inst.opname == "CALL" and wrap_callee is not None and isinstance(operands[0], NullVariable):
+            wrapped = wrap_callee(v)
+            if wrapped is None:
+                glue.load(v)
+            else:
+                glue.emit(Instr("LOAD_CONST", wrapped))
+        else:
+            glue.load(v)
+    if state.grad_enabled != torch.is_grad_enabled():
+        glue.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", torch._C._set_grad_enabled),
+                  Instr("LOAD_CONST", state.grad_enabled), *_call(1), Instr("POP_TOP"))
+    bc_items = _bytecode_items(code)
+    _, items, index_of = bc_items
+    original = items[index_of[index]]
+    jump = _cond_jump_kind(inst.opname)
+    if jump is not None:
+        other = Label()
+        name = f"POP_JUMP_{jump}" if PY >= (3, 12) else f"POP_JUMP_FORWARD_{jump}"
+        glue.emit(Instr(name, other, location=original.location))
+        _call_resume(glue, resume_at(index + 1, deep_layout), deep_names, local_temps)
+        glue.emit(other)
+        _call_resume(glue, resume_at(inst.target, deep_layout), deep_names, local_temps)
+        return _assemble(glue, state, func), codes
+    if inst.opname in ("CALL",):
+        prev = [state.instructions[j] for j in (index - 2, index - 1) if j >= 0]
+        for p in prev:
+            if p.opname in ("KW_NAMES", "PRECALL") and index_of.get(p.index) is not None:
+                glue.emit(_copy(items[index_of[p.index]]))
+        glue.emit(_copy(original))
+    elif inst.opname == "LOAD_METHOD" or (inst.opname == "LOAD_ATTR" and inst.flag):
+        glue.emit(Instr("LOAD_ATTR", (False, inst.argval) if PY >= (3, 12) else inst.argval,
+                        location=original.location))
+    else:
+        glue.emit(_copy(original))
+    results = _result_layout(inst)
+    result_names = [glue.temp() + f"_r{k}" for k in range(results.count(False))]
+    for name in reversed(result_names):
+        glue.emit(Instr("STORE_FAST", name))
+    _call_resume(glue, resume_at(index + 1, deep_layout + tuple(results)),
+                 deep_names + result_names, local_temps)
+    return _assemble(glue, state, func), codes
+
+
+def _copy(instr):
+    return instr.copy()
+
+
+def _assemble(glue: Glue, state: BreakState, func):
+    code = state.code
+    inst = state.instructions[state.index]
+    lineno = inst.lineno or code.co_firstlineno
+    for ins in glue.instrs:
+        if isinstance(ins, Instr) and ins.lineno is None:
+            ins.lineno = lineno
+    bc = Bytecode([Instr("RESUME", 0, lineno=lineno), *glue.instrs])
+    bc.argnames = ["___outs", "___L"]
+    bc.argcount = 2
+    bc.name = f"{code.co_name}_break_{state.index}"
+    if PY >= (3, 11):
+        bc.qualname = f"{getattr(code, 'co_qualname', code.co_name)}.<break at {state.index}>"
+    bc.filename = code.co_filename
+    bc.first_lineno = min(lineno, code.co_firstlineno)
+    bc.flags = inspect.CO_OPTIMIZED | inspect.CO_NEWLOCALS
+    try:
+        glue_code = bc.to_code()
+    except Exception as e:  # noqa: BLE001
+        raise CannotResume(f"could not assemble the glue: {type(e).__name__}: {e}") from None
+    fn = types.FunctionType(glue_code, func.__globals__, bc.name)
+    fn._kiln_keep = glue.keep  # the Variables whose ids key the temporaries
+    return fn
+
+
+__all__ = ["CannotResume", "BreakPlan", "BreakState", "plan_break", "finish_at_break",
+           "build_glue", "resume_code", "live_locals", "loop_head", "GradModeExit", "NULL"]
