@@ -104,6 +104,10 @@ for _op, _prim in ((floor, pm.floor), (ceil, pm.ceil), (trunc, pm.trunc)):
     DECOMPOSITIONS[_op] = _rounding(_prim)
 
 
+def _device_type(x):
+    return getattr(x.device, "type", str(x.device))
+
+
 def _round_eager(x, decimals=0):
     return torch.round(x, decimals=decimals) if decimals else torch.round(x)
 
@@ -118,9 +122,15 @@ def _round_decomp(x, decimals=0):
         return x
     if not decimals:
         return pm.round(x)
+    scale = 10.0 ** builtins.abs(decimals)
+    if x.dtype in LOW and _device_type(x) == "cuda":
+        # torch's CUDA kernel rounds the scaled value to the half type before rounding to an
+        # integer (the CPU kernel keeps it in float): match each device bit for bit
+        scaled = to_dtype(prims.mul(_opmath(x), scale) if decimals > 0 else prims.div(_opmath(x), scale), x.dtype)
+        r = pm.round(_opmath(scaled))
+        return to_dtype(prims.div(r, scale) if decimals > 0 else prims.mul(r, scale), x.dtype)
     if x.dtype in LOW:
         return to_dtype(_round_decomp(_opmath(x), decimals), x.dtype)
-    scale = 10.0 ** builtins.abs(decimals)
     if decimals > 0:
         return prims.div(pm.round(prims.mul(x, scale)), scale)
     return prims.mul(pm.round(prims.div(x, scale)), scale)
