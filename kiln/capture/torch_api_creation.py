@@ -7,6 +7,7 @@ import torch
 from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
 from kiln.graph.proxy import active_graph
+from kiln.meta.symbolic import is_int_like
 from kiln.ops import core
 
 
@@ -75,7 +76,7 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, **kw):
     if end is None:
         start, end = 0, start
     if dtype is None:
-        dtype = torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype()
+        dtype = torch.int64 if all(is_int_like(v) for v in (start, end, step)) else torch.get_default_dtype()
     return core.arange(start, end, step, dtype, _dev(device))
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.capture.errors import Unsupported
+from kiln.meta.symbolic import is_int_like
 from kiln.graph import Proxy
 from kiln.ops import core
 
@@ -190,7 +191,7 @@ def _sizes(args):
 
 def _check_ints(name, sizes):
     for s in sizes:
-        if not isinstance(s, int) or isinstance(s, bool):
+        if not is_int_like(s):  # an int or a symbolic size
             raise Unsupported(f"{name}: size {s!r} is not a Python int")
     return sizes
 
@@ -345,8 +346,12 @@ def pad(input, pad, mode="constant", value=None):
 
 
 def getitem(self, key):
-    """Basic indexing: ints, slices, None and Ellipsis (tensor indices are not supported yet)."""
+    """Basic indexing: ints, slices, None and Ellipsis; one integer tensor (or list of ints)
+    index with only full slices around it (``_index_one``)."""
     key = key if isinstance(key, tuple) else (key,)
+    picked = _index_one(self, key)
+    if picked is not None:
+        return picked
     for k in key:
         if k is not None and k is not Ellipsis and not isinstance(k, (int, slice)) or isinstance(k, bool):
             raise Unsupported(f"indexing a tensor with {type(k).__name__} is not supported")
@@ -375,6 +380,39 @@ def getitem(self, key):
                     raise ValueError("step must be greater than zero")
                 out = core.slice(out, d, k.start, k.stop, step)
             d += 1
+    return out
+
+
+def _index_one(self, key):
+    """``x[..., idx, ...]`` with an integer tensor or a list of ints, every other entry a full
+    slice: index_select on the flattened index, then the index's shape in place of the dim."""
+    spots = [i for i, k in enumerate(key) if isinstance(k, (Proxy, list))]
+    if len(spots) != 1:
+        return None
+    full = slice(None)
+    rest = [k for i, k in enumerate(key) if i != spots[0]]
+    if any(not (k == full or k is Ellipsis) for k in rest) or sum(k is Ellipsis for k in rest) > 1:
+        raise Unsupported("advanced indexing mixed with ints, None or partial slices is not supported")
+    idx = key[spots[0]]
+    dim = spots[0] if Ellipsis not in key[:spots[0]] else self.ndim - (len(key) - spots[0])
+    n = self.shape[dim]
+    if isinstance(idx, list):
+        if not idx or not all(isinstance(i, int) and not isinstance(i, bool) for i in idx):
+            raise Unsupported("indexing a tensor with a list that is not a list of ints")
+        if any(not -n <= i < n for i in idx):
+            raise IndexError(f"index out of range for dimension {dim} of size {n}")
+        from kiln.capture.torch_api_creation import tensor
+        idx = tensor([i % n for i in idx], device=self.device)
+    elif idx.dtype in (torch.bool, torch.uint8):
+        raise Unsupported("boolean mask indexing (its result's shape depends on the data)")
+    elif idx.dtype.is_floating_point or idx.dtype.is_complex:
+        raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+    else:
+        idx = core.where(core.lt(idx, 0), core.add(idx, n), idx)  # out of range still fails
+    flat = core.reshape(idx, (-1,)) if idx.ndim != 1 else idx
+    out = core.index_select(self, dim, flat)
+    if idx.ndim != 1:
+        out = core.reshape(out, tuple(self.shape[:dim]) + tuple(idx.shape) + tuple(self.shape[dim + 1:]))
     return out
 
 

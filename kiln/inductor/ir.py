@@ -262,11 +262,15 @@ class LoopProgram:
     ``outputs`` holds buffer names or TensorRefs (outputs that alias a buffer through a view)
     or plain Python values.
     """
-    __slots__ = ("inputs", "buffers", "outputs", "device", "seed")
+    __slots__ = ("inputs", "buffers", "outputs", "device", "seed", "symbols", "symbol_reads")
 
     def __init__(self, inputs, buffers, outputs, device, seed=None):
         self.inputs, self.buffers, self.outputs, self.device = inputs, buffers, outputs, device
         self.seed = seed  # an InputBuffer the wrapper fills with a fresh random seed per call
+        # symbolic sizes: the size symbols (sorted by name), and {symbol: (input buffer name,
+        # "size" | "stride", dim)} for those an input's size or stride gives the wrapper
+        self.symbols: list = []
+        self.symbol_reads: dict = {}
 
     def all_buffers(self) -> dict:
         out = {b.name: b for b in self.inputs + self.buffers}
@@ -288,13 +292,16 @@ class LoopProgram:
 
 # ------------------------------------------------------------------ index simplification
 def _bounds(expr, ranges):
-    """(lo, hi) of an index expression given 0 <= symbol < size, or None if unknown."""
+    """(lo, hi) of an index expression given 0 <= symbol < size, or None if unknown. Sizes may
+    be symbolic: a size symbol (positive, not an index) is its own bound."""
     if expr.is_Integer:
         v = int(expr)
         return v, v
     if expr.is_Symbol:
         size = ranges.get(expr)
-        return (0, size - 1) if size is not None else None
+        if size is not None:
+            return 0, size - 1
+        return (expr, expr) if expr.is_positive else None
     if expr.is_Add:
         lo = hi = 0
         for a in expr.args:
@@ -309,19 +316,41 @@ def _bounds(expr, ranges):
             b = _bounds(a, ranges)
             if b is None:
                 return None
-            cands = [lo * b[0], lo * b[1], hi * b[0], hi * b[1]]
-            lo, hi = min(cands), max(cands)
+            if all(isinstance(v, int) for v in (lo, hi, *b)):
+                cands = [lo * b[0], lo * b[1], hi * b[0], hi * b[1]]
+                lo, hi = min(cands), max(cands)
+            elif _nonneg(lo) and _nonneg(b[0]):  # symbolic: non-negative factors only
+                lo, hi = lo * b[0], hi * b[1]
+            else:
+                return None
         return lo, hi
     if isinstance(expr, sympy.Mod):
         m = expr.args[1]
         if m.is_Integer and int(m) > 0:
             return 0, int(m) - 1
+        if m.is_positive:
+            return 0, m - 1
     if isinstance(expr, sympy.floor):
         num, den = expr.args[0].as_numer_denom()
         b = _bounds(num, ranges)
-        if b is not None and den.is_Integer and int(den) > 0:
+        if b is not None and den.is_Integer and int(den) > 0 and isinstance(b[0], int) and isinstance(b[1], int):
             return b[0] // int(den), b[1] // int(den)
+        if b is not None and den.is_positive and _nonneg(b[0]):
+            return 0, sympy.floor(b[1] / den)
     return None
+
+
+def _nonneg(x) -> bool:
+    if isinstance(x, int):
+        return x >= 0
+    return bool(sympy.sympify(x).is_nonnegative)
+
+
+def _lt(a, b) -> bool:
+    """a < b provably (ints, or size expressions whose symbols are positive integers)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a < b
+    return bool(sympy.expand(sympy.sympify(b) - a - 1).is_nonnegative)
 
 
 def simplify_index(expr, ranges: dict) -> sympy.Expr:
@@ -333,14 +362,23 @@ def simplify_index(expr, ranges: dict) -> sympy.Expr:
     if isinstance(expr, sympy.Mod):
         b = _bounds(args[0], ranges)
         m = args[1]
-        if b is not None and m.is_Integer and 0 <= b[0] and b[1] < int(m):
+        if b is not None and m.is_Integer and 0 <= b[0] and b[1] < int(m) if isinstance(b[1], int) and isinstance(b[0], int) \
+                else b is not None and m.is_positive and _nonneg(b[0]) and _lt(b[1], m):
             return args[0]
         return sympy.Mod(*args)
     if isinstance(expr, sympy.floor):
         num, den = args[0].as_numer_denom()
         b = _bounds(num, ranges)
-        if b is not None and den.is_Integer and 0 <= b[0] and b[1] < int(den):
+        if b is not None and den.is_Integer and 0 <= b[0] and b[1] < int(den) if isinstance(b[1], int) and isinstance(b[0], int) \
+                else b is not None and den.is_positive and _nonneg(b[0]) and _lt(b[1], den):
             return sympy.Integer(0)
+        if den.free_symbols and num.is_Add:
+            # floor((q*den + r) / den) = q + floor(r / den), then r's own bounds
+            whole = [t for t in num.args if sympy.fraction(sympy.cancel(t / den))[1] == 1]
+            if whole:
+                rest = sympy.Add(*[t for t in num.args if t not in whole])
+                q = sympy.expand(sympy.Add(*whole) / den)
+                return q + simplify_index(sympy.floor(rest / den), ranges)
         return sympy.floor(args[0])
     if expr.is_Add:
         args = _merge_unravelled(args)
@@ -362,8 +400,15 @@ def _merge_unravelled(terms: list) -> list:
     return terms
 
 
+def loop_symbols(expr) -> set:
+    """The index symbols of an expression (size symbols, positive by construction, excluded):
+    an index with none of them is one address for the whole block."""
+    return {s for s in sympy.sympify(expr).free_symbols if not s.is_positive}
+
+
 def ranges_of(shape) -> dict:
-    return {index_symbol(k): int(s) for k, s in enumerate(shape)}
+    return {index_symbol(k): s if isinstance(s, sympy.Basic) and s.free_symbols else int(s)
+            for k, s in enumerate(shape)}
 
 
 def canonical_index_fn(ranges: dict):

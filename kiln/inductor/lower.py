@@ -14,6 +14,7 @@ from kiln.graph.graph import Graph, getitem
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, map_args
 from kiln.inductor import ir
 from kiln.inductor.lowering import TValue
+from kiln.meta.symbolic import expr_meta, free_symbols, has_symbols, symbol_reads, sympy_args
 from kiln.meta.tensor_meta import contiguous_strides
 from kiln.ops.registry import LOWERINGS
 
@@ -81,13 +82,18 @@ def _origin_of(node):
 
 
 def lower(graph: Graph) -> ir.LoopProgram:
+    """Symbolic sizes (``SymInt``) become plain sympy expressions here: lowering, scheduling and
+    codegen compare them structurally, record no guards, and print them as kernel arguments."""
     ctx = LoweringContext()
     env: dict = {}
     inputs = []
     devices = set()
+    symbolic = any(has_symbols(n.meta["val"].shape) or has_symbols(n.meta["val"].stride)
+                   for n in graph.placeholders)
+    meta_of = (lambda n: expr_meta(n.meta["val"])) if symbolic else (lambda n: n.meta["val"])
     for node in graph.nodes:
         if node.op in (PLACEHOLDER, GET_ATTR):
-            m = node.meta["val"]
+            m = meta_of(node)
             name = f"arg{len(inputs)}"
             buf = ir.InputBuffer(name, m.shape, m.stride, m.dtype, m.device)
             inputs.append(buf)
@@ -96,6 +102,8 @@ def lower(graph: Graph) -> ir.LoopProgram:
         elif node.op == CALL:
             args = map_args(node.args, lambda n: env[n])
             kwargs = map_args(node.kwargs, lambda n: env[n])
+            if symbolic:
+                args, kwargs = sympy_args(args), sympy_args(kwargs)
             if node.target is getitem:
                 env[node] = args[0][args[1]]
                 continue
@@ -103,7 +111,7 @@ def lower(graph: Graph) -> ir.LoopProgram:
             ctx.current_origins = _origin_of(node)
             try:
                 rule = LOWERINGS[node.target]
-                value = rule(ctx, node.meta["val"], *args, **kwargs)
+                value = rule(ctx, meta_of(node), *args, **kwargs)
             except Exception as e:
                 raise LoweringError(f"[lowering] {node.name} = {node.target!r}: {e}") from e
             if isinstance(value, TValue) and not value.origins:
@@ -122,7 +130,15 @@ def lower(graph: Graph) -> ir.LoopProgram:
                     outputs.append(v)
     devices.discard(None)
     device = _pick_device(devices)
-    return ir.LoopProgram(inputs, ctx.buffers, tuple(outputs), device, ctx.seed)
+    program = ir.LoopProgram(inputs, ctx.buffers, tuple(outputs), device, ctx.seed)
+    if symbolic:
+        program.symbols = sorted(free_symbols([n.meta["val"] for n in graph.placeholders]), key=lambda s: s.name)
+        # where the wrapper reads each symbol: an input's size or stride, else a call argument
+        names = [b.name for b, n in zip(inputs, [n for n in graph.nodes if n.op in (PLACEHOLDER, GET_ATTR)])
+                 if n.op == PLACEHOLDER]
+        program.symbol_reads = {sym: (names[i], kind, d) for sym, (i, kind, d)
+                                in symbol_reads([n.meta["val"] for n in graph.placeholders]).items()}
+    return program
 
 
 def _pick_device(devices):

@@ -171,6 +171,8 @@ def split_plan(kind: str, shape, dims, device):
         return None
     rows = math.prod(s for d, s in enumerate(shape) if d not in dims)
     rnumel = math.prod(shape[d] for d in dims)
+    if any(isinstance(s, sympy.Basic) and s.free_symbols for s in shape):
+        return None  # symbolic sizes: one plan must serve every size; the looped kernel does
     if rnumel < config.split_reduction_min_rnumel or rows == 0:
         return None
     if device is not None and device.type == "cuda":

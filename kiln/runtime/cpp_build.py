@@ -74,9 +74,10 @@ def load_cpp(source: str) -> ctypes.CDLL:
     return lib
 
 
-def load_cpp_function(source: str, name: str, nargs: int):
+def load_cpp_function(source: str, name: str, nargs: int, nsizes: int = 0):
+    """``nargs`` pointers, then ``nsizes`` int64 symbolic sizes."""
     fn = getattr(load_cpp(source), name)
-    fn.argtypes = [ctypes.c_void_p] * nargs
+    fn.argtypes = [ctypes.c_void_p] * nargs + [ctypes.c_int64] * nsizes
     fn.restype = None
     return fn
 

@@ -6,6 +6,8 @@ kernel's expressions once, with common-subexpression elimination, and asks the t
 """
 from __future__ import annotations
 
+import re
+
 import sympy
 import torch
 from sympy.printing.str import StrPrinter
@@ -223,17 +225,44 @@ def plan_phases(kernel) -> tuple[list, list]:
 
 def decompose_index(flat: str, shape, dims, floordiv: str) -> list[tuple[int, str]]:
     """[(dim, expression)] recovering each dim's index from a flat index over `shape`
-    (row-major), where `dims` names the full-space dim of each entry of shape."""
+    (row-major), where `dims` names the full-space dim of each entry of shape. Sizes may be
+    symbolic (printed as the kernel's size arguments)."""
     out = []
     inner = 1
+    printer = IndexPrinter(floordiv)
     for k in range(len(shape) - 1, -1, -1):
         d = dims[k]
+        size = size_text(shape[k], printer)
+        inner_text = size_text(inner, printer)
         if k == 0:
-            expr = f"({flat} {floordiv} {inner})" if inner > 1 else flat
+            expr = f"({flat} {floordiv} {inner_text})" if not isinstance(inner, int) or inner > 1 else flat
         elif inner == 1:
-            expr = f"({flat} % {shape[k]})"
+            expr = f"({flat} % {size})"
         else:
-            expr = f"(({flat} {floordiv} {inner}) % {shape[k]})"
+            expr = f"(({flat} {floordiv} {inner_text}) % {size})"
         out.append((d, expr))
-        inner *= shape[k]
+        inner = inner * shape[k]
     return out
+
+
+# ------------------------------------------------------------------ symbolic sizes
+_SIZE_NAME = re.compile(r"\bs(\d+)\b")
+
+
+def is_symbolic(x) -> bool:
+    """A size that is a sympy expression over size symbols (known only at run time)."""
+    return isinstance(x, sympy.Basic) and bool(x.free_symbols)
+
+
+def size_text(x, printer) -> str:
+    """A size as kernel source: an int as itself, an expression through the index printer."""
+    if isinstance(x, sympy.Basic):
+        return str(int(x)) if x.is_Integer else f"({printer.doprint(x)})"
+    return str(x)
+
+
+def size_params(lines) -> list[str]:
+    """The size symbols (``s0``, ``s1`` ...) the kernel text uses, in order: they become kernel
+    arguments, so one kernel serves every size. No other generated name looks like them."""
+    found = {int(m) for ln in lines for m in _SIZE_NAME.findall(ln)}
+    return [f"s{k}" for k in sorted(found)]

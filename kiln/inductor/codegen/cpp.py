@@ -11,7 +11,8 @@ import math
 import torch
 
 from kiln.inductor import ir
-from kiln.inductor.codegen.common import IndexPrinter, KernelWriter, ScalarOps, compute_dtype
+from kiln.inductor.codegen.common import (IndexPrinter, KernelWriter, ScalarOps, compute_dtype,
+                                          is_symbolic, size_params, size_text)
 
 C_TYPES = {
     torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
@@ -155,11 +156,12 @@ def cpp_cast(x: str, src, dst) -> str:
 class CppKernel:
     """Source plus the buffer names of its pointer arguments. ``checked`` kernels read indices
     from memory and export ``<name>_check()``, nonzero after an out-of-range index."""
-    __slots__ = ("name", "source", "args", "numel", "origins", "checked")
+    __slots__ = ("name", "source", "args", "numel", "origins", "checked", "sizes")
 
-    def __init__(self, name, source, args, numel, origins):
+    def __init__(self, name, source, args, numel, origins, sizes=()):
         self.name, self.source, self.args, self.numel, self.origins = name, source, args, numel, origins
         self.checked = f"{name}_check" in source
+        self.sizes = list(sizes)  # symbolic sizes passed after the pointers (int64_t s0 ...)
 
 
 def cpp_bounds_check(reg: str, bound: int) -> list[str]:
@@ -225,27 +227,33 @@ def generate_cpp(kernel, buffers: dict) -> CppKernel:
     params += [f"{C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
     body = ["        " + ln for ln in writer.lines]
     ndim = len(shape)
-    lines = [f'extern "C" void {name}({", ".join(params)}) {{']
-    clause = "" if numel >= 1 << 16 else " if(0)"  # threads cost more than they save on small loops
+    symbolic = is_symbolic(numel)
+    text = lambda x: size_text(x, printer)  # noqa: E731 - sizes may be symbolic arguments
+    lines = []
+    # threads cost more than they save on small loops (decided at run time for symbolic sizes)
+    clause = (f" if({text(numel)} >= 65536)" if symbolic else "") if symbolic or numel >= 1 << 16 else " if(0)"
     if ndim == 0:
         lines += ["    {"] + body + ["    }"]
     elif ndim == 1:
-        lines += [f"    #pragma omp parallel for simd{clause}", f"    for (int64_t i0 = 0; i0 < {shape[0]}; ++i0) {{"]
+        lines += [f"    #pragma omp parallel for simd{clause}", f"    for (int64_t i0 = 0; i0 < {text(shape[0])}; ++i0) {{"]
         lines += body + ["    }"]
     else:
         outer = math.prod(shape[:-1])
         last = ndim - 1
-        lines += [f"    #pragma omp parallel for{clause}", f"    for (int64_t x0 = 0; x0 < {outer}; ++x0) {{"]
+        lines += [f"    #pragma omp parallel for{clause}", f"    for (int64_t x0 = 0; x0 < {text(outer)}; ++x0) {{"]
         inner = 1
         for k in range(ndim - 2, -1, -1):
-            div = f"(x0 / {inner})" if inner > 1 else "x0"
-            lines.append(f"        const int64_t i{k} = {div} % {shape[k]};" if k > 0
+            div = f"(x0 / {text(inner)})" if not isinstance(inner, int) or inner > 1 else "x0"
+            lines.append(f"        const int64_t i{k} = {div} % {text(shape[k])};" if k > 0
                          else f"        const int64_t i0 = {div};")
-            inner *= shape[k]
-        lines += ["        #pragma omp simd", f"        for (int64_t i{last} = 0; i{last} < {shape[-1]}; ++i{last}) {{"]
+            inner = inner * shape[k]
+        lines += ["        #pragma omp simd", f"        for (int64_t i{last} = 0; i{last} < {text(shape[-1])}; ++i{last}) {{"]
         lines += ["    " + ln for ln in body] + ["        }", "    }"]
+    sizes = size_params(lines)
+    params += [f"const int64_t {p}" for p in sizes]
+    lines = [f'extern "C" void {name}({", ".join(params)}) {{'] + lines
     lines.append("}")
     header = [f"// from: {o}" for o in kernel.origins]
     code = "\n".join(lines)
     source = "\n".join(header) + PRELUDE + _helpers_for(code) + "\n" + index_check_support(name, code) + "\n" + code + "\n"
-    return CppKernel(name, source, list(in_names) + list(out_names), numel, list(kernel.origins))
+    return CppKernel(name, source, list(in_names) + list(out_names), numel, list(kernel.origins), sizes)

@@ -12,7 +12,8 @@ import torch
 
 from kiln.inductor import ir
 from kiln.inductor.codegen.common import (IDENTITY, IndexPrinter, KernelWriter, compute_dtype,
-                                          decompose_index, plan_phases)
+                                          decompose_index, is_symbolic, plan_phases, size_params,
+                                          size_text)
 from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for,
                                        cpp_bounds_check, cpp_cast, cpp_const, ctype,
                                        index_check_support)
@@ -89,7 +90,7 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
         simd = sums and len(sums) == len(phase.reductions)
         if simd:
             lines.append(f"#pragma omp simd reduction(+:{', '.join(sums)})")
-        lines.append(f"for (int64_t r0 = 0; r0 < {rnumel}; ++r0) {{")
+        lines.append(f"for (int64_t r0 = 0; r0 < {size_text(rnumel, printer)}; ++r0) {{")
         writer.push_scope()
         start = len(lines)
         lines += rdecomp
@@ -126,12 +127,20 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
 
     params = [f"const {C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
     params += [f"{C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
-    clause = "" if xnumel * max(rnumel, 1) >= 1 << 16 and xnumel > 1 else " if(0)"
+    symbolic = is_symbolic(xnumel) or is_symbolic(rnumel)
+    xtext, rtext = size_text(xnumel, printer), size_text(rnumel, printer)
+    if symbolic:  # threads only where they pay, decided at run time
+        clause = f" if({xtext} * {rtext} >= 65536 && {xtext} > 1)"
+    else:
+        clause = "" if xnumel * max(rnumel, 1) >= 1 << 16 and xnumel > 1 else " if(0)"
+    sizes = size_params(lines + [xtext, rtext])
+    params += [f"const int64_t {p}" for p in sizes]
     code = [f'extern "C" void {name}({", ".join(params)}) {{',
             f"    #pragma omp parallel for{clause}",
-            f"    for (int64_t x0 = 0; x0 < {xnumel}; ++x0) {{"]
+            f"    for (int64_t x0 = 0; x0 < {xtext}; ++x0) {{"]
     code += ["        " + ln for ln in lines] + ["    }", "}"]
     code_text = "\n".join(code)
     header = "\n".join(f"// from: {o}" for o in kernel.origins)
     source = header + PRELUDE + _helpers_for(code_text) + "\n" + index_check_support(name, code_text) + "\n" + code_text + "\n"
-    return CppKernel(name, source, list(in_names) + list(out_names), xnumel * rnumel, list(kernel.origins))
+    return CppKernel(name, source, list(in_names) + list(out_names), xnumel * rnumel, list(kernel.origins),
+                     sizes)

@@ -8,7 +8,9 @@ import math
 import torch
 
 from kiln.inductor import ir
-from kiln.inductor.codegen.common import LOW_PRECISION, IndexPrinter, KernelWriter, decompose_index
+from kiln.inductor.codegen.common import (LOW_PRECISION, IndexPrinter, KernelWriter, decompose_index,
+                                          is_symbolic, size_params, size_text)
+from kiln.meta.symbolic import py
 from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for, cpp_bounds_check,
                                        cpp_cast, cpp_const, ctype, index_check_support)
 from kiln.inductor.codegen.triton import (TL_DTYPES, TritonKernel, TritonOps, _block_config,
@@ -30,7 +32,7 @@ def _triton(step, buffers):
     def load(ld):
         index = ir.simplify_index(ld.index, ranges)
         ptr = in_names.setdefault(ld.buffer, f"in_ptr{len(in_names)}")
-        mask = ", xmask, other=0" if index.free_symbols else ""
+        mask = ", xmask, other=0" if ir.loop_symbols(index) else ""
         text = f"tl.load({ptr} + ({printer.doprint(index)}){mask})"
         return text + ".to(tl.float32)" if ld.dtype in LOW_PRECISION else text
 
@@ -47,10 +49,14 @@ def _triton(step, buffers):
     out_dtype = TL_DTYPES[node.dtype]
     lines.append(f"tl.atomic_add(out_ptr0 + ({printer.doprint(index)}), {value}.to({out_dtype}), mask=xmask)")
     name = f"kiln_{step.name}"
-    params = list(in_names.values()) + ["out_ptr0", "xnumel", "XBLOCK: tl.constexpr"]
+    sizes = size_params(lines)
+    params = list(in_names.values()) + ["out_ptr0"] + sizes + ["xnumel", "XBLOCK: tl.constexpr"]
     src = ["import triton", "import triton.language as tl", ""]
     src += [f"# from: {o}" for o in node.origins]
     src += ["", "", "@triton.jit(debug=True)", f"def {name}({', '.join(params)}):"] + ["    " + ln for ln in lines]
+    if is_symbolic(numel):
+        return TritonKernel(name, "\n".join(src) + "\n", list(in_names) + [node.target], sizes + [py(numel)],
+                            {"XBLOCK": 1024}, f"-(-({py(numel)}) // 1024)", 4, list(node.origins))
     xblock, warps = _block_config(numel)
     return TritonKernel(name, "\n".join(src) + "\n", list(in_names) + [node.target], [numel],
                         {"XBLOCK": xblock}, -(-numel // xblock), warps, list(node.origins))
@@ -88,11 +94,18 @@ def _cpp(step, buffers):
     name = f"kiln_{step.name}"
     params = [f"const {C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
     params.append(f"{C_TYPES[node.dtype]}* out_ptr0")
-    parallel = "#pragma omp parallel for" if atomic and numel >= 1 << 14 else ""
+    symbolic = is_symbolic(numel)
+    numel_text = size_text(numel, printer)
+    sizes = size_params(writer.lines + [numel_text])
+    params += [f"const int64_t {p}" for p in sizes]
+    if symbolic:
+        parallel = f"#pragma omp parallel for if({numel_text} >= 16384)" if atomic else ""
+    else:
+        parallel = "#pragma omp parallel for" if atomic and numel >= 1 << 14 else ""
     code = [f'extern "C" void {name}({", ".join(params)}) {{']
     if parallel:
         code.append(f"    {parallel}")
-    code.append(f"    for (int64_t x0 = 0; x0 < {numel}; ++x0) {{")
+    code.append(f"    for (int64_t x0 = 0; x0 < {numel_text}; ++x0) {{")
     code += ["        " + ln for ln in writer.lines] + ["    }", "}"]
     text = "\n".join(code)
     header = "\n".join(f"// from: {o}" for o in node.origins)
@@ -100,4 +113,4 @@ def _cpp(step, buffers):
     if "kiln_float_to_bf16" in text and "kiln_bf16_to_float" not in helpers:
         helpers = _helpers_for(text + " kiln_round_bf16")
     source = header + PRELUDE + helpers + "\n" + index_check_support(name, text) + "\n" + text + "\n"
-    return CppKernel(name, source, list(in_names) + [node.target], numel, list(node.origins))
+    return CppKernel(name, source, list(in_names) + [node.target], numel, list(node.origins), sizes)

@@ -12,7 +12,9 @@ import os
 import torch
 
 from kiln.inductor import ir
-from kiln.inductor.codegen.common import LOW_PRECISION, IndexPrinter, KernelWriter, ScalarOps, compute_dtype
+from kiln.inductor.codegen.common import (LOW_PRECISION, IndexPrinter, KernelWriter, ScalarOps,
+                                          compute_dtype, is_symbolic, size_params, size_text)
+from kiln.meta.symbolic import py
 
 TL_DTYPES = {
     torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
@@ -184,7 +186,7 @@ def _block_config(numel: int) -> tuple[int, int]:
 
 def _depends_on_index(expr) -> bool:
     for e in ir.walk(expr):
-        if isinstance(e, (ir.Load, ir.IndexValue)) and e.index.free_symbols:
+        if isinstance(e, (ir.Load, ir.IndexValue)) and ir.loop_symbols(e.index):
             return True
     return False
 
@@ -196,6 +198,7 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
     printer = IndexPrinter("//")
     shape = kernel.shape
     numel = math.prod(shape)
+    symbolic = is_symbolic(numel)
     name = f"kiln_{kernel.name}"
     in_names: dict[str, str] = {}
     out_names: dict[str, str] = {}
@@ -212,7 +215,7 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
     def load(ld: ir.Load):
         index = ir.simplify_index(ld.index, ranges)
         # A load at a fixed address (a broadcast scalar) is one scalar load, not a masked block.
-        mask = ", xmask, other=0" if index.free_symbols else ""
+        mask = ", xmask, other=0" if ir.loop_symbols(index) else ""
         text = f"tl.load({ptr(ld.buffer)} + ({printer.doprint(index)}){mask})"
         if ld.dtype in LOW_PRECISION:
             text += ".to(tl.float32)"
@@ -238,7 +241,7 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
             if node.dtype == torch.bfloat16 and interpreting():
                 value = writer._tmp(interpreter_bf16(value), node.dtype)
             offset = index_text(index)
-            if not ir.simplify_index(index, ranges).free_symbols:  # scalar address: make a block
+            if not ir.loop_symbols(ir.simplify_index(index, ranges)):  # scalar address: make a block
                 offset += " + tl.zeros([XBLOCK], tl.int32)"
             writer.lines.append(f"tl.store({out} + ({offset}), {value}, xmask)")
     body_lines = writer.lines
@@ -249,16 +252,19 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
     elif len(shape) > 1:
         inner = 1
         for k in range(len(shape) - 1, -1, -1):
+            size, inner_text = size_text(shape[k], printer), size_text(inner, printer)
             if k == 0:
-                index_lines.append(f"i0 = xindex // {inner}" if inner > 1 else "i0 = xindex")
+                index_lines.append(f"i0 = xindex // {inner_text}" if symbolic or inner > 1 else "i0 = xindex")
             elif inner == 1:
-                index_lines.append(f"i{k} = xindex % {shape[k]}")
+                index_lines.append(f"i{k} = xindex % {size}")
             else:
-                index_lines.append(f"i{k} = (xindex // {inner}) % {shape[k]}")
-            inner *= shape[k]
+                index_lines.append(f"i{k} = (xindex // {inner_text}) % {size}")
+            inner = inner * shape[k]
 
-    params = list(in_names.values()) + list(out_names.values())
-    wide = numel * 8 >= 2 ** 31 or any(
+    sizes = size_params(index_lines + body_lines)
+    params = list(in_names.values()) + list(out_names.values()) + sizes
+    # symbolic sizes: 64-bit index math (the kernel must serve every size)
+    wide = symbolic or numel * 8 >= 2 ** 31 or any(
         sum(abs(s) * (d - 1) for s, d in zip(buffers[b].stride, buffers[b].shape)) >= 2 ** 31
         for b in list(in_names) + list(out_names))
     pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
@@ -278,6 +284,11 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
         header.append("")
         header += [f"# from: {o}" for o in kernel.origins]
     source = "\n".join(header) + "\n\n\n" + "\n".join(lines) + "\n"
+    if symbolic:  # launched with the sizes of the call: scalars and grid are wrapper expressions
+        xblock, warps = 1024, 4
+        return TritonKernel(name, source, list(in_names) + list(out_names), sizes + [py(numel)],
+                            {"XBLOCK": xblock}, f"-(-({py(numel)}) // {xblock})", warps,
+                            list(kernel.origins))
     xblock, warps = _block_config(numel)
     gen = TritonKernel(name, source, list(in_names) + list(out_names), [numel], {"XBLOCK": xblock},
                        -(-numel // xblock), warps, list(kernel.origins))

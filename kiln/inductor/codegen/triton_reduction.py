@@ -24,7 +24,9 @@ import torch
 from kiln.config import config
 from kiln.inductor import ir
 from kiln.inductor.codegen.common import (IDENTITY, LOW_PRECISION, IndexPrinter, KernelWriter,
-                                          compute_dtype, decompose_index, plan_phases)
+                                          compute_dtype, decompose_index, is_symbolic, plan_phases,
+                                          size_params)
+from kiln.meta.symbolic import py
 from kiln.inductor.codegen.triton import (TL_DTYPES, TritonKernel, TritonOps, interpreter_bf16,
                                           interpreting, triton_bounds_check, triton_cast, triton_const,
                                           triton_index_value)
@@ -41,7 +43,12 @@ def _pow2(n: int) -> int:
 
 
 def block_config(xnumel: int, rnumel: int):
-    """(persistent?, XBLOCK, RBLOCK, num_warps)."""
+    """(persistent?, XBLOCK, RBLOCK, num_warps). A symbolic reduced extent is looped (one
+    kernel for every length); a symbolic row count takes the largest XBLOCK the rows allow."""
+    if is_symbolic(rnumel):
+        return False, 1, config.triton_looped_rblock, 8
+    if is_symbolic(xnumel):
+        xnumel = 64
     rblock = _pow2(rnumel)
     if rblock <= config.triton_max_persistent_rblock:
         xblock = max(1, min(_pow2(xnumel), max(1, 4096 // rblock), 64))
@@ -57,7 +64,7 @@ def generate_triton_reduction(kernel, buffers: dict) -> TritonKernel:
     gen = _generate_triton_reduction(kernel, buffers)
     xnumel, rnumel = math.prod(kernel.xshape), math.prod(kernel.rshape)
     from kiln.runtime import autotune
-    if xnumel * rnumel < REDUCTION_TUNE_MIN or not autotune.enabled():
+    if is_symbolic(xnumel * rnumel) or xnumel * rnumel < REDUCTION_TUNE_MIN or not autotune.enabled():
         return gen
     persistent = gen.constexprs["RBLOCK"] >= rnumel
     variants = [(gen.source, reduction_configs(persistent, xnumel, rnumel))]
@@ -91,6 +98,9 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
     ranges = ir.ranges_of(kernel.ranges)
     xshape, rshape = kernel.xshape, kernel.rshape
     xnumel, rnumel = math.prod(xshape), math.prod(rshape)
+    symbolic = is_symbolic(xnumel) or is_symbolic(rnumel)
+    # the reduced extent as kernel text: the argument itself when it is symbolic
+    rnumel_text = "rnumel" if is_symbolic(rnumel) else rnumel
     persistent, xblock, rblock, warps = block_config(xnumel, rnumel)
     if force_looped and persistent:
         persistent, xblock, rblock, warps = False, 1, min(config.triton_looped_rblock, rblock), 8
@@ -103,7 +113,7 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
         return in_names.setdefault(buf, f"in_ptr{len(in_names)}")
 
     def mask_for(index) -> str:
-        syms = index.free_symbols
+        syms = ir.loop_symbols(index)
         if not syms:
             return ""
         return ", xmask & rmask, other=0" if syms & red_syms else ", xmask, other=0"
@@ -137,7 +147,7 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
         mask = "xmask & rmask" if level == "r" else "xmask"
         value = writer._tmp(f"tl.broadcast_to({value}, {shape})", node.dtype)
         offset = printer.doprint(index)
-        if not index.free_symbols:  # a scalar address still needs a block of pointers
+        if not ir.loop_symbols(index):  # a scalar address still needs a block of pointers
             offset += f" + tl.zeros({shape}, tl.int32)"
         lines.append(f"tl.store({out} + ({offset}), {value}, {mask})")
 
@@ -174,7 +184,7 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
         combine_used.add("max" if kind == "argmax" else "min")
         best = writer._tmp(reduce_text("max" if kind == "argmax" else "min", vals), torch.float32)
         hit = f"(({vals} == {best}) | (({best} != {best}) & ({vals} != {vals})))"
-        return writer._tmp(f"tl.min(tl.where({hit}, {idxs}, {rnumel}), 1)[:, None]", torch.int64)
+        return writer._tmp(f"tl.min(tl.where({hit}, {idxs}, {rnumel_text}), 1)[:, None]", torch.int64)
 
     def shift_of(m_node, x, register):
         """X (the per-row shift expression of the max m_node) with the max read from register."""
@@ -257,8 +267,8 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
                 writer.cache.pop(f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPES[dt]})", None)
                 idx = None
                 if node.reduction_type in ("argmax", "argmin"):
-                    idx = writer._tmp(f"tl.zeros([XBLOCK, RBLOCK], tl.int64) + {rnumel}", torch.int64)
-                    writer.cache.pop(f"tl.zeros([XBLOCK, RBLOCK], tl.int64) + {rnumel}", None)
+                    idx = writer._tmp(f"tl.zeros([XBLOCK, RBLOCK], tl.int64) + {rnumel_text}", torch.int64)
+                    writer.cache.pop(f"tl.zeros([XBLOCK, RBLOCK], tl.int64) + {rnumel_text}", None)
                 accs[node.name] = (acc, idx, dt)
             lines.append("for roffset in range(0, rnumel, RBLOCK):")
             writer.push_scope()
@@ -299,7 +309,8 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
             for node in phase.after:
                 store(node, emit_value(node), "x")
 
-    params = list(in_names.values()) + list(out_names.values())
+    sizes = size_params(lines)
+    params = list(in_names.values()) + list(out_names.values()) + sizes
     sig = ", ".join(params + ["xnumel", "rnumel", "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"])
     src = ["import triton", "import triton.language as tl"]
     if any("libdevice." in ln for ln in lines):
@@ -313,6 +324,10 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
     jit = "@triton.jit(debug=True)" if any("tl.device_assert" in ln for ln in lines) else "@triton.jit"
     src += ["", "", jit, f"def {name}({sig}):"] + ["    " + ln for ln in lines]
     source = "\n".join(src) + "\n"
+    if symbolic:  # launched with the sizes of the call: scalars and grid are wrapper expressions
+        return TritonKernel(name, source, list(in_names) + list(out_names), sizes + [py(xnumel), py(rnumel)],
+                            {"XBLOCK": xblock, "RBLOCK": rblock}, f"-(-({py(xnumel)}) // {xblock})", warps,
+                            list(kernel.origins))
     return TritonKernel(name, source, list(in_names) + list(out_names), [xnumel, rnumel],
                         {"XBLOCK": xblock, "RBLOCK": rblock}, -(-xnumel // xblock), warps,
                         list(kernel.origins))

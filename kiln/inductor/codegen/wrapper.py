@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 
 from kiln.config import config
+from kiln.meta.symbolic import has_symbols, py, py_tuple
+from kiln.meta.tensor_meta import contiguous_strides
 from kiln.inductor import ir
 from kiln.inductor.scheduler import Kernel, ScatterStep, Schedule
 
 
 class WrapperSource:
-    __slots__ = ("source", "kernels", "externs")
+    __slots__ = ("source", "kernels", "externs", "size_args")
 
-    def __init__(self, source, kernels, externs):
+    def __init__(self, source, kernels, externs, size_args=()):
         self.source, self.kernels, self.externs = source, kernels, externs
+        # symbolic sizes no input's size or stride gives: call() takes them after the inputs
+        self.size_args = list(size_args)
 
     def __str__(self):
         return self.source
@@ -26,8 +31,20 @@ def _ref_expr(ref: ir.TensorRef, buffers: dict) -> str:
     buf = buffers[ref.buffer]
     if tuple(ref.shape) == tuple(buf.shape) and tuple(ref.stride) == tuple(buf.stride) and ref.offset == 0:
         return ref.buffer
-    offset = f"{ref.buffer}.storage_offset() + {ref.offset}" if ref.offset else f"{ref.buffer}.storage_offset()"
-    return f"as_strided({ref.buffer}, {tuple(ref.shape)}, {tuple(ref.stride)}, {offset})"
+    offset = f"{ref.buffer}.storage_offset() + {py(ref.offset)}" if ref.offset else f"{ref.buffer}.storage_offset()"
+    return f"as_strided({ref.buffer}, {py_tuple(ref.shape)}, {py_tuple(ref.stride)}, {offset})"
+
+
+def _value_text(v) -> str:
+    """A Python value as wrapper source; symbolic sizes print as expressions over s0, s1 ..."""
+    if isinstance(v, sympy.Basic):
+        return py(v)
+    if isinstance(v, tuple) and any(isinstance(x, sympy.Basic) for x in v):
+        items = ", ".join(_value_text(x) for x in v)
+        return f"({items},)" if len(v) == 1 else f"({items})"
+    if isinstance(v, list) and any(isinstance(x, sympy.Basic) for x in v):
+        return f"[{', '.join(_value_text(x) for x in v)}]"
+    return repr(v)
 
 
 def _device_name(device: torch.device) -> str:
@@ -51,11 +68,13 @@ def ensure_layout(t, shape, stride):
 def _launch(gen, target) -> str:
     if target == "triton":
         return gen.launch_line()
-    return f"{gen.name}({', '.join(f'{a}.data_ptr()' for a in gen.args)})"
+    return f"{gen.name}({', '.join([f'{a}.data_ptr()' for a in gen.args] + list(gen.sizes))})"
 
 
 def _dense(shape, stride) -> bool:
     """The strides cover exactly numel elements (a permutation of contiguous strides)."""
+    if has_symbols(tuple(shape) + tuple(stride)):  # symbolic: contiguous is dense
+        return tuple(stride) == contiguous_strides(shape)
     n = math.prod(shape)
     if n == 0:
         return False
@@ -96,7 +115,11 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
     buffers = program.all_buffers()
     outputs = {o.buffer for o in program.outputs if isinstance(o, ir.TensorRef)}
     inputs = {b.name for b in program.inputs}
-    lines = [f"def call({', '.join(b.name for b in program.inputs)}):"]
+    # symbolic sizes: read from the inputs' sizes and strides at call time, or passed in
+    size_args = [s.name for s in program.symbols if s not in program.symbol_reads]
+    lines = [f"def call({', '.join([b.name for b in program.inputs] + size_args)}):"]
+    for sym, (buf, kind, d) in sorted(program.symbol_reads.items(), key=lambda kv: kv[0].name):
+        lines.append(f"    {sym.name} = {buf}.{kind}({d})")
     reuse = config.reuse_buffers
     pool = _ReusePool()
     pending_del: dict = {}  # pooled buffer -> index of its `del` line
@@ -134,11 +157,11 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
                     lines.append(f"    # reuse {old} for {name}")
                     same = tuple(buffers[old].shape) == tuple(b.shape) and tuple(buffers[old].stride) == tuple(b.stride)
                     lines.append(f"    {name} = {old}" if same else
-                                 f"    {name} = as_strided({old}, {tuple(b.shape)}, {tuple(b.stride)})")
+                                 f"    {name} = as_strided({old}, {py_tuple(b.shape)}, {py_tuple(b.stride)})")
                     lines.append(f"    del {old}")
                     allocated.add(name)
                     continue
-                lines.append(f"    {name} = empty_strided({tuple(b.shape)}, {tuple(b.stride)}, "
+                lines.append(f"    {name} = empty_strided({py_tuple(b.shape)}, {py_tuple(b.stride)}, "
                              f"dtype={b.dtype}, device={dev})")
                 allocated.add(name)
             if math.prod(step.xshape if step.is_reduction else step.shape) == 0:
@@ -146,20 +169,20 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
             elif target == "triton":
                 lines.append(f"    {gen.launch_line()}")
             else:
-                ptrs = ", ".join(f"{a}.data_ptr()" for a in gen.args)
+                ptrs = ", ".join([f"{a}.data_ptr()" for a in gen.args] + gen.sizes)
                 lines.append(f"    {gen.name}({ptrs})")
                 if gen.checked:
                     lines.append(f"    if {gen.name}_check():")
                     lines.append(f"        raise IndexError('kiln: an index read by {gen.name} is out of "
                                  f"range for its dimension (gather/embedding/index_select)')")
         else:
-            args = [_ref_expr(r, buffers) if isinstance(r, ir.TensorRef) else repr(r) for r in step.inputs]
-            kwargs = [f"{k}={v!r}" for k, v in step.kwargs.items()]
+            args = [_ref_expr(r, buffers) if isinstance(r, ir.TensorRef) else _value_text(r) for r in step.inputs]
+            kwargs = [f"{k}={_value_text(v)}" for k, v in step.kwargs.items()]
             lines.append(f"    {step.name} = extern_{step.op.name}({', '.join(args + kwargs)})")
             if step.op.name not in LAYOUT_GUARANTEED_EXTERNS:
                 # kernels index the result with the strides meta promised; a library may pick
                 # another layout (flash attention on CUDA returns [B, T, H, D] transposed)
-                lines.append(f"    {step.name} = ensure_layout({step.name}, {tuple(step.shape)}, {tuple(step.stride)})")
+                lines.append(f"    {step.name} = ensure_layout({step.name}, {py_tuple(step.shape)}, {py_tuple(step.stride)})")
         dead = [b for b, last in sched.last_use.items()
                 if last == i and b not in outputs and b not in inputs]
         if dead:
@@ -174,9 +197,9 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
                 lines.append(f"    del {b}")
     outs = []
     for o in program.outputs:
-        outs.append(_ref_expr(o, buffers) if isinstance(o, ir.TensorRef) else repr(o))
+        outs.append(_ref_expr(o, buffers) if isinstance(o, ir.TensorRef) else _value_text(o))
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     header = [f"{d} = torch.device({str(dev)!r})" for d, dev in devices.items()]
     lines = [ln for ln in lines if ln is not None]
     source = "\n".join(header + [""] + lines) + "\n"
-    return WrapperSource(source, list(generated.values()), sched.externs)
+    return WrapperSource(source, list(generated.values()), sched.externs, size_args)
