@@ -264,6 +264,10 @@ from kiln.capture import torch_api_creation as _creation  # noqa: E402
 
 TORCH_FUNCTIONS.update(_creation.FUNCTIONS)
 TENSOR_METHODS.update(_creation.METHODS)
+from kiln.capture import torch_api_pool as _pool  # noqa: E402
+
+TORCH_FUNCTIONS.update(_pool.FUNCTIONS)
+TENSOR_METHODS.update(_pool.METHODS)
 from kiln.capture import torch_api_inplace as _inplace  # noqa: E402
 
 # In-place forms last: they are derived from the functional entries above.

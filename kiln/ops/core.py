@@ -180,4 +180,6 @@ from kiln.ops.core_scatter import *  # noqa: E402,F401,F403
 from kiln.ops.core_grad import *  # noqa: E402,F401,F403
 from kiln.ops.core_creation import *  # noqa: E402,F401,F403
 from kiln.ops.core_fallback import *  # noqa: E402,F401,F403
+from kiln.ops.core_scan import *  # noqa: E402,F401,F403
+from kiln.ops.core_pool import *  # noqa: E402,F401,F403
 from kiln.ops.core_mutation import *  # noqa: E402,F401,F403

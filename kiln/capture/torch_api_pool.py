@@ -1,0 +1,102 @@
+"""Capture-table entries for pooling, interpolate, cumsum and norm (merged into torch_api's
+tables). Variants the core ops do not cover (ceil_mode, dilation, return_indices, other
+interpolation modes) stay whole as ``core.fallback`` nodes when no gradient is needed, and are
+graph breaks otherwise."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kiln.capture.errors import Unsupported
+from kiln.graph import Proxy
+from kiln.ops import core
+
+
+def _pair(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
+def _whole(name, why, input, *args, **kwargs):
+    """An uncovered variant: a fallback node (no gradient through it) or a graph break."""
+    if isinstance(input, Proxy) and input.meta.requires_grad:
+        raise Unsupported(f"{name}: {why} needs a gradient, which a fallback node cannot give")
+    return core.fallback(name, input, *args, **kwargs)
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    if ceil_mode or _pair(dilation) != (1, 1) or return_indices:
+        return _whole("torch.nn.functional.max_pool2d", "ceil_mode/dilation/return_indices", input,
+                      kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+    k = _pair(kernel_size)
+    return core.max_pool2d(input, k, _pair(stride) if stride else k, _pair(padding))
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    if ceil_mode:
+        return _whole("torch.nn.functional.avg_pool2d", "ceil_mode", input, kernel_size, stride,
+                      padding, ceil_mode, count_include_pad, divisor_override)
+    k = _pair(kernel_size)
+    return core.avg_pool2d(input, k, _pair(stride) if stride else k, _pair(padding),
+                           count_include_pad, divisor_override)
+
+
+def adaptive_avg_pool2d(input, output_size):
+    size = _pair(output_size)
+    size = tuple(input.shape[-2 + i] if s is None else s for i, s in enumerate(size))
+    return core.adaptive_avg_pool2d(input, size)
+
+
+def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                recompute_scale_factor=None, antialias=False):
+    if mode not in ("nearest", "bilinear") or antialias or input.ndim != 4 \
+            or (size is None) == (scale_factor is None):
+        return _whole("torch.nn.functional.interpolate", f"interpolate(mode={mode!r})", input, size,
+                      scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+    if size is not None:
+        out, scales = _pair(size), (None, None)
+    else:
+        scales = tuple(float(s) for s in _pair(scale_factor))
+        out = tuple(math.floor(n * s) for n, s in zip(input.shape[-2:], scales))
+        if recompute_scale_factor:
+            scales = (None, None)
+    return core.interpolate(input, tuple(int(o) for o in out), scales, mode, bool(align_corners))
+
+
+def cumsum(input, dim, *, dtype=None, out=None):
+    if out is not None:
+        raise Unsupported("cumsum(out=...) is not supported")
+    return core.cumsum(input, dim, dtype)
+
+
+def _dims(dim):
+    return None if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
+
+
+def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+    if out is not None:
+        raise Unsupported("norm(out=...) is not supported")
+    if p == "fro":
+        p = 2.0
+    if isinstance(p, str):
+        return _whole("torch.norm", f"norm(p={p!r})", input, p, dim, keepdim, dtype=dtype)
+    return core.norm(input, float(p), _dims(dim), keepdim, dtype)
+
+
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
+    if out is not None:
+        raise Unsupported("vector_norm(out=...) is not supported")
+    return core.norm(x, float(ord), _dims(dim), keepdim, dtype)
+
+
+FUNCTIONS = {
+    F.max_pool2d: max_pool2d, torch.max_pool2d: max_pool2d,
+    F.avg_pool2d: avg_pool2d,
+    F.adaptive_avg_pool2d: adaptive_avg_pool2d, F.interpolate: interpolate,
+    torch.cumsum: cumsum, torch.norm: norm, torch.linalg.vector_norm: vector_norm,
+}
+
+METHODS = {"cumsum": cumsum, "norm": norm}

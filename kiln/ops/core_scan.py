@@ -1,0 +1,144 @@
+"""Core ops ``cumsum`` (a scan) and ``norm`` (a vector norm), each with its eager implementation,
+meta rule, decomposition and VJP rule.
+
+cumsum stays whole as the library prim ``prims.cumsum``: the wrapper calls torch for it between
+kernels (one of the ops best left to ATen on every target until kiln generates scan kernels).
+norm decomposes to abs, pow, reductions and sqrt, computed in fp32 for fp16/bf16 inputs.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+
+import torch
+
+from kiln.inductor import lowering as L
+from kiln.meta.tensor_meta import TensorMeta
+from kiln.ops import prims
+from kiln.ops.core_reductions import _accum_dtype, _out_shape, _reduce_dims
+from kiln.ops.core_views import normalize_dim
+from kiln.ops.prim_utils import to_dtype
+from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, VJP_RULES, define
+
+__all__ = ["cumsum", "norm"]
+
+
+class ScanError(TypeError):
+    pass
+
+
+# ------------------------------------------------------------------ cumsum
+def _scan_dtype(in_dtype, dtype):
+    if dtype is not None:
+        return dtype
+    return in_dtype if in_dtype.is_floating_point else torch.int64
+
+
+def _cumsum_eager(x, dim, dtype=None):
+    return torch.cumsum(x, dim, dtype=dtype)
+
+
+cumsum = define("core", "cumsum", _cumsum_eager)
+
+
+@META_RULES.register(cumsum)
+def _cumsum_meta(x, dim, dtype=None):
+    normalize_dim(dim, x.ndim, "cumsum")
+    out = _scan_dtype(x.dtype, dtype)
+    return TensorMeta.contiguous(x.shape, out, x.device, x.requires_grad and out.is_floating_point)
+
+
+@DECOMPOSITIONS.register(cumsum)
+def _cumsum_decomp(x, dim, dtype=None):
+    return prim_cumsum(to_dtype(x, _scan_dtype(x.dtype, dtype)), normalize_dim(dim, x.ndim, "cumsum"))
+
+
+prim_cumsum = define("prims", "cumsum", lambda x, dim: torch.cumsum(x, dim), library=True,
+                     doc="inclusive prefix sum along dim, called through torch")
+META_RULES[prim_cumsum] = lambda x, dim: TensorMeta.contiguous(x.shape, x.dtype, x.device, x.requires_grad)
+LOWERINGS[prim_cumsum] = L.extern_rule
+
+
+@VJP_RULES.register(cumsum)
+def _cumsum_vjp(g, out, x, dim, dtype=None):
+    from kiln.ops import core
+    d = normalize_dim(dim, x.ndim, "cumsum")
+    if x.ndim == 0:
+        return g, None, None
+    return core.flip(core.cumsum(core.flip(g, (d,)), d), (d,)), None, None
+
+
+# ------------------------------------------------------------------ norm
+def _norm_eager(x, p=2.0, dims=None, keepdim=False, dtype=None):
+    dims = _reduce_dims(x, dims, "norm")
+    return torch.linalg.vector_norm(x, p, dims, keepdim, dtype=dtype)
+
+
+norm = define("core", "norm", _norm_eager)
+
+
+@META_RULES.register(norm)
+def _norm_meta(x, p=2.0, dims=None, keepdim=False, dtype=None):
+    if not x.dtype.is_floating_point:
+        raise ScanError(f"[meta] core.norm: expected a floating point input, got {x.dtype}")
+    if dtype is not None and not dtype.is_floating_point:
+        raise ScanError(f"[meta] core.norm: dtype must be floating point, got {dtype}")
+    dims = _reduce_dims(x, dims, "norm")
+    out = dtype or x.dtype
+    if p < 0 or math.isinf(p):
+        empty = [d for d in dims if x.shape[d] == 0] or ([] if x.numel() else [0])
+        if empty and x.ndim:
+            raise ScanError(f"[meta] core.norm: the norm of order {p} of an empty slice is undefined")
+    return TensorMeta.contiguous(_out_shape(x, dims, keepdim), out, x.device, x.requires_grad)
+
+
+def _finish(r, x, dims, keepdim):
+    return prims.reshape(r, _out_shape(x, dims, True)) if keepdim and dims else r
+
+
+@DECOMPOSITIONS.register(norm)
+def _norm_decomp(x, p=2.0, dims=None, keepdim=False, dtype=None):
+    dims = _reduce_dims(x, dims, "norm")
+    out = dtype or x.dtype
+    acc = _accum_dtype(out)
+    a = prims.abs(to_dtype(x, acc))
+    if not dims:
+        r = prims.ne(a, 0.0) if p == 0 else a
+        return to_dtype(to_dtype(r, acc), out)
+    if p == math.inf:
+        r = prims.amax(a, dims)
+    elif p == -math.inf:
+        r = prims.amin(a, dims)
+    elif p == 0:
+        r = prims.sum(to_dtype(prims.ne(a, 0.0), acc), dims)
+    elif p == 1:
+        r = prims.sum(a, dims)
+    elif p == 2:
+        r = prims.sqrt(prims.sum(prims.mul(a, a), dims))
+    else:
+        r = prims.pow(prims.sum(prims.pow(a, float(p)), dims), 1.0 / p)
+    return _finish(to_dtype(r, out), x, dims, keepdim)
+
+
+@VJP_RULES.register(norm)
+def _norm_vjp(g, out, x, p=2.0, dims=None, keepdim=False, dtype=None):
+    from kiln.autograd.rules import restore_reduced, zeros_like
+    from kiln.ops import core
+    dims = _reduce_dims(x, dims, "norm")
+    if p == 0:
+        return (zeros_like(x),) + (None,) * 4
+    gx = restore_reduced(g, x, dims) if dims else g
+    n = restore_reduced(out, x, dims) if dims else out
+    sign = core.sign(x)
+    if p == 1:
+        local = sign
+    elif builtins.abs(p) == math.inf:
+        hit = core.to_dtype(core.eq(core.abs(x), n), x.dtype)
+        count = restore_reduced(core.sum(hit, dims, True), x, dims) if dims else hit
+        local = core.div(core.mul(sign, hit), count)
+    elif p == 2:
+        local = core.where(core.eq(n, 0), 0.0, core.div(x, n))
+    else:
+        ratio = core.pow(core.div(core.abs(x), n), p - 1)
+        local = core.where(core.eq(n, 0), 0.0, core.mul(sign, ratio))
+    return (core.mul(gx, local),) + (None,) * 4
