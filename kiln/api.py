@@ -31,6 +31,10 @@ class CacheEntry:
         self.guards = capture.guards
         self.fetch = capture.fetch
         self.rebuild = capture.rebuild
+        devices = getattr(capture, "autocast_devices", ())
+        if devices:  # called inside torch.autocast: the graph holds its casts, torch must not add more
+            from kiln.ops.autocast import run_disabled
+            compiled = run_disabled(compiled, devices)
         self.compiled = compiled
         self.grad_enabled = grad_enabled
         self.compile_id = compile_id

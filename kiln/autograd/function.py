@@ -18,6 +18,7 @@ from kiln.config import config
 from kiln.graph.graph import Graph
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, map_args
 from kiln.meta.tensor_meta import TensorMeta
+from kiln.ops.autocast import disabled as autocast_disabled
 
 DOUBLE_BACKWARD_ERROR = "kiln: double backward through a compiled graph is not supported"
 
@@ -126,7 +127,8 @@ class KilnFunction(torch.autograd.Function):
                 g = g.to(meta.dtype)
             tangents.append(g.contiguous())
         double = torch.is_grad_enabled()
-        with torch.no_grad():
+        # backward() inside torch.autocast: the backward graph's dtypes are fixed, torch must not cast
+        with torch.no_grad(), autocast_disabled():
             saved = [t.detach() for t in saved]
             tangents = [t.detach() for t in tangents]
             fn = runtime.backward_fn(saved, tangents)

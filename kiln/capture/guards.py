@@ -74,6 +74,18 @@ class ItemSource(Source):
         return f"{base or self.parent.expr()}[{self.key!r}]"
 
 
+class ExprSource(Source):
+    """Global state read by a Python expression over ``torch`` (for example autocast's switch,
+    ``torch.is_autocast_enabled('cpu')``): a guard on what the call's ambient state was."""
+    __slots__ = ("text",)
+
+    def __init__(self, text):
+        self.text = text
+
+    def expr(self, base=None):
+        return self.text
+
+
 def closure_source(fn_source: Source, index: int) -> Source:
     return AttrSource(ItemSource(AttrSource(fn_source, "__closure__"), index), "cell_contents")
 
@@ -143,7 +155,7 @@ class GuardSet:
             key = src.expr()
             if key in temps:
                 return temps[key]
-            if isinstance(src, (LocalSource, GlobalSource)):
+            if src.parent is None:  # LocalSource, GlobalSource, ExprSource
                 rhs = src.expr()
             else:
                 rhs = src.expr(temp(src.parent))

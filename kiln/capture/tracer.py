@@ -16,6 +16,7 @@ import torch
 from kiln import log
 from kiln.capture import mutation, torch_api
 from kiln.capture.builtins import is_builtin
+from kiln.capture.autocast import AutocastState, wrap_autocast
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, Source,
                                  closure_source, make_fetch)
@@ -46,12 +47,15 @@ class CaptureResult:
     rebuild: object              # rebuild(outputs) -> what the function returned
     bytecode: str
     code: types.CodeType
+    autocast_devices: tuple = ()  # ambient torch.autocast on at capture: run with it off
 
 
 class Tracer:
     def __init__(self, fn_name: str):
         self.graph = Graph(fn_name)
         self.guards = GuardSet()
+        self.autocast = AutocastState(self.guards)  # torch.autocast state; casts per op
+        self.graph.call_hook = self.autocast.cast_inputs
         self.input_sources: list[Source] = []
         self._tensor_inputs: dict[int, tuple[TensorVariable, Source, torch.Tensor]] = {}
         self._var_of_node: dict = {}
@@ -84,6 +88,9 @@ class Tracer:
         guard = guard and source is not None
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
+        special = wrap_autocast(self, value, source, guard)  # torch.autocast and its queries
+        if special is not None:
+            return special
         if isinstance(value, torch.Size) or is_constant(value) and not isinstance(value, tuple):
             if guard:
                 if isinstance(value, type):
@@ -391,7 +398,8 @@ def frame_locals(fn, args: tuple, kwargs: dict) -> dict:
     """
     func, bound_self = _unbind(fn)
     sig_args = (bound_self, *args) if bound_self is not None else tuple(args)
-    ba = inspect.signature(func).bind(*sig_args, **kwargs)
+    # the code's own parameters, not a functools.wraps target's (@torch.autocast(...) wrappers)
+    ba = inspect.signature(func, follow_wrapped=False).bind(*sig_args, **kwargs)
     ba.apply_defaults()
     L = dict(ba.arguments)
     for name, cell in zip(func.__code__.co_freevars, func.__closure__ or ()):
@@ -454,11 +462,13 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None) -> CaptureResult:
 
     input_sources = [s.expr() for s in tx.input_sources]
     fetch_source, fetch = make_fetch(tx.input_sources, func.__globals__)
+    autocast_devices = tx.autocast.finish(tx.graph)  # guards the ambient autocast state
     guard_source, guard_fn = tx.guards.compile()
     result = CaptureResult(
         graph=tx.graph, input_sources=input_sources, fetch=fetch, fetch_source=fetch_source,
         guards=tx.guards.exprs(), guard_source=guard_source, guard_fn=guard_fn,
-        rebuild=_make_rebuild(spec), bytecode=tx.bytecode_listing(), code=code)
+        rebuild=_make_rebuild(spec), bytecode=tx.bytecode_listing(), code=code,
+        autocast_devices=autocast_devices)
     log.log("bytecode", "%s", result.bytecode)
     log.log("guards", "%s", guard_source)
     return result

@@ -28,6 +28,9 @@ class Graph:
         self.constants: dict[str, torch.Tensor] = {}
         self._names: dict[str, int] = {}
         self._inherited_meta: dict = {}
+        # call_hook(target, args, kwargs) -> (args, kwargs) runs before a call is recorded;
+        # capture sets it to apply torch.autocast's casts (kiln/capture/autocast.py)
+        self.call_hook = None
 
     # ---------------------------------------------------------------- building
     def _unique_name(self, base: str) -> str:
@@ -83,6 +86,8 @@ class Graph:
         here, at the line that made it, with the op named.
         """
         kwargs = kwargs or {}
+        if self.call_hook is not None:
+            args, kwargs = self.call_hook(target, args, kwargs)
         node_args = _unproxy(args)
         node_kwargs = _unproxy(kwargs)
         node = self.create_node(target, node_args, node_kwargs)
