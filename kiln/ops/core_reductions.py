@@ -5,6 +5,7 @@ Half-precision inputs are reduced in float32 (as eager's kernels accumulate) and
 """
 from __future__ import annotations
 
+import builtins
 import math
 
 import torch
@@ -142,8 +143,22 @@ def _amin_eager(x, dims=None, keepdim=False):
 
 amax = define("core", "amax", _amax_eager)
 amin = define("core", "amin", _amin_eager)
-META_RULES[amax] = _meta("amax", _same_dtype)
-META_RULES[amin] = _meta("amin", _same_dtype)
+
+
+def _nonempty_meta(op):
+    """amax/amin: eager raises IndexError when a reduced dim has no elements."""
+    rule = _meta(op, _same_dtype)
+
+    def meta(x, dims=None, keepdim=False, **kw):
+        empty = [d for d in _reduce_dims(x, dims, op) if x.shape[d] == 0]
+        if empty:
+            raise IndexError(f"[meta] core.{op}: reduction dim {empty[0]} has no elements")
+        return rule(x, dims, keepdim, **kw)
+    return meta
+
+
+META_RULES[amax] = _nonempty_meta("amax")
+META_RULES[amin] = _nonempty_meta("amin")
 DECOMPOSITIONS[amax] = lambda x, dims=None, keepdim=False: _reduce(prims.amax, x, _reduce_dims(x, dims, "amax"), keepdim)
 DECOMPOSITIONS[amin] = lambda x, dims=None, keepdim=False: _reduce(prims.amin, x, _reduce_dims(x, dims, "amin"), keepdim)
 
@@ -172,12 +187,20 @@ META_RULES[all] = _meta("all", lambda d, dt: torch.bool)
 
 @DECOMPOSITIONS.register(any)
 def _any_decomp(x, dims=None, keepdim=False):
-    return _reduce(prims.amax, to_dtype(x, torch.bool), _reduce_dims(x, dims, "any"), keepdim)
+    return _bool_reduce(prims.amax, x, _reduce_dims(x, dims, "any"), keepdim, False)
+
+
+def _bool_reduce(prim, x, dims, keepdim, identity):
+    """any/all as max/min over bools; over an empty slice they are the identity."""
+    if builtins.any(x.shape[d] == 0 for d in dims):
+        shape = _out_shape(x, dims, keepdim)
+        return prims.full(shape, identity, torch.bool, x.device)
+    return _reduce(prim, to_dtype(x, torch.bool), dims, keepdim)
 
 
 @DECOMPOSITIONS.register(all)
 def _all_decomp(x, dims=None, keepdim=False):
-    return _reduce(prims.amin, to_dtype(x, torch.bool), _reduce_dims(x, dims, "all"), keepdim)
+    return _bool_reduce(prims.amin, x, _reduce_dims(x, dims, "all"), keepdim, True)
 
 
 # ------------------------------------------------------------------ argmax / argmin / max(dim)
