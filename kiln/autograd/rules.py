@@ -352,3 +352,4 @@ __all__ = ["sum_to_shape", "reduce_dims", "restore_reduced", "keepdim_shape", "z
 
 # The rules of the other core-op families (they import the helpers above).
 from kiln.autograd import rules_elementwise, rules_shape, rules_nn  # noqa: E402,F401
+from kiln.autograd import rules_mutation  # noqa: E402,F401

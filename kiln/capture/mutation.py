@@ -117,20 +117,85 @@ class ViewStep:
 
 # ---------------------------------------------------------------- reading
 def eager_meta(var):
-    """var's TensorMeta with eager's exact strides, when capture knows them (a graph input or a
-    certain view chain of one; in-place writes never change a tensor's strides), else None."""
+    """var's TensorMeta with eager's exact strides when capture knows them, else None. In-place
+    writes never change a tensor's strides, so a view's are its root's, through its chain."""
     from kiln.ops.registry import META_RULES
 
     a = var.alias
     if a is None:
-        node = var._proxy.node
-        return node.meta["val"] if node.op == PLACEHOLDER else None
-    if not a.storage.from_input or any(s.uncertain or s.op is None for s in a.chain):
+        return eager_layout(var.proxy.node)
+    if any(s.uncertain or s.op is None for s in a.chain):
         return None
-    meta = a.storage.root_node.meta["val"]
+    meta = eager_layout(a.storage.root_node)
     for s in a.chain:
+        if meta is None:
+            return None
         meta = META_RULES[s.op](meta, *s.args, **s.kwargs)
     return meta
+
+
+# Ops whose eager result is contiguous whatever their inputs' layouts.
+ALWAYS_CONTIGUOUS = frozenset(getattr(core, n) for n in (
+    "linear", "mm", "matmul", "bmm", "addmm", "baddbmm", "full", "arange", "rand", "randn",
+    "randint", "linspace", "eye", "embedding", "iota") if hasattr(core, n))
+# Ops whose eager result follows their inputs' layout (contiguous when all inputs are).
+LAYOUT_FOLLOWING = frozenset(getattr(core, n) for n in (
+    "add", "sub", "mul", "div", "neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt", "tanh",
+    "sigmoid", "maximum", "minimum", "where", "to_dtype", "eq", "ne", "lt", "le", "gt", "ge",
+    "contiguous", "floor", "ceil", "trunc", "round", "sign", "reciprocal", "exp2", "expm1",
+    "log2", "log10", "log1p", "sin", "cos", "erf", "isnan", "isinf", "isfinite", "logical_not",
+    "logical_and", "logical_or", "logical_xor", "pow", "fmod", "remainder", "clamp", "lerp",
+    "addcmul", "addcdiv", "masked_fill", "nan_to_num", "gelu", "silu", "hardtanh", "leaky_relu",
+    "elu", "hardswish", "hardsigmoid", "mish", "softplus", "bitwise_and", "bitwise_or",
+    "bitwise_xor", "bitwise_not", "floor_divide", "trunc_divide", "cat", "softmax",
+    "log_softmax", "layer_norm") if hasattr(core, n))
+
+
+def eager_layout(node):
+    """The eager TensorMeta (exact strides) of a graph value, or None where kiln's meta may
+    differ from eager's layout (kiln's computed results are contiguous; eager's follow their
+    inputs)."""
+    from kiln.ops.registry import META_RULES
+
+    memo = _layout_memo(node.graph)
+    if node in memo:
+        return memo[node]
+    meta = None
+    val = node.meta.get("val")
+    if node.op == PLACEHOLDER or node.op == "get_attr":
+        meta = val
+    elif node.op == CALL and node.target in VIEW_OPS and isinstance(node.args[0], Node):
+        src = eager_layout(node.args[0])
+        if src is not None:
+            if node.target is core.reshape and _view_strides(src.shape, src.stride, val.shape) is None:
+                meta = val  # eager copies into a contiguous tensor
+            else:
+                meta = META_RULES[node.target](src, *node.args[1:], **node.kwargs)
+    elif node.op == CALL and node.target in ALWAYS_CONTIGUOUS:
+        meta = val
+    elif node.op == CALL and node.target in LAYOUT_FOLLOWING and val is not None and val.is_contiguous():
+        ins = [a for a in _flat(node.args) + _flat(node.kwargs) if isinstance(a, Node)]
+        if all((m := eager_layout(a)) is not None and m.is_contiguous() for a in ins):
+            meta = val
+    memo[node] = meta
+    return meta
+
+
+def _flat(x):
+    from kiln.graph.node import flatten_args
+    return list(flatten_args(x))
+
+
+def _layout_memo(graph) -> dict:
+    memo = graph.__dict__.get("_eager_layouts")
+    if memo is None:
+        memo = graph.__dict__["_eager_layouts"] = {}
+    return memo
+
+
+def _remember_layout(new: Proxy, meta):
+    """The value written into a tensor has that tensor's eager layout."""
+    _layout_memo(new.node.graph).setdefault(new.node, meta)
 
 
 def refresh(var):
@@ -181,6 +246,8 @@ def wrap_outputs(tx, out, args, kwargs, py_args, py_kwargs, name: str):
             if result is p:
                 return v
         out = result
+        if not getattr(tx, "grad_enabled", True) and isinstance(out, Proxy) and out.meta.requires_grad:
+            out = core.detach(out)  # made under no_grad
     return _wrap(tx, out, by_node, name)
 
 
@@ -316,6 +383,8 @@ def mutate(tx, var, new: Proxy, what: str):
     cur = new
     for step, base in zip(reversed(alias.chain), reversed(values)):
         cur = step.scatter(base, cur)
+    _remember_layout(new, eager_meta(var))
+    _remember_layout(cur, eager_layout(st.root_node))
     st.value = cur
     st.version += 1
     var._proxy, var._seen = new, st.version
@@ -475,13 +544,15 @@ class WritebackGraph:
     def __call__(self, *inputs):
         inputs = list(inputs)
         grad = torch.is_grad_enabled()
-        saved = getattr(self.inner, "saved_inputs", None)
         given = list(inputs)
-        if grad and saved:
-            # the backward reads saved inputs; writing them back would change what it reads
-            saved = set(i for i in saved if i is not None)
+        if grad:
+            # A backward may read the inputs (saved by KilnFunction, or by torch's own ops on
+            # the eager backend): the graph gets copies, so the write-back cannot change them.
+            saved = getattr(self.inner, "saved_inputs", None)
+            records = hasattr(self.inner, "graph")  # EagerGraph: torch ops record autograd
+            saved = set(i for i in saved or () if i is not None)
             for i, _ in self.input_mutations:
-                if i in saved:
+                if records or i in saved:
                     inputs[i] = inputs[i].clone()
         outs = self.inner(*inputs)
         for i, o in self.input_mutations:

@@ -47,6 +47,11 @@ def _triton(step, buffers):
     value = writer.emit(node.value)
     index = node.index.xreplace(writer.indirect)
     out_dtype = TL_DTYPES[node.dtype]
+    try:  # a constant source (a scatter of ones) is a Python literal: make it a block
+        float(value)
+        value = f"tl.full([XBLOCK], {value}, {out_dtype})"
+    except ValueError:
+        pass
     lines.append(f"tl.atomic_add(out_ptr0 + ({printer.doprint(index)}), {value}.to({out_dtype}), mask=xmask)")
     name = f"kiln_{step.name}"
     sizes = size_params(lines)
