@@ -43,7 +43,7 @@ from kiln.capture.values import (NULL, BoundAdapterVariable, BuiltinVariable, Co
                                  DictVariable, FunctionVariable, IteratorVariable, LazyVariable,
                                  ListVariable, MethodVariable, ModuleVariable, NullVariable,
                                  OpaqueVariable, PythonModuleVariable, TensorVariable,
-                                 TorchFunctionVariable, TupleVariable)
+                                 TorchFunctionVariable, TupleVariable, Variable)
 
 PY = sys.version_info[:2]
 CO_VARARGS, CO_VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
@@ -166,11 +166,13 @@ def _bytecode_items(code):
     return bc, items, index_of
 
 
-def resume_code(code, index: int, layout: tuple, argnames: tuple, tag: str) -> types.CodeType:
+def resume_code(code, index: int, layout: tuple, argnames: tuple, tag: str,
+                grad: bool | None = None) -> types.CodeType:
     """A copy of ``code`` that starts at instruction ``index`` with a stack given by ``layout``
     (True marks a NULL slot; the others are the leading ``___kiln_stack<k>`` arguments) and the
-    locals ``argnames`` (the rest of the arguments)."""
-    key = (code, index, layout, argnames)
+    locals ``argnames`` (the rest of the arguments). ``grad``: the grad mode the break was in,
+    when a with block changed it; the prologue re-enters it (``set_grad_mode``)."""
+    key = (code, index, layout, argnames, grad)
     cached = _RESUME_CODES.get(key)
     if cached is not None:
         return cached
@@ -185,6 +187,10 @@ def resume_code(code, index: int, layout: tuple, argnames: tuple, tag: str) -> t
         raise CannotResume(f"{code.co_name} has no RESUME before instruction {index}")
     lineno = items[pos + 1].lineno or code.co_firstlineno
     prologue, k = [], 0
+    if grad is not None:
+        prologue += [Instr("PUSH_NULL", lineno=lineno), Instr("LOAD_CONST", set_grad_mode, lineno=lineno),
+                     Instr("LOAD_CONST", grad, lineno=lineno), *_call(1, lineno),
+                     Instr("POP_TOP", lineno=lineno)]
     for is_null in layout:
         if is_null:
             prologue.append(Instr("PUSH_NULL", lineno=lineno))
@@ -231,6 +237,8 @@ def finish_at_break(tx, root, plan) -> BreakState:
     live = live_locals(code, root.instructions, index)
     locals_ = {}
     for name, v in root.locals.items():
+        if name.startswith(_STACK):
+            continue  # a resume function's own stack arguments: only its prologue reads them
         if live is None or name in live:
             locals_[name] = v
     for name in code.co_cellvars:
@@ -271,8 +279,10 @@ def finish_at_break(tx, root, plan) -> BreakState:
         collect(v)
     for v in [*root.stack, *locals_.values()]:
         _specialize_sizes(v)
+    grad = getattr(tx, "grad_enabled", None)
     return BreakState(code, root.instructions, index, list(root.stack), locals_, outputs,
-                      torch.is_grad_enabled(), plan.eager_rest, plan.reason)
+                      torch.is_grad_enabled() if grad is None else grad, plan.eager_rest,
+                      plan.reason)
 
 
 def _specialize_sizes(v, depth=0):
@@ -325,7 +335,9 @@ def plan_break(err, code) -> BreakPlan:
 
 # ====================================================================== the glue
 class GradModeExit:
-    """A with-block's ``__exit__`` rebuilt at a break: restores grad mode to ``prev``."""
+    """A with-block's ``__exit__`` rebuilt at a break: restores grad mode to ``prev``.
+    ``GRAD_EXITS[prev]`` are the only instances; capture traces a call of one as the exit of
+    a grad-mode block (``Tracer.wrap``)."""
     __slots__ = ("prev",)
 
     def __init__(self, prev: bool):
@@ -336,12 +348,47 @@ class GradModeExit:
         return False
 
 
+GRAD_EXITS = {False: GradModeExit(False), True: GradModeExit(True)}
+
+
+def _grad_prev(v) -> bool:
+    """The grad mode a ContextExitVariable restores (its ``restore`` closes over ``prev``)."""
+    prev = getattr(v, "grad_prev", None)
+    if prev is None:
+        fn = v.restore
+        names = fn.__code__.co_freevars
+        if "prev" not in names:
+            raise CannotResume("cannot tell which grad mode the with block restores")
+        prev = fn.__closure__[names.index("prev")].cell_contents
+    return bool(prev)
+
+
+def _enter_autocast(device, dtype, enabled):
+    """Enter an autocast region for real at a break; returns its ``__exit__``."""
+    cm = torch.autocast(device, dtype=dtype, enabled=enabled)
+    cm.__enter__()
+    return cm.__exit__
+
+
 def _load_attr(name):
     return Instr("LOAD_ATTR", (False, name) if PY >= (3, 12) else name)
 
 
-def _call(n):
-    return ([Instr("PRECALL", n)] if PY < (3, 12) else []) + [Instr("CALL", n)]
+def _call(n, lineno=None):
+    kw = {} if lineno is None else {"lineno": lineno}
+    return ([Instr("PRECALL", n, **kw)] if PY < (3, 12) else []) + [Instr("CALL", n, **kw)]
+
+
+def set_grad_mode(mode: bool):
+    """A resume function's prologue re-enters the grad mode of the block it starts in; capture
+    traces this call as a change of the traced grad mode (``SetGradModeVariable``)."""
+    torch._C._set_grad_enabled(mode)
+
+
+class SetGradModeVariable(Variable):
+    def call(self, tx, args, kwargs):
+        tx.grad_enabled = bool(args[0].as_python())
+        return ConstantVariable(None)
 
 
 class Glue:
@@ -441,6 +488,24 @@ class Glue:
             self.load(v.self_var)
             self.emit(_load_attr(name))
             return
+        if type(v).__name__ == "ContextExitVariable":  # a grad-mode with block (values_python)
+            self.emit(Instr("LOAD_CONST", GRAD_EXITS[_grad_prev(v)]))
+            return
+        if type(v).__name__ == "AutocastExitVariable":  # an autocast with block: enter it for real
+            r = v.region
+            self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", _enter_autocast),
+                      Instr("LOAD_CONST", r.device), Instr("LOAD_CONST", r.dtype),
+                      Instr("LOAD_CONST", r.enabled), *_call(3))
+            return
+        if type(v).__name__ == "NamedTupleVariable" and v.source is None:
+            self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", v.cls))
+            for x in v.items:
+                self.load(x)
+            self.emit(*_call(len(v.items)))
+            return
+        if v.source is not None and not isinstance(v, (ListVariable, DictVariable)):
+            self.load_source(v.source)  # any other value reached from the inputs
+            return
         if isinstance(v, (BuiltinVariable, TorchFunctionVariable, OpaqueVariable)) and v.source is None:
             self.emit(Instr("LOAD_CONST", getattr(v, "fn", getattr(v, "value", None))))
             return
@@ -473,7 +538,10 @@ def _store_slots(glue: Glue, values) -> list:
     return names
 
 
-def _call_resume(glue: Glue, fn, stack_names, local_names):
+def _call_resume(glue: Glue, fn, stack_names, local_names, restore=None):
+    if restore is not None:  # back to the entry's grad mode; the resume's prologue re-enters
+        glue.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", torch._C._set_grad_enabled),
+                  Instr("LOAD_CONST", restore), *_call(1), Instr("POP_TOP"))
     glue.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", fn))
     for name in stack_names:
         glue.emit(Instr("LOAD_FAST", name))
@@ -493,6 +561,9 @@ def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
     code, index = state.code, state.index
     inst = state.instructions[index]
     glue = Glue(state, func.__globals__)
+    entry_grad = torch.is_grad_enabled()  # what the entry guards (the mode at compile time)
+    inner = state.grad_enabled if state.grad_enabled != entry_grad else None
+    restore = entry_grad if inner is not None else None
     local_names = sorted(state.locals)
     stack = state.stack
     n_ops = 0 if state.eager_rest else _operands(inst)
@@ -511,7 +582,7 @@ def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
 
     def resume_at(target, layout):
         rc = resume_code(code, target, layout, tuple(local_names),
-                         "rest" if state.eager_rest else "resume")
+                         "rest" if state.eager_rest else "resume", inner)
         codes.append(rc)
         return make_resume(rc, func.__closure__, state.eager_rest)
 
@@ -531,9 +602,9 @@ def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
                 glue.emit(Instr("LOAD_CONST", wrapped))
         else:
             glue.load(v)
-    if state.grad_enabled != torch.is_grad_enabled():
+    if inner is not None:  # the breaking instruction runs in the block's grad mode
         glue.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", torch._C._set_grad_enabled),
-                  Instr("LOAD_CONST", state.grad_enabled), *_call(1), Instr("POP_TOP"))
+                  Instr("LOAD_CONST", inner), *_call(1), Instr("POP_TOP"))
     bc_items = _bytecode_items(code)
     _, items, index_of = bc_items
     original = items[index_of[index]]
@@ -542,9 +613,9 @@ def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
         other = Label()
         name = f"POP_JUMP_{jump}" if PY >= (3, 12) else f"POP_JUMP_FORWARD_{jump}"
         glue.emit(Instr(name, other, location=original.location))
-        _call_resume(glue, resume_at(index + 1, deep_layout), deep_names, local_temps)
+        _call_resume(glue, resume_at(index + 1, deep_layout), deep_names, local_temps, restore)
         glue.emit(other)
-        _call_resume(glue, resume_at(inst.target, deep_layout), deep_names, local_temps)
+        _call_resume(glue, resume_at(inst.target, deep_layout), deep_names, local_temps, restore)
         return _assemble(glue, state, func), codes
     if inst.opname in ("CALL",):
         prev = [state.instructions[j] for j in (index - 2, index - 1) if j >= 0]
@@ -562,7 +633,7 @@ def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
     for name in reversed(result_names):
         glue.emit(Instr("STORE_FAST", name))
     _call_resume(glue, resume_at(index + 1, deep_layout + tuple(results)),
-                 deep_names + result_names, local_temps)
+                 deep_names + result_names, local_temps, restore)
     return _assemble(glue, state, func), codes
 
 
