@@ -131,6 +131,13 @@ class GuardSet:
             self._seen.add(key)
             self.entries.append((source, check))
 
+    def discard(self, source, check: str):
+        """Forget a check (a value turned out to need a weaker one)."""
+        key = (source.expr(), check)
+        if key in self._seen:
+            self._seen.discard(key)
+            self.entries = [(s, c) for s, c in self.entries if (s.expr(), c) != key]
+
     def constant(self, source, value):
         self.add(source, _const_check(value))
 
@@ -167,6 +174,7 @@ class GuardSet:
         # One `if` per run of checks on the same object; a check that raises (an attribute
         # that went away, a shorter tuple) means the guard fails, never an error.
         lines.append("    try:")
+        lines.append("        pass")  # a capture may guard nothing (a break at entry)
         i = 0
         while i < len(self.entries):
             src = self.entries[i][0]

@@ -160,7 +160,9 @@ class TensorVariable(Variable):
             adapter, why = fallback_adapter(method, f"Tensor.{name}")
             if adapter is not None:
                 return BoundAdapterVariable(self, adapter, f"Tensor.{name}")
-            raise Unsupported(f"Tensor.{name} is not supported by the capture table ({why})")
+            # the break happens at the call (where a resume function can pick up), not here
+            return BoundAdapterVariable(self, _refuse(f"Tensor.{name} is not supported by the "
+                                                      f"capture table ({why})"), f"Tensor.{name}")
         raise Unsupported(f"Tensor.{name} is not supported by the capture table")
 
     def iterate(self, tx):
@@ -519,6 +521,13 @@ class MethodVariable(Variable):
 
     def __repr__(self):
         return f"Method({self.obj}.{self.name})"
+
+
+def _refuse(reason):
+    """An adapter that always breaks the graph (a Tensor method capture must not record)."""
+    def adapter(*args, **kwargs):
+        raise Unsupported(reason)
+    return adapter
 
 
 class BoundAdapterVariable(Variable):
