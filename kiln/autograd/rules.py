@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+from kiln.meta.symbolic import same_shape
 from kiln.graph.proxy import Proxy
 from kiln.ops import core
 from kiln.ops.core_views import normalize_dim
@@ -41,14 +42,14 @@ def is_tensor(x) -> bool:
 def sum_to_shape(g, shape):
     """Sum g over the dims that broadcasting added or expanded, giving it ``shape``."""
     shape = tuple(shape)
-    if tuple(g.shape) == shape:
+    if same_shape(g.shape, shape):  # decided without a guard on symbolic sizes
         return g
     lead = g.ndim - len(shape)
     dims = list(range(lead))
     dims += [lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1]
     if dims:
         g = core.sum(g, dims, True)
-    return core.reshape(g, shape) if tuple(g.shape) != shape else g
+    return core.reshape(g, shape) if not same_shape(g.shape, shape) else g
 
 
 def reduce_dims(x, dims):
@@ -67,7 +68,7 @@ def keepdim_shape(x, dims):
 def restore_reduced(g, x, dims):
     """Broadcast a reduction's gradient (or result) back to x's shape."""
     g = core.reshape(g, keepdim_shape(x, dims)) if x.ndim else g
-    return core.expand(g, tuple(x.shape)) if tuple(g.shape) != tuple(x.shape) else g
+    return core.expand(g, tuple(x.shape)) if not same_shape(g.shape, x.shape) else g
 
 
 def _one_minus(y):

@@ -353,6 +353,16 @@ def _lt(a, b) -> bool:
     return bool(sympy.expand(sympy.sympify(b) - a - 1).is_nonnegative)
 
 
+def _within(b, m) -> bool:
+    """Bounds b = (lo, hi) lie in [0, m): provably, for ints or symbolic sizes."""
+    if b is None:
+        return False
+    lo, hi = b
+    if m.is_Integer and isinstance(lo, int) and isinstance(hi, int):
+        return 0 <= lo and hi < int(m)
+    return bool(m.is_positive) and _nonneg(lo) and _lt(hi, m)
+
+
 def simplify_index(expr, ranges: dict) -> sympy.Expr:
     """Drop modulo and floor-division that the index ranges make no-ops."""
     expr = sympy.sympify(expr)
@@ -362,15 +372,13 @@ def simplify_index(expr, ranges: dict) -> sympy.Expr:
     if isinstance(expr, sympy.Mod):
         b = _bounds(args[0], ranges)
         m = args[1]
-        if b is not None and m.is_Integer and 0 <= b[0] and b[1] < int(m) if isinstance(b[1], int) and isinstance(b[0], int) \
-                else b is not None and m.is_positive and _nonneg(b[0]) and _lt(b[1], m):
+        if _within(b, m):
             return args[0]
         return sympy.Mod(*args)
     if isinstance(expr, sympy.floor):
         num, den = args[0].as_numer_denom()
         b = _bounds(num, ranges)
-        if b is not None and den.is_Integer and 0 <= b[0] and b[1] < int(den) if isinstance(b[1], int) and isinstance(b[0], int) \
-                else b is not None and den.is_positive and _nonneg(b[0]) and _lt(b[1], den):
+        if _within(b, den):
             return sympy.Integer(0)
         if den.free_symbols and num.is_Add:
             # floor((q*den + r) / den) = q + floor(r / den), then r's own bounds

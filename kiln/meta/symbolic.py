@@ -541,3 +541,30 @@ def expr_meta(meta):
         return meta
     return TensorMeta([to_sympy(s) for s in meta.shape], [to_sympy(s) for s in meta.stride],
                       meta.dtype, meta.device, meta.requires_grad)
+
+
+def statically_equal(a, b) -> bool:
+    """a == b for every value of the symbols, decided without recording a guard (False when
+    it is not known). For "is this a no-op?" checks, where answering False is always safe."""
+    if not isinstance(a, SymInt) and not isinstance(b, SymInt):
+        return a == b
+    ea, eb = _expr(a), _expr(b)
+    if ea is None or eb is None:
+        return False
+    env = (a if isinstance(a, SymInt) else b).env
+    return env.decide(sympy.Eq(ea, eb)) is True
+
+
+def same_shape(a, b) -> bool:
+    """Shapes equal for every value of the symbols (no guard recorded)."""
+    a, b = tuple(a), tuple(b)
+    return len(a) == len(b) and all(statically_equal(x, y) for x, y in zip(a, b))
+
+
+def shape_env_of(metas):
+    """The ShapeEnv of the first symbolic size in metas (None when all are static)."""
+    for m in metas:
+        for v in tuple(getattr(m, "shape", ())) + tuple(getattr(m, "stride", ())):
+            if isinstance(v, SymInt):
+                return v.env
+    return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from kiln.meta.symbolic import same_shape
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops import prims
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
@@ -89,7 +90,7 @@ def _reshape_meta(x, shape):
 @DECOMPOSITIONS.register(reshape)
 def _reshape_decomp(x, shape):
     shape = infer_shape(shape, x.numel())
-    return x if tuple(x.shape) == shape else prims.reshape(x, shape)
+    return x if same_shape(x.shape, shape) else prims.reshape(x, shape)
 
 
 # ------------------------------------------------------------------ permute / transpose
@@ -174,7 +175,7 @@ def _expand_meta(x, shape):
 @DECOMPOSITIONS.register(expand)
 def _expand_decomp(x, shape):
     out, lead = _expanded_shape(x, shape)
-    if out == tuple(x.shape):
+    if same_shape(out, x.shape):
         return x
     return prims.broadcast_in_dim(x, out, tuple(range(lead, len(out))))
 

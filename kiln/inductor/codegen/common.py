@@ -43,6 +43,14 @@ class IndexPrinter(StrPrinter):
     def _print_Integer(self, expr):
         return str(int(expr))
 
+    def _print_Pow(self, expr):
+        """A symbolic size squared (``s1**2``): repeated multiplication (C and Triton have no
+        integer power operator)."""
+        base, exp = expr.args
+        if exp.is_Integer and int(exp) > 0:
+            return "(" + " * ".join([f"({self._print(base)})"] * int(exp)) + ")"
+        raise NotImplementedError(f"[codegen] cannot print the index power {expr}")
+
 
 class ScalarOps:
     """A backend's spelling of scalar ops. Subclasses fill ``TABLE`` (op -> format string)."""
