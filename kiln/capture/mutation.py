@@ -461,9 +461,16 @@ def setitem(tx, target, key, value):
 
 
 # ---------------------------------------------------------------- end of capture
-def finalize(tx, ret, proxies: list):
+def finalize(tx, ret, proxies: list, at_break: bool = False):
     """Add each mutated input's final value to the graph outputs; return the write-back plan:
-    (input_mutations: [(input index, output index)], returned_inputs: [(output index, input index)])."""
+    (input_mutations: [(input index, output index)], returned_inputs: [(output index, input index)]),
+    or None. ``ret`` is what the function returns, or the tensors live at a graph break (a list):
+    there, a view would reach the resume function as a separate tensor, so it is refused."""
+    if at_break:
+        for var in _output_vars(ret):
+            if var.alias is not None and var.alias.chain:
+                raise Unsupported("a view of another tensor is live across a graph break (the resume "
+                                  "function would get a copy, not a view)")
     placeholders = [n for n in tx.graph.nodes if n.op == PLACEHOLDER]
     mutated = [st for st in tx.storages if st.version and st.from_input]
     if not mutated:
@@ -490,6 +497,9 @@ def _output_vars(v):
 
     if isinstance(v, TensorVariable):
         yield v
+    elif isinstance(v, list):
+        for x in v:
+            yield from _output_vars(x)
     elif isinstance(v, _Sequence):
         for x in v.items:
             yield from _output_vars(x)

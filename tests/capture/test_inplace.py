@@ -295,3 +295,30 @@ def test_uncertain_view_written_and_base_unused_compiles():
         return out
     check_mutation(f, lambda: [_r(3, 4)], "kiln")
     assert kiln.stats()["graph_breaks"] == 0
+
+
+def _write_view_across_break(x):
+    v = x[0]
+    v.add_(1)
+    kiln.graph_break()
+    v.mul_(2)                  # v must still be a view of x here
+    x.sub_(0.5)
+    return x
+
+
+def _write_input_across_break(x):
+    x.add_(1)
+    kiln.graph_break()
+    x.mul_(2)
+    return x
+
+
+@pytest.mark.parametrize("fn", [_write_view_across_break, _write_input_across_break])
+def test_writes_across_a_graph_break(fn):
+    x = _r(3, 4)
+    x2 = x.clone()
+    expected = fn(x)
+    out = kiln.compile(fn)(x2)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x2, x)
+    assert out is x2
