@@ -118,6 +118,23 @@ def overhead(device: str, quick: bool) -> list[Setup]:
         label="per-call overhead, 8 elements")]
 
 
+def four_args(a, b, c, d):
+    return a * b + c - d
+
+
+@case("overhead_4args")
+def overhead_4args(device: str, quick: bool) -> list[Setup]:
+    """A cache hit on a function of 4 tensor arguments: guard evaluation plus dispatch (the
+    kernel is one tiny pointwise op), reported in microseconds for eager, torch.compile and
+    kiln in one run."""
+    return [Setup(
+        fn=four_args,
+        make_inputs=lambda: tuple(_randn((8,), device, torch.float32) for _ in range(4)),
+        dtype=torch.float32,
+        overhead=True,
+        label="per-call overhead, 4 tensor args of 8 elements")]
+
+
 def _rows(device, quick, big=(8192, 4096), small=(512, 1024), tiny=(16, 64)):
     return tiny if quick else (big if device == "cuda" else small)
 

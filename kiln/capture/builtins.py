@@ -8,7 +8,10 @@ directly when all its arguments are Python constants. Everything else (``print``
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import math
+
+import torch
 
 from kiln.capture import torch_api
 from kiln.capture.errors import Unsupported
@@ -32,12 +35,19 @@ def handles(*fns):
 
 def is_builtin(value) -> bool:
     try:
-        return value in BUILTIN_HANDLERS or value in PURE_BUILTINS or value is builtins.print
+        if value in BUILTIN_HANDLERS or value in PURE_BUILTINS or value is builtins.print:
+            return True
     except TypeError:
         return False
+    return _is_math(value) or _operator_fn(value) is not None
 
 
 def call_builtin(tx, fn, args, kwargs):
+    if _is_math(fn):
+        PURE_BUILTINS.add(fn)
+    op = _operator_fn(fn)
+    if op is not None:
+        return op(tx, *args)
     handler = BUILTIN_HANDLERS.get(fn)
     if handler is not None:
         result = handler(tx, *args, **kwargs)
@@ -118,16 +128,6 @@ def _abs(tx, x):
     return NotImplemented
 
 
-@handles(getattr)
-def _getattr(tx, obj, name, default=None):
-    try:
-        return obj.getattr(tx, name.as_python())
-    except Unsupported:
-        if default is None:
-            raise
-        return default
-
-
 @handles(builtins.print)
 def _print(tx, *args, **kwargs):
     raise Unsupported("call to print is not supported")
@@ -138,3 +138,213 @@ def _bool(tx, x=None):
     if x is None:
         return ConstantVariable(False)
     return ConstantVariable(x.truth(tx))
+
+
+# ---------------------------------------------------------------- more builtins
+# Every function of the math module is pure on constants.
+def _is_math(fn) -> bool:
+    return getattr(fn, "__module__", None) == "math" and callable(fn)
+
+
+def _operator_fn(fn):
+    import operator
+    try:
+        name = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
+                operator.floordiv: "//", operator.mod: "%", operator.pow: "**",
+                operator.matmul: "@", operator.and_: "&", operator.or_: "|", operator.xor: "^",
+                operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">=",
+                operator.eq: "==", operator.ne: "!="}.get(fn)
+    except TypeError:
+        return None
+    if name is not None:
+        return lambda tx, a, b: tx.binary_op(name, a, b)
+    if fn is operator.neg:
+        return lambda tx, a: tx.unary_op("-", a)
+    if fn is operator.getitem:
+        return lambda tx, a, b: tx.getitem(a, b)
+    return None
+
+
+def _constants(tx, items):
+    try:
+        return [v.as_python() for v in items]
+    except Unsupported:
+        return None
+
+
+@handles(sum)
+def _sum(tx, iterable, start=None):
+    items = iterable.iterate(tx)
+    total = start if start is not None else ConstantVariable(0)
+    values = _constants(tx, [total, *items])
+    if values is not None:
+        return tx.wrap_constant(sum(values[1:], values[0]))
+    for v in items:  # tensors: fold with +, as Python's sum does (0 + a + b ...)
+        total = tx.binary_op("+", total, v)
+    return total
+
+
+def _min_max(py_fn):
+    def handler(tx, *args, **kwargs):
+        items = args[0].iterate(tx) if len(args) == 1 else list(args)
+        values = _constants(tx, items)
+        py_kwargs = {k: v.as_python() for k, v in kwargs.items()}
+        if values is None:
+            raise Unsupported(f"{py_fn.__name__}() of tensors compares data (use torch.{py_fn.__name__}imum)")
+        try:
+            return tx.wrap_constant(py_fn(values, **py_kwargs))
+        except Exception as e:  # noqa: BLE001
+            raise Unsupported(f"{py_fn.__name__}(...) raised {e!r}") from None
+    return handler
+
+
+BUILTIN_HANDLERS[min] = _min_max(min)
+BUILTIN_HANDLERS[max] = _min_max(max)
+
+
+@handles(sorted)
+def _sorted(tx, iterable, reverse=None):
+    items = iterable.iterate(tx)
+    keys = _constants(tx, items)
+    if keys is None:
+        raise Unsupported("sorted() of values that are not Python constants")
+    order = sorted(range(len(keys)), key=keys.__getitem__,
+                   reverse=bool(reverse.as_python()) if reverse is not None else False)
+    return ListVariable([items[i] for i in order])
+
+
+@handles(reversed)
+def _reversed(tx, seq):
+    return IteratorVariable(list(reversed(seq.iterate(tx))))
+
+
+@handles(iter)
+def _iter(tx, obj):
+    return obj if isinstance(obj, IteratorVariable) else IteratorVariable(obj.iterate(tx))
+
+
+@handles(next)
+def _next(tx, it, default=None):
+    if not isinstance(it, IteratorVariable):
+        raise Unsupported(f"next() of {it}")
+    item = it.next()
+    if item is None:
+        if default is None:
+            raise Unsupported("next() of an exhausted iterator (StopIteration)")
+        return default
+    return item
+
+
+@handles(type)
+def _type(tx, *args):
+    if len(args) != 1:
+        raise Unsupported("type() with 3 arguments (creating a class)")
+    return ConstantVariable(args[0].python_type())
+
+
+@handles(slice)
+def _slice(tx, *args):
+    return ConstantVariable(slice(*[a.as_python() for a in args]))
+
+
+@handles(super)
+def _super(tx, *args):
+    from kiln.capture.interpreter import frame_super
+    from kiln.capture.values_python import SuperVariable
+    if not args:
+        return frame_super(tx._current_frame)
+    if len(args) != 2:
+        raise Unsupported("super() with one argument")
+    return SuperVariable(args[0].as_python(), args[1])
+
+
+@handles(dict)
+def _dict(tx, *args, **kwargs):
+    items = {}
+    if args:
+        src = args[0]
+        if isinstance(src, DictVariable):
+            items.update(src.items)
+        else:
+            for pair in src.iterate(tx):
+                k, v = pair.iterate(tx)
+                items[k.as_python()] = v
+    items.update(kwargs)
+    return DictVariable(items)
+
+
+@handles(set, frozenset)
+def _set(tx, iterable=None):
+    from kiln.capture.values_python import SetVariable
+    return SetVariable([] if iterable is None else iterable.iterate(tx))
+
+
+@handles(hasattr)
+def _hasattr(tx, obj, name):
+    return ConstantVariable(has_attribute(tx, obj, name.as_python()))
+
+
+def has_attribute(tx, obj, name) -> bool:
+    """hasattr() answered without guessing: a lookup that fails for another reason is a break."""
+    from kiln.capture.values import ModuleVariable
+    from kiln.capture.values_python import ObjectVariable
+    if isinstance(obj, TensorVariable):
+        return name in torch_api.TENSOR_ATTRIBUTES or hasattr(torch.Tensor, name)
+    if isinstance(obj, ConstantVariable):
+        return hasattr(obj.value, name)
+    if isinstance(obj, (ModuleVariable, ObjectVariable)):
+        if tx.side_effects.load_attr(obj, name) is not None:
+            return True
+        real = obj.module if isinstance(obj, ModuleVariable) else obj.value
+        if real is None:  # made during the trace
+            return name in obj.attrs or hasattr(obj.cls, name)
+        found = hasattr(real, name)
+        if obj.source is not None:
+            tx.guards.add(obj.source, f"hasattr({{}}, {name!r}) is {found}")
+        return found
+    if isinstance(obj, (DictVariable, _Sequence)):
+        return hasattr(obj.python_type(), name)
+    raise Unsupported(f"hasattr() on {obj}")
+
+
+@handles(getattr)
+def _getattr(tx, obj, name, default=None):
+    if default is not None and not has_attribute(tx, obj, name.as_python()):
+        return default
+    return obj.getattr(tx, name.as_python())
+
+
+@handles(callable)
+def _callable(tx, obj):
+    from kiln.capture.values import (BuiltinVariable, FunctionVariable, MethodVariable,
+                                     TorchFunctionVariable)
+    if isinstance(obj, (FunctionVariable, BuiltinVariable, MethodVariable, TorchFunctionVariable)):
+        return ConstantVariable(True)
+    if isinstance(obj, (TensorVariable, _Sequence, DictVariable)):
+        return ConstantVariable(False)
+    if isinstance(obj, ConstantVariable):
+        return ConstantVariable(callable(obj.value))
+    raise Unsupported(f"callable() on {obj}")
+
+
+@handles(torch.is_grad_enabled)
+def _is_grad_enabled(tx):
+    # The cache entry records the grad mode at entry; inside the trace, `with` blocks change it.
+    return ConstantVariable(tx.grad_enabled)
+
+
+@handles(dataclasses.replace)
+def _dataclass_replace(tx, obj, **changes):
+    from kiln.capture.values_python import dataclass_replace
+    return dataclass_replace(tx, obj, changes)
+
+
+def _is_compiling(tx):
+    # Model code takes its compile-friendly path under a compiler, as under torch.compile.
+    return ConstantVariable(True)
+
+
+for _fn in (getattr(torch.compiler, "is_compiling", None),
+            getattr(torch.compiler, "is_dynamo_compiling", None)):
+    if _fn is not None:
+        BUILTIN_HANDLERS[_fn] = _is_compiling

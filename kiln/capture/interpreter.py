@@ -660,6 +660,9 @@ def store_subscr(frame, inst):
     if isinstance(container, TensorVariable):  # functionalized (kiln/capture/mutation.py)
         frame.tx.setitem(container, key, value)
         return
+    if hasattr(container, "setitem"):  # a ModelOutput made during the trace
+        container.setitem(key.as_python(), value)
+        return
     if not isinstance(container, (ListVariable, DictVariable)):
         raise Unsupported(f"item assignment on {container} is not supported")
     frame.tx.side_effects.mutate(container)  # replayed when it came from the inputs
@@ -680,6 +683,29 @@ def delete_subscr(frame, inst):
         del container.items[key.as_python()]
     except (KeyError, IndexError):
         raise Unsupported(f"del of missing item {key.as_python()!r}") from None
+
+
+# ---------------------------------------------------------------- imports
+@handler("IMPORT_NAME")
+def import_name(frame, inst):
+    # Pops fromlist and level, pushes what __import__ returns; only modules that are already
+    # imported (importing for real would run a module's code during capture).
+    fromlist, level = frame.pop().as_python(), frame.pop().as_python()
+    import importlib.util
+    name = inst.argval
+    if level:
+        name = importlib.util.resolve_name("." * level + name, frame.globals.get("__package__") or "")
+    if name not in sys.modules:
+        raise Unsupported(f"import of {name!r}, which is not imported yet")
+    from kiln.capture.guards import ModuleSource
+    top = name if fromlist else name.partition(".")[0]
+    frame.push(frame.tx.wrap(sys.modules[top], ModuleSource(top), guard=False))
+
+
+@handler("IMPORT_FROM")
+def import_from(frame, inst):
+    module = frame.stack[-1]
+    frame.push(module.getattr(frame.tx, inst.argval))
 
 
 # ---------------------------------------------------------------- sets

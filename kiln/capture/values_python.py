@@ -1,0 +1,515 @@
+"""Value trackers for plain Python objects and classes (values.py has the core ones).
+
+- ``ObjectVariable``: an instance of a user class, either a real object reached from the inputs
+  (with a source; attribute reads are guarded) or one created during the trace (``Box()``, a
+  dataclass). Attribute writes go through the tracer's ``SideEffects`` (side_effects.py).
+- ``NamedTupleVariable``: a namedtuple instance (a tuple with a class).
+- ``SetVariable``: a set of Python constants.
+- ``SuperVariable``: ``super()`` / ``super(cls, obj)``, resolving along the MRO.
+- ``PartialVariable``: ``functools.partial(fn, ...)``.
+- ``GradModeVariable`` / ``ContextExitVariable``: ``with torch.no_grad()`` and friends.
+
+``call_class`` is what calling a class does during capture; ``attribute_of_class`` resolves a
+name on a class the way attribute lookup does (properties, static and class methods, bound
+functions).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import types
+
+import torch
+
+from kiln.capture.errors import Unsupported
+from kiln.capture.values import (ConstantVariable, DictVariable, FunctionVariable,
+                                 TupleVariable, Variable, _Sequence)
+
+_MISSING = object()
+
+
+def _static_lookup(cls, name):
+    """``name`` in the class dicts along ``cls``'s MRO (no descriptor is invoked)."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name], klass
+    return _MISSING, None
+
+
+def attribute_of_class(tx, cls, name, self_var, source):
+    """Resolve ``obj.name`` (``self_var`` not None) or ``cls.name`` through class descriptors.
+
+    Returns a Variable, or None when the name is not a class attribute."""
+    value, owner = _static_lookup(cls, name)
+    if value is _MISSING:
+        return None
+    if isinstance(value, property):
+        if self_var is None:
+            return tx.wrap(value, None)
+        if value.fget is None:
+            raise Unsupported(f"property {cls.__name__}.{name} has no getter")
+        return FunctionVariable(value.fget).call(tx, [self_var], {})
+    if isinstance(value, staticmethod):
+        return tx.wrap(value.__func__, None)
+    if isinstance(value, classmethod):
+        return _bind(tx, value.__func__, ConstantVariable(cls))
+    if isinstance(value, types.FunctionType):
+        if self_var is None:
+            src = tx.attr_source(source, name) if source is not None else None
+            return FunctionVariable(value, source=src)
+        return _bind(tx, value, self_var)
+    # a class attribute reached without a source (through an object made during the trace)
+    # is read unguarded, like a constant of the class's code
+    return tx.wrap(value, tx.attr_source(source, name) if source is not None else None)
+
+
+def _bind(tx, fn, self_var):
+    if (fn.__module__ or "").startswith("torch"):
+        raise Unsupported(f"calling torch's method {fn.__qualname__} on a user object")
+    return FunctionVariable(fn, self_var=self_var)
+
+
+# ====================================================================== objects
+class ObjectVariable(Variable):
+    """An instance of a user class. ``value`` is the real object (None for one created during
+    the trace); ``attrs`` holds the attributes of a created object."""
+
+    def __init__(self, cls, value=None, source=None, attrs=None):
+        self.cls = cls
+        self.value = value
+        self.source = source
+        self.attrs: dict = dict(attrs or {})
+
+    def python_type(self):
+        return self.cls
+
+    def truth(self, tx):
+        if _static_lookup(self.cls, "__bool__")[0] is not _MISSING or \
+                _static_lookup(self.cls, "__len__")[0] is not _MISSING:
+            raise Unsupported(f"truth value of a {self.cls.__name__} object")
+        return True
+
+    def getattr(self, tx, name):
+        written = tx.side_effects.load_attr(self, name)
+        if written is not None:
+            return written
+        value, _ = _static_lookup(self.cls, name)
+        data_descriptor = value is not _MISSING and hasattr(type(value), "__set__")
+        if not data_descriptor:
+            if self.value is None and name in self.attrs:
+                return self.attrs[name]
+            if self.value is not None and name in getattr(self.value, "__dict__", {}):
+                return tx.wrap(self.value.__dict__[name], tx.attr_source(self.source, name))
+        if name == "__class__":
+            return ConstantVariable(self.cls)
+        if name == "__dict__" and self.value is None:
+            return DictVariable(self.attrs)
+        out = attribute_of_class(tx, self.cls, name, self, self.source)
+        if out is None:
+            raise Unsupported(f"{self.cls.__name__} object has no attribute {name!r}")
+        return out
+
+    def setattr(self, tx, name, value):
+        if self.value is None:
+            self.attrs[name] = value
+        else:
+            tx.side_effects.store_attr(self, name, value)
+
+    def __repr__(self):
+        return f"Object({self.cls.__name__}{' at ' + str(self.source) if self.source else ''})"
+
+
+class NamedTupleVariable(_Sequence):
+    kind = tuple
+
+    def __init__(self, cls, items, source=None):
+        super().__init__(items, source)
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls
+
+    def as_python(self):
+        return self.cls(*(v.as_python() for v in self.items))
+
+    def getattr(self, tx, name):
+        if name in self.cls._fields:
+            return self.items[self.cls._fields.index(name)]
+        if name == "_fields":
+            return ConstantVariable(tuple(self.cls._fields))
+        if name == "_replace":
+            return _NamedTupleReplace(self)
+        out = attribute_of_class(tx, self.cls, name, self, None)
+        if out is None:
+            return super().getattr(tx, name)
+        return out
+
+    def getitem(self, tx, key):
+        out = super().getitem(tx, key)
+        return TupleVariable(out.items) if isinstance(out, NamedTupleVariable) else out
+
+    def __repr__(self):
+        return f"{self.cls.__name__}({self.items!r})"
+
+
+class _NamedTupleReplace(Variable):
+    def __init__(self, nt):
+        self.nt = nt
+
+    def call(self, tx, args, kwargs):
+        items = list(self.nt.items)
+        for k, v in kwargs.items():
+            items[self.nt.cls._fields.index(k)] = v
+        return NamedTupleVariable(self.nt.cls, items)
+
+
+class SetVariable(_Sequence):
+    """A set of Python constants (kept in first-insertion order, deduplicated by value)."""
+    kind = set
+
+    def __init__(self, items=(), source=None):
+        super().__init__([], source)
+        for v in items:
+            self.add(v)
+
+    def add(self, v):
+        key = v.as_python()
+        if all(x.as_python() != key for x in self.items):
+            self.items.append(v)
+
+    def getattr(self, tx, name):
+        if name in ("add", "update", "union", "intersection", "difference"):
+            from kiln.capture.values import MethodVariable
+            return MethodVariable(self, name)
+        return super().getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "add":
+            self.add(args[0])
+            return ConstantVariable(None)
+        if name == "update":
+            for a in args:
+                for v in a.iterate(tx):
+                    self.add(v)
+            return ConstantVariable(None)
+        result = getattr(self.as_python(), name)(*[a.as_python() for a in args])
+        return SetVariable([ConstantVariable(v) for v in result])
+
+
+# ====================================================================== super, partial
+class SuperVariable(Variable):
+    def __init__(self, cls, obj):
+        self.cls = cls    # the class after which the MRO search starts
+        self.obj = obj    # the Variable of the instance
+
+    def getattr(self, tx, name):
+        mro = self.obj.python_type().__mro__
+        start = mro.index(self.cls) + 1
+        for klass in mro[start:]:
+            if name in vars(klass):
+                value = vars(klass)[name]
+                if isinstance(value, types.FunctionType):
+                    if (value.__module__ or "").startswith("torch") and klass is not object:
+                        if name == "__init__":
+                            return _NoOp()
+                    return FunctionVariable(value, self_var=self.obj)
+                if isinstance(value, (property, staticmethod, classmethod)):
+                    return attribute_of_class(tx, klass, name, self.obj, None)
+                if klass is object and name == "__init__":
+                    return _NoOp()
+                return tx.wrap(value, None)
+        raise Unsupported(f"super() has no attribute {name!r}")
+
+    def __repr__(self):
+        return f"Super({self.cls.__name__})"
+
+
+class _NoOp(Variable):
+    def call(self, tx, args, kwargs):
+        return ConstantVariable(None)
+
+
+class PartialVariable(Variable):
+    def __init__(self, fn, args, kwargs):
+        self.fn, self.args, self.kwargs = fn, list(args), dict(kwargs)
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        return self.fn.call(tx, self.args + list(args), {**self.kwargs, **kwargs})
+
+
+# ====================================================================== grad mode
+class GradModeVariable(Variable):
+    """``torch.no_grad()``, ``torch.enable_grad()``, ``torch.set_grad_enabled(b)``: entering
+    sets the tracer's grad mode (ops inside a disabled region record detached results)."""
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+
+    def python_type(self):
+        return torch.no_grad if not self.enabled else torch.enable_grad
+
+    def enter(self, tx):
+        """BEFORE_WITH's protocol (interpreter.py): (the exit callable, what __enter__ returns)."""
+        prev = tx.grad_enabled
+        tx.grad_enabled = self.enabled
+        return ContextExitVariable(lambda: setattr(tx, "grad_enabled", prev)), ConstantVariable(None)
+
+    def getattr(self, tx, name):
+        if name == "__enter__":
+            return _Call(lambda: ConstantVariable(None))
+        raise Unsupported(f"attribute {name!r} of a grad-mode context")
+
+
+class _Call(Variable):
+    def __init__(self, fn):
+        self.fn = fn
+
+    def call(self, tx, args, kwargs):
+        return self.fn()
+
+
+class ContextExitVariable(Variable):
+    """What BEFORE_WITH leaves on the stack: calling it (the normal exit) restores the state."""
+
+    def __init__(self, restore):
+        self.restore = restore
+
+    def call(self, tx, args, kwargs):
+        self.restore()
+        return ConstantVariable(None)
+
+
+_GRAD_CONTEXTS = {torch.no_grad: False, torch.enable_grad: True}
+
+
+# ====================================================================== calling classes
+_PURE_CONSTRUCTORS = (torch.device, torch.finfo, torch.iinfo, torch.Size)
+
+
+def call_class(tx, cls, args, kwargs):
+    """What ``cls(*args, **kwargs)`` does during capture."""
+    if cls in _GRAD_CONTEXTS:
+        if args or kwargs:
+            raise Unsupported(f"{cls.__name__} with arguments")
+        return GradModeVariable(_GRAD_CONTEXTS[cls])
+    if cls is torch.set_grad_enabled:
+        return GradModeVariable(bool(args[0].as_python()))
+    if cls in _PURE_CONSTRUCTORS:
+        py_args = [a.as_python() for a in args]
+        py_kwargs = {k: v.as_python() for k, v in kwargs.items()}
+        try:
+            return ConstantVariable(cls(*py_args, **py_kwargs))
+        except Exception as e:  # noqa: BLE001
+            raise Unsupported(f"{cls.__name__}(...) raised {e!r}") from None
+    if cls is functools.partial:
+        if not args:
+            raise Unsupported("functools.partial without a function")
+        return PartialVariable(args[0], args[1:], kwargs)
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        return _make_namedtuple(tx, cls, args, kwargs)
+    if issubclass(cls, dict) and dataclasses.is_dataclass(cls):
+        return make_dict_dataclass(tx, cls, args, kwargs)
+    if issubclass(cls, torch.nn.Module):
+        raise Unsupported(f"creating a {cls.__name__} module inside compiled code")
+    if (cls.__module__ or "").startswith("torch") or type(cls) is not type or \
+            cls.__new__ is not object.__new__ or cls.__dict__.get("__slots__") is not None:
+        raise Unsupported(f"creating a {cls.__qualname__} object is not supported")
+    obj = ObjectVariable(cls)
+    init, _ = _static_lookup(cls, "__init__")
+    if isinstance(init, types.FunctionType):
+        FunctionVariable(init, self_var=obj).call(tx, list(args), dict(kwargs))
+    elif args or kwargs:
+        raise Unsupported(f"{cls.__qualname__}() takes no arguments")
+    return obj
+
+
+def _make_namedtuple(tx, cls, args, kwargs):
+    params = list(inspect.signature(cls).parameters.values())
+    items = list(args)
+    if len(items) > len(params):
+        raise Unsupported(f"{cls.__name__}() takes {len(params)} arguments")
+    for p in params[len(items):]:
+        if p.name in kwargs:
+            items.append(kwargs.pop(p.name))
+        elif p.default is not inspect.Parameter.empty:
+            items.append(tx.wrap(p.default, None))
+        else:
+            raise Unsupported(f"{cls.__name__}() missing argument {p.name!r}")
+    if kwargs:
+        raise Unsupported(f"{cls.__name__}() got unexpected arguments {sorted(kwargs)}")
+    return NamedTupleVariable(cls, items)
+
+
+def dataclass_replace(tx, obj, kwargs):
+    """``dataclasses.replace(obj, **changes)`` for a dataclass made during the trace."""
+    if not isinstance(obj, ObjectVariable) or not dataclasses.is_dataclass(obj.cls):
+        raise Unsupported("dataclasses.replace of a non-dataclass value")
+    fields = {f.name: obj.getattr(tx, f.name) for f in dataclasses.fields(obj.cls) if f.init}
+    fields.update(kwargs)
+    return call_class(tx, obj.cls, [], fields)
+
+
+__all__ = ["ObjectVariable", "NamedTupleVariable", "SetVariable", "SuperVariable",
+           "PartialVariable", "GradModeVariable", "ContextExitVariable", "call_class",
+           "attribute_of_class", "dataclass_replace"]
+
+
+# ====================================================================== hooks used by values.py
+def is_user_object(value) -> bool:
+    """A plain instance of a user-defined class (attributes modeled by ObjectVariable)."""
+    cls = type(value)
+    if type(cls) is not type or isinstance(value, (torch.nn.Module, torch.Tensor, type)):
+        return False
+    module = (cls.__module__ or "").split(".")[0]
+    if module in ("builtins", "torch", "types", "functools", "typing", "collections", "math"):
+        return False
+    if isinstance(value, (types.FunctionType, types.MethodType, tuple, list, dict, set)):
+        return False
+    return hasattr(value, "__dict__") and not hasattr(cls, "__slots__")
+
+
+def user_class_attribute(tx, module_var, name):
+    """``module.name`` when a user class (not torch's) defines ``name`` as a property, static or
+    class method or a function; None for everything else (instance attributes, parameters,
+    submodules, and torch's own methods, which the caller resolves)."""
+    cls = type(module_var.module)
+    value, owner = _static_lookup(cls, name)
+    if value is _MISSING or (owner.__module__ or "").startswith("torch"):
+        return None
+    if name in module_var.module.__dict__ and not hasattr(type(value), "__set__"):
+        return None
+    if isinstance(value, (property, staticmethod, classmethod)):
+        return attribute_of_class(tx, cls, name, module_var, module_var.source)
+    return None
+
+
+class GradModeFunctionVariable(Variable):
+    """A function decorated with ``@torch.no_grad()`` (or enable_grad): the wrapped function is
+    inlined with the tracer's grad mode set."""
+
+    def __init__(self, wrapped, mode):
+        self.wrapped, self.mode = wrapped, mode
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        exit_, _ = self.mode.enter(tx)
+        try:
+            return self.wrapped.call(tx, args, kwargs)
+        finally:
+            exit_.call(tx, [], {})
+
+
+def grad_mode_decorated(tx, fn, source):
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    factory = cells.get("ctx_factory")
+    try:
+        ctx = factory.cell_contents() if factory is not None else None
+    except Exception:  # noqa: BLE001
+        ctx = None
+    modes = {torch.no_grad: False, torch.enable_grad: True}
+    if type(ctx) not in modes and not isinstance(ctx, torch.set_grad_enabled):
+        raise Unsupported(f"call to {fn.__qualname__}, a function decorated with a torch "
+                          "context manager other than no_grad / enable_grad")
+    enabled = modes[type(ctx)] if type(ctx) in modes else ctx.mode
+    wrapped = tx.wrap(fn.__wrapped__, tx.attr_source(source, "__wrapped__"))
+    return GradModeFunctionVariable(wrapped, GradModeVariable(enabled))
+
+
+# ====================================================================== dict dataclasses
+class DictDataclassVariable(Variable):
+    """An instance of a dataclass that is also a dict (transformers' ``ModelOutput``): fields in
+    declaration order; the non-None ones are its keys, and ``out[i]`` indexes their tuple."""
+
+    def __init__(self, cls, values: dict):
+        self.cls = cls
+        self.values = values  # field name -> Variable
+
+    def python_type(self):
+        return self.cls
+
+    def truth(self, tx):
+        return bool(self.keys())
+
+    def keys(self):
+        return [k for k, v in self.values.items()
+                if not (isinstance(v, ConstantVariable) and v.value is None)]
+
+    def to_tuple(self):
+        return TupleVariable([self.values[k] for k in self.keys()])
+
+    def iterate(self, tx):
+        return [ConstantVariable(k) for k in self.keys()]
+
+    def getitem(self, tx, key):
+        k = key.as_python()
+        if isinstance(k, str):
+            if k not in self.keys():
+                raise Unsupported(f"{self.cls.__name__} has no key {k!r}")
+            return self.values[k]
+        return self.to_tuple().getitem(tx, key)
+
+    def getattr(self, tx, name):
+        if name in self.values:
+            return self.values[name]
+        if name == "to_tuple":
+            return _Call(self.to_tuple)
+        if name == "keys":
+            return _Call(lambda: TupleVariable(self.iterate(tx)))
+        if name == "values":
+            return _Call(self.to_tuple)
+        if name == "items":
+            return _Call(lambda: TupleVariable([TupleVariable([ConstantVariable(k), self.values[k]])
+                                                for k in self.keys()]))
+        if name == "get":
+            return _Get(self)
+        raise Unsupported(f"attribute {name!r} of a {self.cls.__name__} is not supported")
+
+    def setattr(self, tx, name, value):
+        self.values[name] = value
+
+    def setitem(self, key, value):
+        self.values[key] = value
+
+    def __repr__(self):
+        return f"{self.cls.__name__}({list(self.keys())})"
+
+
+class _Get(Variable):
+    def __init__(self, obj):
+        self.obj = obj
+
+    def call(self, tx, args, kwargs):
+        key = args[0].as_python()
+        if key in self.obj.keys():
+            return self.obj.values[key]
+        return args[1] if len(args) > 1 else ConstantVariable(None)
+
+
+def make_dict_dataclass(tx, cls, args, kwargs):
+    fields = [f.name for f in dataclasses.fields(cls)]
+    if len(args) > len(fields):
+        raise Unsupported(f"{cls.__name__}() with {len(args)} positional arguments")
+    values = {}
+    for f in dataclasses.fields(cls):
+        default = None
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        if not is_plain_default(default):
+            raise Unsupported(f"{cls.__name__}.{f.name} has a default capture cannot copy")
+        values[f.name] = ConstantVariable(default)
+    values.update(zip(fields, args))
+    unknown = set(kwargs) - set(fields)
+    if unknown:
+        raise Unsupported(f"{cls.__name__}() got unexpected fields {sorted(unknown)}")
+    values.update(kwargs)
+    return DictDataclassVariable(cls, values)
+
+
+def is_plain_default(v) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str))
