@@ -92,7 +92,11 @@ def test_store_attr_and_input_mutation():
         box.value = x
         return x
 
-    raises_at(store, (torch.randn(4, 8),), "box.value = x", "assigning attribute")
+    # attribute writes are replayed after the graph runs (corpus/mutation.py has the cases)
+    import kiln
+    x = torch.randn(4, 8)
+    kiln.compile(store, backend="eager")(x)
+    assert box.value is x
 
     def mutate(x):  # in-place ops compile (test_inplace.py); this write is data-dependent
         x[x > 0] = x[:2]
