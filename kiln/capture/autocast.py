@@ -108,6 +108,8 @@ class AutocastState:
                               f"(kiln knows {', '.join(policy_table.DEVICE_TYPES)})")
         if dtype is None:
             dtype = self.current(device, need_dtype=True)[1]
+        if device == "cuda" and enabled and not torch.cuda.is_available():
+            enabled = False  # torch warns and disables autocast too
         if enabled and dtype not in policy_table.SUPPORTED_DTYPES[device]:
             raise Unsupported(f"torch.autocast({device!r}, dtype={dtype}): torch disables "
                               "autocast for this dtype with a warning")
@@ -206,15 +208,19 @@ def _fallback_unknown(name: str) -> str | None:
         overloads = getattr(torch.ops.aten, short).overloads()
     except Exception:  # noqa: BLE001 - not an aten op
         return "it is not a single aten op"
+    found = False
     for ov in overloads:
+        if ov == "out" or ov.endswith("_out"):
+            continue  # out= is never captured
         qual = f"aten::{short}" if ov == "default" else f"aten::{short}.{ov}"
         try:
             composite = torch._C._dispatch_has_kernel_for_dispatch_key(qual, "CompositeImplicitAutograd")
-        except Exception:  # noqa: BLE001
-            composite = True
-        if composite:
+        except Exception:  # noqa: BLE001 - a TorchScript-only overload, not in the dispatcher
+            continue
+        if composite and "dimname" not in ov.lower():  # named-dim overloads are never captured
             return "it is a composite aten op whose inner ops autocast may cast"
-    return None
+        found = True
+    return None if found else "it is not a single aten op"
 
 
 # ====================================================================== value trackers
@@ -316,7 +322,9 @@ class AutocastQueryVariable(Variable):
         device = self.device
         if device is None:
             py = [_const(a, "the device type") for a in [*args, *kwargs.values()]]
-            device = py[0] if py else "cuda"
+            if not py and self.what == "dtype":
+                raise Unsupported("torch.get_autocast_dtype() without a device type (torch raises)")
+            device = py[0] if py else "cuda"  # is_autocast_enabled(): the CUDA switch
         if device not in policy_table.DEVICE_TYPES:
             raise Unsupported(f"torch autocast query for device type {device!r}")
         enabled, dtype = tx.autocast.current(device, need_dtype=self.what == "dtype")

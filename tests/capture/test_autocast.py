@@ -140,7 +140,8 @@ OPS = {  # name -> (fn, input shapes); inputs are fp32 unless the test says othe
     "group_norm": (lambda x: F.group_norm(x, 2), [(2, 4, 3)]),
     "exp_sum": (lambda x: torch.exp(x).sum(-1), [(M, K)]),
     "prod": (lambda x: (x * 0.5 + 1).prod(-1), [(M, K)]),
-    "cumsum_fallback": (lambda x: torch.cumsum(x, 1), [(M, K)]),
+    "cumsum": (lambda x: torch.cumsum(x, 1), [(M, K)]),
+    "leaf_fallbacks": (lambda x, y: torch.logcumsumexp(x, 1) + torch.atan2(x, y), [(M, K), (M, K)]),
     "mse_loss": (lambda a, b: F.mse_loss(a, b), [(M, K), (M, K)]),
     "l1_loss": (lambda a, b: F.l1_loss(a, b), [(M, K), (M, K)]),
     "bce_logits": (lambda a, b: F.binary_cross_entropy_with_logits(a, b.sigmoid()), [(M, K), (M, K)]),
@@ -291,6 +292,20 @@ def test_composite_fallback_under_autocast_breaks():
     out = kiln.compile(f, backend="eager")(a, b)
     assert out.dtype == ref.dtype == torch.bfloat16
     assert kiln.stats().get("graph_breaks", 0) == 1
+
+
+@pytest.mark.skipif(CUDA, reason="checks the CPU-only build's behaviour")
+def test_cuda_region_without_cuda_is_disabled():
+    def f(x, w):
+        with torch.autocast("cuda"):       # torch warns and disables it without CUDA
+            return x @ w, torch.is_autocast_enabled("cuda")
+
+    import warnings
+    x, w = randn((M, K), torch.float32, "cpu"), randn((K, N), torch.float32, "cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        out = compiled_vs_eager(f, (x, w), "eager", torch.float32)
+    assert out[0].dtype == torch.float32 and out[1] is False
 
 
 def test_unsupported_device_type_breaks():
