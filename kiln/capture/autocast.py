@@ -95,6 +95,7 @@ class AutocastState:
         autocast, torch would otherwise cast the graph's own library calls again."""
         if self.regions:
             raise Unsupported("a torch.autocast region is still open at the end of the trace")
+        graph.call_hook = None  # later stages add nodes without autocast
         devices = {getattr(n.meta.get("val"), "device", None) for n in graph.nodes}
         for d in policy_table.DEVICE_TYPES:
             if any(dev is not None and dev.type == d for dev in devices):

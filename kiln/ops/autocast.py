@@ -24,6 +24,7 @@ device):
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 
@@ -34,9 +35,25 @@ BANNED = "banned"
 
 DEVICE_TYPES = ("cpu", "cuda")
 
-# Autocast dtypes torch accepts per device (others: torch warns and disables autocast).
+
+def _cpu_dtypes() -> tuple:
+    """The dtypes this torch's CPU autocast accepts (float16 only in recent releases)."""
+    out = []
+    for dtype in (torch.bfloat16, torch.float16):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                if getattr(torch.autocast("cpu", dtype=dtype), "_enabled", True):
+                    out.append(dtype)
+            except Exception:  # noqa: BLE001 - refused: not supported
+                pass
+    return tuple(out)
+
+
+# Autocast dtypes torch accepts per device (others: torch warns and disables autocast, or
+# raises; capture makes them a graph break so eager torch does what it does).
 SUPPORTED_DTYPES = {
-    "cpu": (torch.bfloat16, torch.float16),
+    "cpu": _cpu_dtypes(),
     "cuda": (torch.float16, torch.bfloat16),
 }
 
