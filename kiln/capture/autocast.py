@@ -366,7 +366,7 @@ def wrap_autocast(tx, value, source, guard=True):
         return AutocastContextVariable(value.device, bool(value._enabled), value.fast_dtype, source)
     try:
         query = _QUERIES.get(value)
-    except TypeError:  # unhashable
+    except Exception:  # noqa: BLE001 - unhashable (or a __hash__ that raises)
         return None
     if query is not None:
         if guard:
