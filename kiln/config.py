@@ -23,6 +23,8 @@ class Config:
     cpu_backend: str = dataclasses.field(default_factory=lambda: os.environ.get("KILN_CPU_BACKEND", "cpp"))
     triton_max_persistent_rblock: int = 4096  # longer rows use looped reductions
     triton_looped_rblock: int = 1024
+    # reductions over strided dims tile [XBLOCK contiguous kept elements, RBLOCK reduced]
+    triton_column_reductions: bool = True
     # split reductions (lowering.reduction): few rows over a long reduced extent become a
     # partial reduction over row x chunk, then a small second reduction over the chunks
     split_reductions: bool = True

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 
+import sympy
+
 import torch
 
 from kiln.config import config
@@ -55,6 +57,41 @@ def block_config(xnumel: int, rnumel: int):
         warps = 8 if rblock >= 2048 else 4 if rblock * xblock >= 512 else 2
         return True, xblock, rblock, warps
     return False, 1, min(config.triton_looped_rblock, rblock), 8
+
+
+def column_block_config(xnumel, rnumel):
+    """Blocks for a column reduction (the kept dims are the contiguous ones, the reduced dims
+    are strided: bias and norm-weight gradients, sums over the batch). Rows of one program are
+    neighbours in memory, so a [XBLOCK, RBLOCK] tile loads XBLOCK contiguous elements per
+    reduced step; one element per program (XBLOCK=1) would read one 32-byte sector per element."""
+    xblock = max(1, min(_pow2(xnumel), 64))
+    rblock = max(1, min(_pow2(rnumel), 4096 // xblock, 32))
+    return rblock >= rnumel, xblock, rblock, 4
+
+
+def is_column_reduction(kernel, ranges) -> bool:
+    """Every load that walks the reduced dims steps by more than one element along them, and
+    some load steps by exactly one along the innermost kept dim."""
+    if is_symbolic(math.prod(kernel.xshape) * math.prod(kernel.rshape)) or not kernel.kept_dims \
+            or not kernel.reduced_dims or math.prod(kernel.xshape) < 16:
+        return False
+    inner = ir.index_symbol(kernel.kept_dims[-1])
+    red = {ir.index_symbol(d) for d in kernel.reduced_dims}
+    inside = {n.name for n in kernel.nodes}
+    column = False
+    for node in kernel.nodes:
+        for ld in ir.loads_of(kernel.body(node)):
+            if ld.buffer in inside:
+                continue
+            index = sympy.expand(ir.simplify_index(ld.index, ranges))
+            walks = index.free_symbols & red
+            if not walks:
+                continue
+            if any(index.coeff(r, 1) == 1 for r in walks):
+                return False
+            if inner in index.free_symbols and index.coeff(inner, 1) == 1:
+                column = True
+    return column
 
 
 REDUCTION_TUNE_MIN = 1 << 16  # elements; smaller kernels keep the heuristic
@@ -102,6 +139,8 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
     # the reduced extent as kernel text: the argument itself when it is symbolic
     rnumel_text = "rnumel" if is_symbolic(rnumel) else rnumel
     persistent, xblock, rblock, warps = block_config(xnumel, rnumel)
+    if config.triton_column_reductions and is_column_reduction(kernel, ranges):
+        persistent, xblock, rblock, warps = column_block_config(xnumel, rnumel)
     if force_looped and persistent:
         persistent, xblock, rblock, warps = False, 1, min(config.triton_looped_rblock, rblock), 8
     red_syms = {ir.index_symbol(d) for d in kernel.reduced_dims}
