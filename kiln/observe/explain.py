@@ -52,8 +52,10 @@ class ExplainOutput:
         return "\n".join(lines)
 
 
-def explain(fn, backend="kiln"):
-    """``kiln.explain(fn)(*args, **kwargs)`` -> ExplainOutput (compiles afresh, caches nothing)."""
+def explain(fn, backend="kiln", dynamic=None):
+    """``kiln.explain(fn)(*args, **kwargs)`` -> ExplainOutput (compiles afresh, caches nothing).
+    ``dynamic`` as for ``kiln.compile``; the guards listed include the shape guards on symbolic
+    sizes (``L['x'].size(0) >= 2``)."""
     def run(*args, **kwargs):
         target = fn.forward if hasattr(fn, "forward") and callable(getattr(fn, "forward")) \
             and not isinstance(fn, api.CompiledFunction) else fn
@@ -61,7 +63,8 @@ def explain(fn, backend="kiln"):
             target = fn._orig_mod.forward
         elif isinstance(fn, api.CompiledFunction):
             target = fn.fn
-        compiled = api.CompiledFunction(target, backend=backend, private_cache=True)
+        dyn = dynamic if dynamic is not None else getattr(fn, "dynamic", None)
+        compiled = api.CompiledFunction(target, backend=backend, dynamic=dyn, private_cache=True)
         recorder: list = []
         api._RECORDERS.append(recorder)
         try:
