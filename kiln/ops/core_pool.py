@@ -257,9 +257,10 @@ def _interpolate_forward(call, x, size, scales, mode, align_corners):
 
 
 def _interpolate_eager(x, size, scales, mode, align_corners):
+    align = align_corners if mode != "nearest" else None  # eager refuses it for nearest
     if any(scales):
-        return F.interpolate(x, scale_factor=scales, mode=mode, align_corners=align_corners)
-    return F.interpolate(x, size=size, mode=mode, align_corners=align_corners)
+        return F.interpolate(x, scale_factor=scales, mode=mode, align_corners=align)
+    return F.interpolate(x, size=size, mode=mode, align_corners=align)
 
 
 interpolate = define("core", "interpolate", _interpolate_eager,

@@ -348,6 +348,8 @@ def _softmax_decomp(x, dim, dtype=None):
     out_dtype = dtype or x.dtype
     if x.ndim == 0:
         return to_dtype(prims.div(x, x), out_dtype)
+    if x.numel() == 0:  # nothing to normalize: no reduction over an empty dim
+        return prims.full(tuple(x.shape), 0.0, out_dtype, x.device)
     dims = (normalize_dim(dim, x.ndim, "softmax"),)
     xa = to_dtype(x, _accum_dtype(out_dtype))
     shifted, _ = _stable_shift(xa, dims)
@@ -361,6 +363,8 @@ def _log_softmax_decomp(x, dim, dtype=None):
     out_dtype = dtype or x.dtype
     if x.ndim == 0:
         return to_dtype(prims.sub(x, x), out_dtype)
+    if x.numel() == 0:  # nothing to normalize: no reduction over an empty dim
+        return prims.full(tuple(x.shape), 0.0, out_dtype, x.device)
     dims = (normalize_dim(dim, x.ndim, "log_softmax"),)
     xa = to_dtype(x, _accum_dtype(out_dtype))
     shifted, _ = _stable_shift(xa, dims)
