@@ -50,8 +50,11 @@ class EagerGraph:
 class CompiledGraph:
     """The kiln backend's result: a generated wrapper around generated kernels."""
 
-    def __init__(self, call, wrapper_source: str, kernels, extern_count: int, target: str):
+    def __init__(self, call, wrapper_source: str, kernels, extern_count: int, target: str,
+                 size_args=()):
         self.call = call
+        # symbolic sizes the inputs do not give (a backward graph's): passed after the inputs
+        self.size_args = list(size_args)
         self.wrapper_source = wrapper_source
         self.kernels = kernels
         self.kernel_count = len(kernels)
@@ -143,12 +146,19 @@ def compile_prims_graph(prims_graph: Graph) -> CompiledGraph:
         for k in generated.values():
             log.log("output_code", "kernel %s:\n%s", k.name, k.source)
     constants = _graph_constants(prims_graph, program.device)
-    if constants:
+    nsizes = len(wrapper.size_args)
+    if constants and nsizes:
+        inner = call
+
+        def call(*args):  # inputs, then sizes; the wrapper takes the constants between
+            return inner(*args[:-nsizes], *constants, *args[-nsizes:])
+    elif constants:
         inner = call
 
         def call(*inputs):
             return inner(*inputs, *constants)
-    return CompiledGraph(call, wrapper.source, list(generated.values()), len(sched.externs), target)
+    return CompiledGraph(call, wrapper.source, list(generated.values()), len(sched.externs), target,
+                         wrapper.size_args)
 
 
 def _graph_constants(graph: Graph, device) -> list:
@@ -185,7 +195,7 @@ def build(wrapper, generated: dict, target: str):
     def load(k):
         if target == "triton":
             return load_triton(k.source, k.name, tune=getattr(k, "tune", None))
-        return load_cpp_function(k.source, k.name, len(k.args))
+        return load_cpp_function(k.source, k.name, len(k.args), len(getattr(k, "sizes", ())))
 
     kernels = list(generated.values())
     if len(kernels) > 1:

@@ -152,8 +152,9 @@ class Graph:
         return len(self.calls)
 
     # ---------------------------------------------------------------- executing
-    def run(self, *inputs):
-        """The reference executor: interpret every node with the ops' eager torch code."""
+    def run(self, *inputs, sizes=None):
+        """The reference executor: interpret every node with the ops' eager torch code.
+        ``sizes``: values of symbolic sizes the inputs do not give (a backward graph's)."""
         env: dict[Node, object] = {}
         load = lambda n: env[n]  # noqa: E731
         placeholders = self.placeholders
@@ -161,10 +162,15 @@ class Graph:
             raise TypeError(f"graph {self.name} takes {len(placeholders)} inputs, got {len(inputs)}")
         for node, value in zip(placeholders, inputs):
             env[node] = value
+        # symbolic sizes in arguments take the values the real inputs have
+        from kiln.meta.symbolic import concretize, symbol_values
+        sizes = {**(sizes or {}), **symbol_values([n.meta.get("val") for n in placeholders], inputs)}
         for node in self.nodes:
             if node.op == CALL:
                 args = map_args(node.args, load)
                 kwargs = map_args(node.kwargs, load)
+                if sizes:
+                    args, kwargs = concretize((args, kwargs), sizes)
                 try:
                     env[node] = node.target.eager(*args, **kwargs)
                 except Exception as e:
