@@ -32,7 +32,7 @@ class CacheEntry:
         self.fetch = capture.fetch
         self.rebuild = capture.rebuild
         devices = getattr(capture, "autocast_devices", ())
-        if devices:  # called inside torch.autocast: the graph holds its casts, torch must not add more
+        if devices and compiled is not None:  # called inside torch.autocast: the graph holds its casts, torch must not add more
             from kiln.ops.autocast import run_disabled
             compiled = run_disabled(compiled, devices)
         self.compiled = compiled
@@ -40,17 +40,38 @@ class CacheEntry:
         self.compile_id = compile_id
 
     def run(self, L):
-        return self.rebuild(self.compiled(*self.fetch(L)))
+        # L: Python-state writes seen during capture are replayed (capture/side_effects.py)
+        return self.rebuild(self.compiled(*self.fetch(L)), L)
+
+
+class BreakEntry(CacheEntry):
+    """A capture that stopped at a graph break: the prefix graph (None when it computes
+    nothing the rest needs), then the glue (kiln/breaks.py, capture/resume.py)."""
+    __slots__ = ("glue", "replay")
+
+    def __init__(self, capture, compiled, grad_enabled, compile_id):
+        super().__init__(capture, compiled, grad_enabled, compile_id)
+        self.glue = capture.glue
+        effects = getattr(self.rebuild, "spec", ("const",))[0] == "effects"
+        self.replay = self.rebuild if effects else None  # Python-state writes before the break
+
+    def run(self, L):
+        outs = self.compiled(*self.fetch(L)) if self.compiled is not None else ()
+        if self.replay is not None:
+            self.replay(outs, L)
+        return self.glue(outs, L)
 
 
 class CodeCache:
     """Everything kiln knows about one code object: its entries, or why it runs eagerly."""
-    __slots__ = ("entries", "eager_reason", "compiles")
+    __slots__ = ("entries", "eager_reason", "compiles", "auto_dynamic")
 
     def __init__(self):
         self.entries: list[CacheEntry] = []
         self.eager_reason: str | None = None
         self.compiles = 0
+        # automatic dynamic (dynamic=None): input source -> dims whose size changed between calls
+        self.auto_dynamic: dict[str, set] = {}
 
 
 _CODE_CACHES: dict[types.CodeType, CodeCache] = {}
@@ -103,6 +124,7 @@ class CompiledFunction:
         self.options = dict(options or {})
         func = _unwrap(fn)
         self.code = func.__code__
+        self._cache_key = self.code if not self.code.co_freevars else func
         self.globals = func.__globals__
         self.name = getattr(func, "__qualname__", self.code.co_name)
         self._fast_locals = _fast_locals_builder(fn)
@@ -113,9 +135,10 @@ class CompiledFunction:
     def cache(self) -> CodeCache:
         if self._private is not None:
             return self._private
-        c = _CODE_CACHES.get(self.code)
+        # a closure's resume functions hold its cells: closures are cached per function object
+        c = _CODE_CACHES.get(self._cache_key)
         if c is None:
-            c = _CODE_CACHES[self.code] = CodeCache()
+            c = _CODE_CACHES[self._cache_key] = CodeCache()
         return c
 
     def __get__(self, obj, objtype=None):
@@ -149,9 +172,15 @@ class CompiledFunction:
     # ------------------------------------------------------------------ compiling
     def _why_miss(self, cache, L, grad) -> str:
         G = self.globals
-        for entry in cache.entries:
+        for entry in reversed(cache.entries):  # the newest entry is the closest to this call
             if entry.grad_enabled != grad:
-                return f"torch.is_grad_enabled() changed to {grad}"
+                return f"torch.is_grad_enabled() changed: was {entry.grad_enabled}, now {grad}"
+            guard_set = getattr(entry.capture, "guard_set", None)
+            if guard_set is not None:  # plain words for the first failing check (guards.py)
+                from kiln.capture.guards import explain_failure
+                why = explain_failure(guard_set, L, G)
+                if why is not None:
+                    return why
             for g in entry.guards:
                 try:
                     ok = eval(g, {"torch": torch, "math": __import__("math")}, {"L": L, "G": G})
@@ -183,9 +212,12 @@ class CompiledFunction:
             t0 = time.perf_counter()
             _local.compiling = True
             try:
+                if self.dynamic is None and cache.entries:
+                    _note_changed_sizes(cache, L, self.globals)
                 try:
                     with context.timed("capture"):
-                        capture = trace(self.fn, args, kwargs)
+                        capture = trace(self.fn, args, kwargs, dynamic=self.dynamic,
+                                        auto_dynamic=cache.auto_dynamic)
                 finally:
                     _local.compiling = False
             except Unsupported as e:
@@ -205,28 +237,46 @@ class CompiledFunction:
                     write_dump(ctx, None)
                 if self.fullgraph:
                     raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
-                cache.eager_reason = f"graph break: {e}"
                 log.log("graph_breaks", "%s", e)
-                log.log("recompiles", "%s runs eagerly: %s", self.name, e)
-                return None
+                from kiln.breaks import retrace_at_break
+                capture = retrace_at_break(self, cache, e, args, kwargs)
+                if capture is None:
+                    return None
             except Exception as e:  # noqa: BLE001 - an internal error in capture
                 return self._internal_error(cache, StageError("capture", f"{type(e).__name__}: {e}"), e)
             ctx.record("capture", "bytecode", capture.bytecode)
             ctx.record("capture", "guards", capture.guard_source)
-            ctx.record("capture", "captured_graph", capture.graph)
+            state = capture.break_state
+            needed = state is None or bool(capture.graph.output_node.args[0])
+            if needed:  # a prefix that computes nothing the rest needs is no graph
+                ctx.record("capture", "captured_graph", capture.graph)
             ctx.guards.extend(capture.guards)
             log.log("bytecode", "%s", capture.bytecode) if log.verbose("bytecode") else None
             log.log("graph", "captured graph of %s:\n%s", self.name, capture.graph.python())
             log.log("guards", "guards of %s:\n%s", self.name, capture.guard_source)
             try:
-                compiled = compile_graph(capture.graph, self.backend)
+                if config.verify:
+                    from kiln.meta.verify import verify_meta
+                    context.run_pass("meta", verify_meta, capture.graph, capture.fetch(L))
+                compiled = compile_graph(capture.graph, self.backend) if needed else None
             except StageError as e:
                 return self._internal_error(cache, e, e.__cause__ or e)
-            entry = CacheEntry(capture, compiled, grad, ctx.compile_id)
+            except Exception as e:  # noqa: BLE001 - the meta verifier found a wrong meta
+                return self._internal_error(cache, StageError("meta", f"{type(e).__name__}: {e}"), e)
+            if capture.shape_env is not None:
+                # later stages may have recorded guards on symbolic sizes too
+                capture.refresh_guards()
+                ctx.guards[:] = capture.guards
+                ctx.record("capture", "guards", capture.guard_source)
+                ctx.record("capture", "shape_env", "\n".join(capture.shape_env.describe()))
+                log.log("dynamic", "shape guards of %s:\n  %s", self.name,
+                        "\n  ".join(capture.shape_env.guard_lines()) or "(none)")
+            entry = (CacheEntry if state is None else BreakEntry)(capture, compiled, grad, ctx.compile_id)
             cache.entries.append(entry)
             cache.compiles += 1
             counters.bump("frames_compiled")
-            counters.bump("graphs_compiled")
+            if compiled is not None:
+                counters.bump("graphs_compiled")
             total = time.perf_counter() - t0
             log.log("perf", "compiled %s in %.1f ms: %s", self.name, total * 1e3,
                     ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in ctx.stage_times.items()))
@@ -318,7 +368,29 @@ def is_compiling() -> bool:
 
 
 def mark_dynamic(tensor, dim):
-    """Mark a size as dynamic (symbolic shapes are the next stage; recorded for it now)."""
-    dims = getattr(tensor, "_kiln_dynamic_dims", set())
-    dims.add(dim)
+    """Mark a size (or sizes: ``dim`` may be a list) as dynamic: the next compile that reads
+    this tensor makes it a symbol (unless the size is 0 or 1, or ``dynamic=False``)."""
+    dims = set(getattr(tensor, "_kiln_dynamic_dims", set()))
+    dims.update(dim if isinstance(dim, (list, tuple, set)) else [dim])
     tensor._kiln_dynamic_dims = dims
+
+
+def _note_changed_sizes(cache: CodeCache, L, G):
+    """Automatic dynamic: the input sizes that differ from an earlier compile's are marked
+    dynamic for the next one (a recompile after a size change compiles them symbolic)."""
+    from kiln.meta.symbolic import hints
+    for entry in cache.entries:
+        cap = entry.capture
+        for src, node in zip(cap.input_sources, cap.graph.placeholders):
+            try:
+                t = eval(src, {"torch": torch}, {"L": L, "G": G})
+            except Exception:  # noqa: BLE001 - the input is gone: nothing to compare
+                continue
+            old = hints(node.meta["val"].shape)
+            if not isinstance(t, torch.Tensor) or t.dim() != len(old):
+                continue
+            changed = {d for d in range(t.dim()) if t.shape[d] != old[d]}
+            if changed - cache.auto_dynamic.get(src, set()):
+                cache.auto_dynamic.setdefault(src, set()).update(changed)
+                log.log("dynamic", "automatic dynamic: %s dims %s changed size (%s -> %s)", src,
+                        sorted(changed), list(old), list(t.shape))

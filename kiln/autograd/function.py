@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import warnings
 
+import sympy
 import torch
 
 from kiln import context, counters, log
@@ -17,6 +18,7 @@ from kiln.autograd.partition import Partition
 from kiln.config import config
 from kiln.graph.graph import Graph
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, map_args
+from kiln.meta.symbolic import concretize, free_symbols, shape_env_of, symbol_values
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops.autocast import disabled as autocast_disabled
 
@@ -36,6 +38,9 @@ class CompiledAutograd:
         self.grad_input_indices = part.grad_input_indices
         self.saved_inputs = part.saved_inputs
         self.tangent_metas = [t.meta["val"] for t in part.backward.placeholders[len(part.saved):]]
+        # symbolic sizes: the forward's inputs give every symbol's value for the backward
+        self.forward_metas = [n.meta["val"] for n in part.forward.placeholders]
+        self.symbolic = bool(free_symbols(self.forward_metas))
         self._backward: dict = {}
         self._lock = threading.Lock()
         # explain / the debug dump read these like any compiled graph's
@@ -49,7 +54,9 @@ class CompiledAutograd:
         return KilnFunction.apply(self, *inputs)
 
     # ---------------------------------------------------------------- backward
-    def backward_fn(self, saved, tangents):
+    def backward_fn(self, saved, tangents, sizes=None):
+        if sizes is not None:
+            return self._symbolic_backward_fn(saved, tangents, sizes)
         key = tuple(t.stride() for t in saved)
         fn = self._backward.get(key)
         if fn is None:
@@ -59,10 +66,29 @@ class CompiledAutograd:
                     fn = self._backward[key] = self._compile_backward(saved, tangents)
         return fn
 
-    def _compile_backward(self, saved, tangents):
+    def _symbolic_backward_fn(self, saved, tangents, sizes):
+        """One backward for every size: the backward graph keeps its symbolic metas, where the
+        real tensors have the strides those metas promise (or are contiguous); a tensor laid
+        out otherwise gets its static meta (and a backward of its own)."""
+        real = list(saved) + list(tangents)
+        metas = [n.meta["val"] for n in self.part.backward.placeholders]
+        key = tuple(_layout_key(m, t, sizes) for m, t in zip(metas, real))
+        fn = self._backward.get(key)
+        if fn is None:
+            with self._lock:
+                fn = self._backward.get(key)
+                if fn is None:
+                    use = [m.with_(requires_grad=False) if k == "meta" else
+                           TensorMeta.contiguous(m.shape, m.dtype, m.device) if k == "contiguous" else
+                           TensorMeta.of(t).with_(requires_grad=False) for k, m, t in zip(key, metas, real)]
+                    fn = self._backward[key] = _SizedBackward(self, use)
+        return fn.bind(sizes)
+
+    def _compile_backward(self, saved, tangents, metas=None):
         from kiln.pipeline import EagerGraph, StageError, compile_graph
 
-        metas = [TensorMeta.of(t).with_(requires_grad=False) for t in list(saved) + list(tangents)]
+        if metas is None:
+            metas = [TensorMeta.of(t).with_(requires_grad=False) for t in list(saved) + list(tangents)]
         graph = copy_graph(self.part.backward, metas)
         with context.compiling(f"{self.name}_backward") as ctx:
             ctx.record("autograd", "backward_graph", graph)
@@ -81,6 +107,43 @@ class CompiledAutograd:
                 write_dump(ctx, compiled)
         log.log("aot", "compiled the backward of %s (%s)", self.name, type(compiled).__name__)
         return compiled
+
+
+def _layout_key(meta, t, sizes):
+    """How a backward input is described: its symbolic meta ("meta"), contiguous over the
+    symbolic sizes, or (a layout the sizes do not explain) its static shape and strides."""
+    stride = concretize(tuple(meta.stride), sizes)
+    if all(a == b for a, b, n in zip(stride, t.stride(), t.shape) if n != 1):
+        return "meta"
+    if t.is_contiguous():
+        return "contiguous"
+    return ("static", tuple(t.shape), t.stride())
+
+
+class _SizedBackward:
+    """A backward compiled over symbolic sizes. Guards its compile recorded on the sizes (the
+    forward's guard function never saw them) are checked per call; where one fails, the
+    backward graph runs with eager torch ops instead (never a wrong answer)."""
+
+    def __init__(self, runtime, metas):
+        env = shape_env_of(metas)
+        before = len(env.guards) if env is not None else 0
+        self.compiled = runtime._compile_backward(None, None, metas)
+        self.guards = [g for g, _ in env.guards[before:]] if env is not None else []
+        self.graph = copy_graph(runtime.part.backward, metas)
+        if self.guards:
+            log.log("dynamic", "the backward of %s recorded guards %s: checked per call", runtime.name,
+                    [str(g) for g in self.guards])
+
+    def bind(self, sizes):
+        def call(*inputs):
+            if self.guards and not all(bool(g.xreplace({s: sympy.Integer(v) for s, v in sizes.items()}))
+                                       for g in self.guards):
+                log.log("dynamic", "a backward guard failed for sizes %s: eager backward", sizes)
+                return self.graph.run(*inputs, sizes=sizes)
+            extra = [sizes[sympy.Symbol(n, integer=True, positive=True)] for n in getattr(self.compiled, "size_args", ())]
+            return self.compiled(*inputs, *extra)
+        return call
 
 
 class _NoDoubleBackward(torch.autograd.Function):
@@ -105,6 +168,7 @@ class KilnFunction(torch.autograd.Function):
         returned = iter(outs[n:])
         saved = [inputs[i] if i is not None else next(returned) for i in runtime.saved_inputs]
         ctx.runtime = runtime
+        ctx.sizes = symbol_values(runtime.forward_metas, inputs) if runtime.symbolic else None
         ctx.save_for_backward(*saved)
         nondiff = [o for o, d in zip(user, runtime.diff_outputs) if not d and isinstance(o, torch.Tensor)]
         if nondiff:
@@ -122,7 +186,8 @@ class KilnFunction(torch.autograd.Function):
                 continue
             meta = next(metas)
             if g is None:
-                g = torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
+                shape = concretize(tuple(meta.shape), ctx.sizes) if ctx.sizes else meta.shape
+                g = torch.zeros(shape, dtype=meta.dtype, device=meta.device)
             elif g.dtype != meta.dtype:
                 g = g.to(meta.dtype)
             tangents.append(g.contiguous())
@@ -131,7 +196,7 @@ class KilnFunction(torch.autograd.Function):
         with torch.no_grad(), autocast_disabled():
             saved = [t.detach() for t in saved]
             tangents = [t.detach() for t in tangents]
-            fn = runtime.backward_fn(saved, tangents)
+            fn = runtime.backward_fn(saved, tangents, ctx.sizes)
             grads = list(fn(*saved, *tangents))
         if double and grads:
             # create_graph=True: these grads have no derivative of their own; make any attempt

@@ -86,6 +86,17 @@ class ExprSource(Source):
         return self.text
 
 
+class ModuleSource(Source):
+    """An imported Python module, by name (``import x`` inside traced code)."""
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def expr(self, base=None):
+        return f"__import__('sys').modules[{self.name!r}]"
+
+
 def closure_source(fn_source: Source, index: int) -> Source:
     return AttrSource(ItemSource(AttrSource(fn_source, "__closure__"), index), "cell_contents")
 
@@ -120,10 +131,38 @@ def tensor_checks(t: torch.Tensor) -> list[str]:
             f"{{}}.stride() == {tuple(t.stride())!r}", f"{{}}.requires_grad is {t.requires_grad}"]
 
 
+def dynamic_tensor_checks(t: torch.Tensor) -> list[str]:
+    """The checks of ``tensor_checks`` that do not depend on sizes (those are symbolic)."""
+    return [c for c in tensor_checks(t) if ".shape ==" not in c and ".stride() ==" not in c] + \
+        [f"{{}}.dim() == {t.dim()}"]
+
+
 class GuardSet:
     def __init__(self):
         self.entries: list[tuple[Source, str]] = []
         self._seen: set[tuple[str, str]] = set()
+        # symbolic sizes: where each symbol is read, checks over symbols, the ShapeEnv's guards
+        self.shape_env = None
+        self.symbol_reads: dict = {}              # symbol -> (source, "size(0)" | "stride(1)")
+        self.symbolic: list[tuple[Source, str, object]] = []  # (source, accessor, expr)
+
+    def dynamic_tensor(self, source, t, shape, stride):
+        """Guards for a tensor with symbolic sizes: type, dtype, device and rank as usual, a
+        static size per static dim, and each symbolic size or stride read into its symbol (its
+        first occurrence) or compared with its expression."""
+        for check in dynamic_tensor_checks(t):
+            self.add(source, check)
+        items = [(f"size({d})", s) for d, s in enumerate(shape)]
+        # a size-1 dim's stride never matters for indexing (torch does not check it either)
+        items += [(f"stride({d})", st) for d, st in enumerate(stride) if t.shape[d] != 1]
+        for accessor, value in items:
+            expr = getattr(value, "expr", None)
+            if expr is None:
+                self.add(source, f"{{}}.{accessor} == {value!r}")
+            elif expr.is_Symbol and expr not in self.symbol_reads:
+                self.symbol_reads[expr] = (source, accessor)
+            else:
+                self.symbolic.append((source, accessor, expr))
 
     def add(self, source: Source, check: str):
         key = (source.expr(), check)
@@ -151,8 +190,24 @@ class GuardSet:
     def same_object(self, source, other: Source):
         self.add(source, f"{{}} is {other.expr()}")
 
+    def _symbol_names(self, temp=None) -> dict:
+        if temp is None:
+            return {sym: f"{src.expr()}.{acc}" for sym, (src, acc) in self.symbol_reads.items()}
+        return {sym: sym.name for sym in self.symbol_reads}
+
+    def shape_checks(self, names: dict) -> list[tuple[Source | None, str]]:
+        """(source, check) for every symbolic check and ShapeEnv guard, over symbol ``names``."""
+        from kiln.meta.symbolic import py
+        out = [(src, f"{{}}.{acc} == {py(expr, names)}") for src, acc, expr in self.symbolic]
+        if self.shape_env is not None:
+            out += [(None, g) for g in self.shape_env.guard_lines(names)]
+        return out
+
     def exprs(self) -> list[str]:
-        return [check.replace("{}", src.expr()) for src, check in self.entries]
+        names = self._symbol_names()
+        return [check.replace("{}", src.expr()) for src, check in self.entries] + \
+            [check.replace("{}", src.expr()) if src is not None else check
+             for src, check in self.shape_checks(names)]
 
     def python(self) -> str:
         temps: dict[str, str] = {}
@@ -187,6 +242,15 @@ class GuardSet:
             lines.append(f"        if not ({cond}):")
             lines.append("            return False")
             i = j
+        if self.symbol_reads:
+            # symbolic sizes: read each symbol once, then the relations recorded on them
+            for sym, (src, acc) in self.symbol_reads.items():
+                lines.append(f"        {sym.name} = {temp(src)}.{acc}")
+            conds = [check.replace("{}", temp(src)) if src is not None else check
+                     for src, check in self.shape_checks(self._symbol_names(temp))]
+            if conds:
+                lines.append(f"        if not ({' and '.join(f'({c})' for c in conds)}):")
+                lines.append("            return False")
         lines.append("    except Exception:")
         lines.append("        return False")
         lines.append("    return True")
@@ -206,3 +270,70 @@ def make_fetch(sources: list[Source], globals_: dict | None = None):
     namespace = {"torch": torch, "G": globals_}
     exec(compile(source, "<kiln fetch>", "exec"), namespace)
     return source, namespace["fetch"]
+
+
+# ------------------------------------------------------------------ why a guard failed
+def pretty(expr: str) -> str:
+    """``L['self'].lin.training`` -> ``self.lin.training``; ``G['MODE']`` -> ``MODE``."""
+    import re
+    return re.sub(r"\b[LG]\[(['\"])([^'\"]+)\1\]", r"\2", expr)
+
+
+def _describe(name: str, check: str, value) -> str:
+    """Plain words for a failed check ``check`` ({} is the object) on ``value`` (read now)."""
+    import re
+    if check.startswith("id({}) == "):
+        return f"{name} is a different object than when it was compiled"
+    if check.startswith("not {}._forward_hooks"):
+        return f"{name} has forward hooks now"
+    if check.startswith("hasattr("):
+        return f"{name} gained or lost attribute {check.split(', ')[1].split(')')[0]}"
+    m = re.fullmatch(r"type\(\{\}\) is (\w+) and \{\} == (.*)", check)
+    if m:
+        was = m.group(2)
+        now = repr(value)
+        if type(value).__name__ != m.group(1):
+            return f"{name} changed: was {was} ({m.group(1)}), now {now} ({type(value).__name__})"
+        return f"{name} changed: was {was}, now {now}"
+    m = re.fullmatch(r"(?:type\(\{\}\) is \w+ and |id\(type\(\{\}\)\) == \d+ and )?len\(\{\}\) == (\d+)", check)
+    if m:
+        try:
+            now = len(value)
+        except TypeError:
+            return f"{name} is not a sized container any more (now a {type(value).__name__})"
+        return f"len({name}) changed: was {m.group(1)}, now {now}"
+    m = re.fullmatch(r"type\(\{\}\) is (?:\w|\.)+", check) or re.fullmatch(r"id\(type\(\{\}\)\) == \d+", check)
+    if m:
+        return f"the type of {name} changed: now {type(value).__name__}"
+    m = re.fullmatch(r"\{\}((?:\.\w+(?:\(\))?)+) (==|is) (.*)", check)
+    if m:
+        accessor, was = m.group(1), m.group(3)
+        try:
+            now = eval(f"v{accessor}", {"torch": torch}, {"v": value})  # noqa: S307
+            now = tuple(now) if isinstance(now, torch.Size) else now
+        except Exception as e:  # noqa: BLE001
+            now = f"unreadable ({type(e).__name__})"
+        return f"{name}{accessor} changed: was {was}, now {now!r}"
+    m = re.fullmatch(r"\{\} (==|is) (.*)", check)
+    if m:
+        return f"{name} changed: was {m.group(2)}, now {value!r}"
+    return f"guard failed: {check.replace('{}', name)} ({name} is now {value!r})"
+
+
+def explain_failure(guard_set: "GuardSet", L: dict, G: dict) -> str | None:
+    """The first failing guard of ``guard_set`` for a call's ``L``/``G``, in plain words (for the
+    ``recompiles`` log); None when every recorded check passes."""
+    env = {"torch": torch, "math": math}
+    for source, check in guard_set.entries:
+        name = pretty(source.expr())
+        try:
+            value = eval(source.expr(), env, {"L": L, "G": G})  # noqa: S307
+        except Exception as e:  # noqa: BLE001
+            return f"{name} cannot be read any more ({type(e).__name__}: {e})"
+        try:
+            ok = eval(check.replace("{}", "v"), env, {"v": value})  # noqa: S307
+        except Exception:  # noqa: BLE001 - a check that cannot run has failed
+            ok = False
+        if not ok:
+            return _describe(name, check, value)
+    return None

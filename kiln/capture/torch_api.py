@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
+from kiln.meta.symbolic import size_tuple
 from kiln.ops import core
 
 
@@ -198,11 +199,13 @@ TENSOR_METHODS = {
     "numel": lambda self: self.numel(), "stride": lambda self, dim=None: self.stride(dim),
     "is_contiguous": lambda self, memory_format=None: self.meta.is_contiguous(),
     "is_floating_point": lambda self: self.dtype.is_floating_point,
+    "is_complex": lambda self: self.dtype.is_complex,
+    "element_size": lambda self: self.dtype.itemsize,
 }
 
 # Tensor attributes that are Python values computed from the tensor's metadata.
 TENSOR_ATTRIBUTES = {
-    "shape": lambda t: torch.Size(t.shape),
+    "shape": lambda t: size_tuple(t.shape),  # a SymSize when some sizes are symbolic
     "dtype": lambda t: t.dtype,
     "device": lambda t: t.device,
     "ndim": lambda t: t.ndim,

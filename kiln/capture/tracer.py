@@ -8,6 +8,7 @@ specializing on it safe.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import inspect
 import types
 
@@ -22,13 +23,19 @@ from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, 
                                  closure_source, make_fetch)
 from kiln.capture.instructions import listing
 from kiln.capture.interpreter import Frame
+from kiln.capture.resume import GradModeExit, SetGradModeVariable, set_grad_mode
+from kiln.capture.side_effects import SideEffects, build_extra, extra_spec, replay
+from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
+                                        is_user_object)
 from kiln.capture.values import (BuiltinVariable, CellVariable, ConstantVariable, DictVariable,
-                                 FunctionVariable, LazyVariable, ListVariable, ModuleVariable,
+                                 FunctionVariable, IteratorVariable, LazyVariable, ListVariable,
+                                 ModuleVariable,
                                  OpaqueVariable, PYTHON_OPERATORS, PythonModuleVariable,
                                  TensorVariable, TorchFunctionVariable, TupleVariable, Variable,
                                  _Sequence, is_constant)
 from kiln.graph import Graph, Proxy
 from kiln.meta import TensorMeta
+from kiln.meta.symbolic import ShapeEnv, SymInt, has_symbols, symbolic_meta
 
 MAX_INLINE_DEPTH = 32
 _CO_GENERATOR_LIKE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -47,21 +54,40 @@ class CaptureResult:
     rebuild: object              # rebuild(outputs) -> what the function returned
     bytecode: str
     code: types.CodeType
+    guard_set: object = None     # the GuardSet (symbolic guards can grow after capture)
     autocast_devices: tuple = ()  # ambient torch.autocast on at capture: run with it off
+    shape_env: object = None     # the ShapeEnv of symbolic sizes (None when all are static)
+    break_state: object = None   # resume.BreakState when the trace stopped at a graph break
+
+    def refresh_guards(self):
+        """Regenerate the guard function: later stages may record guards on symbolic sizes."""
+        if self.guard_set is None or self.shape_env is None or not self.shape_env.hints:
+            return
+        self.guards = self.guard_set.exprs()
+        self.guard_source, self.guard_fn = self.guard_set.compile()
 
 
 class Tracer:
-    def __init__(self, fn_name: str):
+    def __init__(self, fn_name: str, dynamic=None, auto_dynamic=None):
         self.graph = Graph(fn_name)
         self.guards = GuardSet()
         self.autocast = AutocastState(self.guards)  # torch.autocast state; casts per op
         self.graph.call_hook = self.autocast.cast_inputs
+        # symbolic sizes (kiln/meta/symbolic.py): dynamic=True: every input size; False: none;
+        # None: the sizes auto_dynamic names ({source expr: dims}) and kiln.mark_dynamic's
+        self.dynamic = dynamic
+        self.auto_dynamic = auto_dynamic or {}
+        self.shape_env = ShapeEnv()
+        self.shape_env.location = self._location
+        self.guards.shape_env = self.shape_env
         self.input_sources: list[Source] = []
         self._tensor_inputs: dict[int, tuple[TensorVariable, Source, torch.Tensor]] = {}
         self._var_of_node: dict = {}
         self.storages: list = []  # mutation.Storage per tensor memory that aliasing touched
         self._placeholder_names: set[str] = set()
         self.steps = 0
+        self.side_effects = SideEffects()          # Python state written (side_effects.py)
+        self.grad_enabled = torch.is_grad_enabled()  # changed by `with torch.no_grad()`
         self._executed: list[str] = []
         self._listed_codes: dict = {}
 
@@ -88,9 +114,20 @@ class Tracer:
         guard = guard and source is not None
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
+        if value is set_grad_mode:  # a resume function's prologue re-entering a grad-mode block
+            return SetGradModeVariable()
+        if type(value) is GradModeExit:  # a grad-mode block's exit, passed to a resume function
+            if guard:
+                self.guards.identity(source, value)
+            from kiln.capture.values_python import ContextExitVariable
+            return ContextExitVariable(lambda: setattr(self, "grad_enabled", value.prev))
         special = wrap_autocast(self, value, source, guard)  # torch.autocast and its queries
         if special is not None:
             return special
+        if isinstance(value, enum.Enum):  # members are singletons: guarded by identity
+            if guard:
+                self.guards.identity(source, value)
+            return ConstantVariable(value, source)
         if isinstance(value, torch.Size) or is_constant(value) and not isinstance(value, tuple):
             if guard:
                 if isinstance(value, type):
@@ -102,23 +139,36 @@ class Tracer:
             if isinstance(value, type) and is_builtin(value):
                 return BuiltinVariable(value, source)
             return ConstantVariable(value, source)
+        if type(value) in (list, dict) or is_user_object(value):
+            seen = self.side_effects.tracker_of(value)  # one tracker per mutable object
+            if seen is not None:
+                if seen.source is not None and source is not None and seen.source != source:
+                    self.guards.same_object(source, seen.source)
+                return seen
+            if type(value) is not list and type(value) is not dict:
+                if guard:
+                    self.guards.add(source, _type_check(type(value)))
+                return self.side_effects.remember(value, ObjectVariable(type(value), value, source))
         if isinstance(value, (tuple, list)):
             if guard:
-                self.guards.add(source, f"type({{}}) is {type(value).__name__} and len({{}}) == {len(value)}")
+                self.guards.add(source, _type_check(type(value)) + f" and len({{}}) == {len(value)}")
             items = [self.wrap(v, ItemSource(source, i) if source is not None else None, guard)
                      for i, v in enumerate(value)]
             if type(value) is tuple:
                 return TupleVariable(items, source)
             if type(value) is list:
-                return ListVariable(items, source)
+                return self.side_effects.remember(value, ListVariable(items, source))
+            if hasattr(type(value), "_fields"):
+                return NamedTupleVariable(type(value), items, source)
             raise Unsupported(f"{type(value).__name__} values are not supported")
         if type(value) is dict:
             if not all(isinstance(k, (str, int)) for k in value):
                 raise Unsupported("dicts with non-str/int keys are not supported")
             if guard:
                 self.guards.add(source, f"type({{}}) is dict and list({{}}) == {list(value)!r}")
-            return DictVariable({k: self.wrap(v, ItemSource(source, k) if source is not None else None, guard)
-                                 for k, v in value.items()}, source)
+            return self.side_effects.remember(value, DictVariable(
+                {k: self.wrap(v, ItemSource(source, k) if source is not None else None, guard)
+                 for k, v in value.items()}, source))
         if isinstance(value, torch.nn.Module):
             if source is None:
                 raise Unsupported(f"{type(value).__name__} module created or reached without a source")
@@ -133,17 +183,24 @@ class Tracer:
             return TorchFunctionVariable(value, source)
         if is_builtin(value):
             return BuiltinVariable(value, source)
+        if isinstance(value, types.FunctionType) and hasattr(value, "__wrapped__") \
+                and "ctx_factory" in value.__code__.co_freevars:
+            return grad_mode_decorated(self, value, source)  # @torch.no_grad() on a function
         if isinstance(value, types.FunctionType):
             if (value.__module__ or "").startswith("torch"):
                 return TorchFunctionVariable(value, source)  # torch's Python code is not inlined
             return FunctionVariable(value, source=source)
-        if isinstance(value, types.MethodType) and isinstance(value.__self__, torch.nn.Module):
+        if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType) \
+                and not (value.__func__.__module__ or "").startswith("torch"):
             owner = self.wrap(value.__self__, self.attr_source(source, "__self__"))
             return FunctionVariable(value.__func__, self_var=owner)
         if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
             mod = getattr(value, "__module__", None) or ""
             if mod.startswith("torch") or isinstance(getattr(value, "__self__", None), type):
                 return TorchFunctionVariable(value, source)
+        if guard:  # an opaque value is only passed along (a resume function's numpy array...):
+            self.guards.discard(source, f"id({{}}) == {id(value)}")  # its type is what was used
+            self.guards.add(source, _type_check(type(value)))
         return OpaqueVariable(value, source)
 
     def _wrap_tensor(self, t: torch.Tensor, source: Source | None) -> TensorVariable:
@@ -157,14 +214,40 @@ class Tracer:
             if first_source != source:
                 self.guards.same_object(source, first_source)
             return var
-        self.guards.tensor(source, t)
+        dims = self._dynamic_dims(source, t)
+        meta = symbolic_meta(t, dims, source.expr(), self.shape_env) if dims else TensorMeta.of(t)
+        if has_symbols(meta.shape) or has_symbols(meta.stride):
+            self.guards.dynamic_tensor(source, t, meta.shape, meta.stride)
+        else:
+            self.guards.tensor(source, t)
         name = _placeholder_name(source)
-        node = self.graph.placeholder(name, TensorMeta.of(t))
+        node = self.graph.placeholder(name, meta)
         var = TensorVariable(Proxy(node), type(t), source)
         self._var_of_node[node] = var
         self._tensor_inputs[id(t)] = (var, source, t)  # keeping t alive keeps its id unique
         self.input_sources.append(source)
         return var
+
+    def _dynamic_dims(self, source: Source, t: torch.Tensor) -> set:
+        if self.dynamic is False or t.dim() == 0:
+            return set()
+        if self.dynamic is True:
+            # parameters and module buffers (reached through an attribute) keep static sizes
+            s, through_attr = source, False
+            while s is not None:
+                through_attr |= isinstance(s, AttrSource)
+                s = s.parent
+            if not through_attr and type(t) is torch.Tensor:
+                return set(range(t.dim()))
+        dims = set(self.auto_dynamic.get(source.expr(), ())) | set(getattr(t, "_kiln_dynamic_dims", ()))
+        return {d % t.dim() for d in dims if -t.dim() <= d < t.dim()}
+
+    def _location(self) -> str:
+        frame = self._current_frame
+        if frame is None:
+            return ""
+        filename, lineno, line = frame.location(frame.current)
+        return f"{filename}:{lineno}: {line}"
 
     # ---------------------------------------------------------------- calling the capture table
     def unwrap(self, v: Variable, what: str):
@@ -203,6 +286,8 @@ class Tracer:
         except Exception as e:
             # Bad arguments or a meta rule refusing the inputs: eager torch will report it.
             raise Unsupported(f"{name} failed during capture: {type(e).__name__}: {e}") from e
+        if not self.grad_enabled:
+            out = _detach_all(out)  # results made under no_grad carry no gradient
         # views of arguments and in-place writes (kiln/capture/mutation.py)
         return mutation.wrap_outputs(self, out, args, kwargs, py_args, py_kwargs, name)
 
@@ -220,7 +305,7 @@ class Tracer:
             return result
         if isinstance(a, _Sequence) and isinstance(b, _Sequence) and base == "+":
             if inplace and isinstance(a, ListVariable):
-                a.check_mutable()
+                a.check_mutable(self)
                 a.items.extend(b.items)
                 return a
             if type(a) is type(b):
@@ -254,7 +339,8 @@ class Tracer:
         return self.wrap_constant({"-": lambda: -x, "+": lambda: +x, "~": lambda: ~x}[op]())
 
     def getitem(self, container: Variable, key: Variable) -> Variable:
-        if isinstance(container, (_Sequence, DictVariable, ModuleVariable)):
+        if isinstance(container, (_Sequence, DictVariable, ModuleVariable)) or \
+                hasattr(container, "getitem"):
             return container.getitem(self, key)
         if isinstance(container, TensorVariable):
             adapter = torch_api.TENSOR_METHODS.get("__getitem__")
@@ -271,8 +357,10 @@ class Tracer:
     # ---------------------------------------------------------------- inlining
     def inline_call(self, fn: FunctionVariable, args, kwargs, parent: Frame | None = None):
         code = fn.code
-        if code.co_flags & _CO_GENERATOR_LIKE:
-            raise Unsupported(f"calling generator or coroutine {fn.qualname} is not supported")
+        generator = code.co_flags & inspect.CO_GENERATOR and not code.co_flags & (
+            inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE)
+        if code.co_flags & _CO_GENERATOR_LIKE and not generator:
+            raise Unsupported(f"calling coroutine {fn.qualname} is not supported")
         parent = parent or self._current_frame
         if parent is not None and parent.depth + 1 > MAX_INLINE_DEPTH:
             raise Unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls")
@@ -290,12 +378,20 @@ class Tracer:
                     src = closure_source(fn.source, i) if fn.source is not None else None
                     contents_var = LazyVariable(contents, src)
                 cell = CellVariable(contents_var)
+                if fn.source is not None:  # a write to it is replayed into the real cell
+                    cell.cell_source = ItemSource(AttrSource(fn.source, "__closure__"), i)
             cells[name] = cell
         module = (fn.fn.__module__ if fn.fn is not None else None) or fn.globals.get("__name__", "") or ""
         trusted = module.startswith("torch")
         globals_source = self._globals_source(fn)
         frame = Frame(self, code, fn.globals, globals_source, locals_, cells, parent=parent,
                       trusted=trusted)
+        if generator:
+            # A generator runs to its end at the call: what it yields is the iterator's items
+            # (consumers such as sum(), tuple() or a for loop then see them in order).
+            frame.yielded = []
+            self.run_frame(frame)
+            return IteratorVariable(frame.yielded)
         return self.run_frame(frame)
 
     _current_frame: Frame | None = None
@@ -325,6 +421,25 @@ class ModuleGlobalsSource(Source):
 
     def expr(self, base=None):
         return f"__import__('sys').modules[{self.module!r}].__dict__"
+
+
+def _type_check(cls) -> str:
+    if cls in (tuple, list, dict):
+        return f"type({{}}) is {cls.__name__}"
+    return f"id(type({{}})) == {id(cls)}"  # classes live as long as their module
+
+
+def _detach_all(out):
+    from kiln.ops import core
+    if isinstance(out, Proxy):
+        if not out.meta.requires_grad:
+            return out
+        if not hasattr(core, "detach"):
+            raise Unsupported("an op under torch.no_grad() on a tensor that requires grad")
+        return core.detach(out)
+    if isinstance(out, (tuple, list)) and not isinstance(out, torch.Size):
+        return type(out)(_detach_all(o) for o in out)
+    return out
 
 
 def _is_hashable(value) -> bool:
@@ -407,7 +522,12 @@ def frame_locals(fn, args: tuple, kwargs: dict) -> dict:
             L[name] = cell.cell_contents
         except ValueError:
             pass
+    if func.__closure__:
+        L[CLOSURE_KEY] = func.__closure__  # the cells, for replaying writes to free variables
     return L
+
+
+CLOSURE_KEY = "<closure>"
 
 
 def _unbind(fn):
@@ -419,8 +539,12 @@ def _unbind(fn):
                       "or a bound method)")
 
 
-def trace(fn, args: tuple = (), kwargs: dict | None = None) -> CaptureResult:
-    """Interpret ``fn(*args, **kwargs)``'s bytecode symbolically; see the module docstring."""
+def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
+          auto_dynamic=None, plan=None) -> CaptureResult:
+    """Interpret ``fn(*args, **kwargs)``'s bytecode symbolically; see the module docstring.
+    ``dynamic`` / ``auto_dynamic``: which input sizes are symbolic (``Tracer``).
+    ``plan`` (a ``resume.BreakPlan``): stop before a graph break; the result's ``break_state``
+    then says what the glue must rebuild, and the graph returns the live tensors."""
     kwargs = kwargs or {}
     func, bound_self = _unbind(fn)
     code = func.__code__
@@ -432,8 +556,9 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None) -> CaptureResult:
     except TypeError as e:
         raise Unsupported(f"calling {func.__qualname__}: {e}", code.co_filename,
                           code.co_firstlineno, "") from None
-    tx = Tracer(_graph_name(code.co_name))
+    tx = Tracer(_graph_name(code.co_name), dynamic, auto_dynamic)
     tx.root_globals = func.__globals__
+    grad_at_entry = tx.grad_enabled
     nparams = code.co_argcount + code.co_kwonlyargcount
     nparams += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
     locals_ = {name: LazyVariable(L[name], LocalSource(name)) for name in code.co_varnames[:nparams]
@@ -442,18 +567,39 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None) -> CaptureResult:
                     for name in code.co_cellvars if name in L and name not in locals_})
     cells = {name: CellVariable(LazyVariable(L[name], LocalSource(name)) if name in L else None)
              for name in code.co_freevars}
+    for i, name in enumerate(code.co_freevars):
+        cells[name].cell_source = ItemSource(LocalSource(CLOSURE_KEY), i)
     root = Frame(tx, code, func.__globals__, None, locals_, cells)
+    if plan is not None:
+        root.stop_at = plan.stop_at
     ret = tx.run_frame(root)
 
     proxies: list[Proxy] = []
     filename, lineno, line = root.location(root.current)
-    try:
-        spec = _output_spec(ret, proxies)
-    except Unsupported as e:
-        e.locate(filename, lineno, line)
-        raise
+    break_state = None
+    if plan is not None:
+        from kiln.capture.resume import finish_at_break
+        if ret is not None or root.ip != plan.stop_at:
+            raise Unsupported("the re-trace for a graph break did not stop at the break")
+        break_state = finish_at_break(tx, root, plan)
+        proxies = [v.proxy for v in break_state.outputs]
+        try:  # Python-state writes before the break are replayed before the glue runs
+            effects = tx.side_effects.plan(lambda v: _output_spec(v, proxies))
+        except Unsupported as e:
+            e.locate(filename, lineno, line)
+            raise
+        spec = ("effects", ("const", None), effects) if effects else ("const", None)
+    else:
+        try:
+            spec = _output_spec(ret, proxies)
+            effects = tx.side_effects.plan(lambda v: _output_spec(v, proxies))
+        except Unsupported as e:
+            e.locate(filename, lineno, line)
+            raise
+        spec = ("effects", spec, effects) if effects else spec
     try:  # mutated inputs: extra outputs, written back after the graph runs
-        tx.graph.input_mutations = mutation.finalize(tx, ret, proxies)
+        live = ret if break_state is None else list(break_state.outputs)
+        tx.graph.input_mutations = mutation.finalize(tx, live, proxies, break_state is not None)
     except Unsupported as e:
         e.locate(filename, lineno, line)
         raise
@@ -467,8 +613,13 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None) -> CaptureResult:
     result = CaptureResult(
         graph=tx.graph, input_sources=input_sources, fetch=fetch, fetch_source=fetch_source,
         guards=tx.guards.exprs(), guard_source=guard_source, guard_fn=guard_fn,
-        rebuild=_make_rebuild(spec), bytecode=tx.bytecode_listing(), code=code,
+        rebuild=_make_rebuild(spec, func.__globals__), bytecode=tx.bytecode_listing(), code=code,
+        guard_set=tx.guards, shape_env=tx.shape_env if tx.shape_env.hints else None,
         autocast_devices=autocast_devices)
+    result.break_state = break_state
+    if break_state is None and tx.grad_enabled != grad_at_entry:
+        # the frame leaves grad mode changed (a resume function that exits a no_grad block)
+        result.rebuild = _set_grad_after(result.rebuild, tx.grad_enabled)
     log.log("bytecode", "%s", result.bytecode)
     log.log("guards", "%s", guard_source)
     return result
@@ -484,31 +635,60 @@ def _output_spec(v: Variable, proxies: list):
         proxies.append(v.proxy)
         return ("tensor", len(proxies) - 1)
     if isinstance(v, ConstantVariable):
-        return ("const", v.value)
+        return ("const", _concrete(v.value))
     if isinstance(v, TupleVariable):
         return ("tuple", [_output_spec(x, proxies) for x in v.items])
     if isinstance(v, ListVariable):
         return ("list", [_output_spec(x, proxies) for x in v.items])
     if isinstance(v, DictVariable):
         return ("dict", list(v.items), [_output_spec(x, proxies) for x in v.items.values()])
+    spec = extra_spec(v, proxies, _output_spec)
+    if spec is not None:
+        return spec
     raise Unsupported(f"returning {v} is not supported")
 
 
-def _make_rebuild(spec):
-    def build(s, outputs):
+def _concrete(value):
+    """A returned Python value with symbolic sizes specialized (guarded) to their ints."""
+    if isinstance(value, SymInt):
+        return int(value)
+    if isinstance(value, tuple) and any(isinstance(v, SymInt) for v in value):
+        return tuple(int(v) if isinstance(v, SymInt) else v for v in value)
+    return value
+
+
+def _set_grad_after(rebuild, mode: bool):
+    def rebuild_then_set_grad(outputs, L=None):
+        out = rebuild(outputs, L)
+        torch._C._set_grad_enabled(mode)
+        return out
+    rebuild_then_set_grad.spec = getattr(rebuild, "spec", None)
+    return rebuild_then_set_grad
+
+
+def _make_rebuild(spec, globals_=None):
+    """``rebuild(outputs, L=None)``: the returned value, after replaying Python-state writes
+    (``("effects", spec, steps)``, side_effects.py); L is the call's frame locals."""
+    def build(s, outputs, L):
         kind = s[0]
         if kind == "tensor":
             return outputs[s[1]]
         if kind == "const":
             return s[1]
         if kind == "tuple":
-            return tuple(build(x, outputs) for x in s[1])
+            return tuple(build(x, outputs, L) for x in s[1])
         if kind == "list":
-            return [build(x, outputs) for x in s[1]]
-        return {k: build(x, outputs) for k, x in zip(s[1], s[2])}
+            return [build(x, outputs, L) for x in s[1]]
+        if kind == "dict":
+            return {k: build(x, outputs, L) for k, x in zip(s[1], s[2])}
+        return build_extra(s, lambda x: build(x, outputs, L), L, globals_)
 
-    def rebuild(outputs):
-        return build(spec, outputs)
+    def rebuild(outputs, L=None):
+        if spec[0] == "effects":
+            result = build(spec[1], outputs, L)
+            replay(spec[2], lambda x: build(x, outputs, L), L, globals_)
+            return result
+        return build(spec, outputs, L)
 
     rebuild.spec = spec
     return rebuild

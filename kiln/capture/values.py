@@ -28,9 +28,11 @@ from kiln.capture import torch_api
 from kiln.capture.fallback import fallback_adapter
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import ItemSource
+from kiln.meta.symbolic import SymInt, SymSize
 
 CONSTANT_TYPES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device,
-                  type(Ellipsis), torch.memory_format, torch.layout, range, slice, torch.Size)
+                  type(Ellipsis), torch.memory_format, torch.layout, range, slice, torch.Size,
+                  SymInt, SymSize)  # symbolic sizes are constants whose comparisons are guarded
 
 
 def is_constant(value) -> bool:
@@ -98,12 +100,19 @@ class ConstantVariable(Variable):
         self.source = source
 
     def python_type(self):
-        return type(self.value)
+        if isinstance(self.value, SymInt):
+            return int
+        return tuple if isinstance(self.value, SymSize) else type(self.value)
 
     def as_python(self):
         return self.value
 
     def getattr(self, tx, name):
+        if isinstance(self.value, type) and not _is_library_class(self.value):
+            from kiln.capture.values_python import attribute_of_class
+            out = attribute_of_class(tx, self.value, name, None, self.source)
+            if out is not None:
+                return out
         try:
             attr = getattr(self.value, name)
         except AttributeError as e:
@@ -113,6 +122,12 @@ class ConstantVariable(Variable):
         if callable(attr):
             return MethodVariable(self, name)
         raise Unsupported(f"attribute {name!r} of {self.value!r} is not supported")
+
+    def call(self, tx, args, kwargs):
+        if isinstance(self.value, type):
+            from kiln.capture.values_python import call_class
+            return call_class(tx, self.value, args, kwargs)
+        return super().call(tx, args, kwargs)
 
     def iterate(self, tx):
         try:
@@ -228,21 +243,37 @@ class ListVariable(_Sequence):
     kind = list
 
     def getattr(self, tx, name):
-        if name in ("append", "extend", "insert", "pop", "index", "count"):
+        if name in ("append", "extend", "insert", "pop", "index", "count", "reverse", "sort",
+                    "clear", "remove", "copy"):
             return MethodVariable(self, name)
         return super().getattr(tx, name)
 
-    def check_mutable(self):
+    def check_mutable(self, tx=None):
+        """A list reached from the inputs may change: the write is replayed (side_effects.py)."""
         if self.source is not None:
-            raise Unsupported("mutating a list that is an input of the function is not supported")
+            if tx is None:
+                raise Unsupported("mutating a list that is an input of the function is not supported")
+            tx.side_effects.mutate(self)
 
     def call_method(self, tx, name, args, kwargs):
         if name in ("index", "count"):
             return super().call_method(tx, name, args, kwargs)
-        self.check_mutable()
+        if name == "copy" and not args:
+            return ListVariable(self.items)
+        self.check_mutable(tx)
         if kwargs:
             raise Unsupported(f"list.{name} with keyword arguments")
-        if name == "append" and len(args) == 1:
+        if name == "sort" and not args:
+            keys = [v.as_python() for v in self.items]
+            self.items[:] = [self.items[i] for i in sorted(range(len(keys)), key=keys.__getitem__)]
+        elif name == "reverse" and not args:
+            self.items.reverse()
+        elif name == "clear" and not args:
+            self.items.clear()
+        elif name == "remove" and len(args) == 1:
+            keys = [v.as_python() for v in self.items]
+            del self.items[keys.index(args[0].as_python())]
+        elif name == "append" and len(args) == 1:
             self.items.append(args[0])
         elif name == "extend" and len(args) == 1:
             self.items.extend(args[0].iterate(tx))
@@ -279,7 +310,8 @@ class DictVariable(Variable):
         return self.items[key]
 
     def getattr(self, tx, name):
-        if name in ("keys", "values", "items", "get", "update"):
+        if name in ("keys", "values", "items", "get", "update", "pop", "setdefault", "copy",
+                    "clear"):
             return MethodVariable(self, name)
         raise Unsupported(f"attribute {name!r} of a dict is not supported")
 
@@ -294,8 +326,28 @@ class DictVariable(Variable):
             key = args[0].as_python()
             default = args[1] if len(args) > 1 else ConstantVariable(None)
             return self.items.get(key, default)
-        if name == "update" and self.source is None and len(args) == 1 and isinstance(args[0], DictVariable):
-            self.items.update(args[0].items)
+        if name == "copy" and not args:
+            return DictVariable(self.items)
+        if name in ("update", "pop", "setdefault", "clear") and self.source is not None:
+            tx.side_effects.mutate(self)  # replayed after the call (side_effects.py)
+        if name == "update" and (not args or len(args) == 1 and isinstance(args[0], DictVariable)):
+            self.items.update(args[0].items if args else {})
+            self.items.update(kwargs)
+            return ConstantVariable(None)
+        if name == "pop" and len(args) in (1, 2):
+            key = args[0].as_python()
+            if key in self.items:
+                return self.items.pop(key)
+            if len(args) == 2:
+                return args[1]
+            raise Unsupported(f"dict.pop of missing key {key!r}")
+        if name == "setdefault" and len(args) in (1, 2):
+            key = args[0].as_python()
+            if key not in self.items:
+                self.items[key] = args[1] if len(args) == 2 else ConstantVariable(None)
+            return self.items[key]
+        if name == "clear" and not args:
+            self.items.clear()
             return ConstantVariable(None)
         raise Unsupported(f"dict.{name} is not supported here")
 
@@ -319,12 +371,20 @@ class IteratorVariable(Variable):
         self.pos = len(self.items)
         return rest
 
+    def as_python(self):
+        """The remaining items' values, without consuming them (for builtins on constants)."""
+        return iter([v.as_python() for v in self.items[self.pos:]])
+
+    def python_type(self):
+        return type(iter(()))
+
 
 class CellVariable(Variable):
     """A closure cell: created by MAKE_CELL, or wrapping a real cell of a function we inline."""
 
     def __init__(self, contents=None):
         self.contents = contents  # a Variable (possibly Lazy), or None when empty
+        self.cell_source = None   # Source of the real cell object, when writes must be replayed
 
 
 class ModuleVariable(Variable):
@@ -339,6 +399,15 @@ class ModuleVariable(Variable):
         return True
 
     def getattr(self, tx, name):
+        written = tx.side_effects.load_attr(self, name)  # set earlier in this trace
+        if written is not None:
+            return written
+        if isinstance(self.module, torch.nn.ModuleDict) and name in ("items", "keys", "values"):
+            return _Thunk(lambda: self.module_dict_method(tx, name))
+        from kiln.capture.values_python import user_class_attribute
+        out = user_class_attribute(tx, self, name)  # properties, static/class methods
+        if out is not None:
+            return out
         try:
             value = getattr(self.module, name)
         except AttributeError as e:
@@ -354,12 +423,37 @@ class ModuleVariable(Variable):
         tx.guards.add(self.source, f"len({{}}) == {len(children)}")
         return children
 
+    def _dict_keys(self, tx):
+        keys = list(self.module.keys())
+        tx.guards.add(self.source, f"list({{}}.keys()) == {keys!r}")
+        return keys
+
     def iterate(self, tx):
+        if isinstance(self.module, torch.nn.ModuleDict):  # iterating a ModuleDict gives its keys
+            return [ConstantVariable(k) for k in self._dict_keys(tx)]
         return [tx.wrap(m, ItemSource(self.source, i)) for i, m in enumerate(self._children(tx))]
 
+    def module_dict_method(self, tx, name):
+        """``items()`` / ``keys()`` / ``values()`` of a ModuleDict, as a tuple of trackers."""
+        keys = self._dict_keys(tx)
+        values = [tx.wrap(self.module[k], ItemSource(self.source, k)) for k in keys]
+        if name == "keys":
+            return TupleVariable([ConstantVariable(k) for k in keys])
+        if name == "values":
+            return TupleVariable(values)
+        return TupleVariable([TupleVariable([ConstantVariable(k), v]) for k, v in zip(keys, values)])
+
     def getitem(self, tx, key):
+        if isinstance(self.module, torch.nn.ModuleDict):
+            k = key.as_python()
+            if k not in self._dict_keys(tx):
+                raise Unsupported(f"ModuleDict has no key {k!r}")
+            return tx.wrap(self.module[k], ItemSource(self.source, k))
         children = self._children(tx)
         key = key.as_python()
+        if isinstance(key, slice):
+            return ListVariable([tx.wrap(children[i], ItemSource(self.source, i))
+                                 for i in range(len(children))[key]])
         if not isinstance(key, int):
             raise Unsupported(f"indexing {type(self.module).__name__} with {type(key).__name__}")
         return tx.wrap(children[key], ItemSource(self.source, key % len(children)))
@@ -382,6 +476,18 @@ class ModuleVariable(Variable):
 
     def __repr__(self):
         return f"Module({type(self.module).__name__} at {self.source})"
+
+
+class _Thunk(Variable):
+    """A no-argument method whose result is computed when it is called."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def call(self, tx, args, kwargs):
+        if args or kwargs:
+            raise Unsupported("unexpected arguments")
+        return self.fn()
 
 
 class FunctionVariable(Variable):
@@ -408,6 +514,19 @@ class FunctionVariable(Variable):
 
     def truth(self, tx):
         return True
+
+    def getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            value = getattr(self.fn, name) if self.fn is not None else \
+                {"__name__": self.code.co_name, "__qualname__": self.qualname}.get(name)
+            return ConstantVariable(value)
+        if name in ("__wrapped__", "__func__") and self.fn is not None and hasattr(self.fn, name):
+            return tx.wrap(getattr(self.fn, name), tx.attr_source(self.source, name))
+        if name == "__self__" and self.self_var is not None:
+            return self.self_var
+        if name == "__code__":
+            return ConstantVariable(self.code)
+        raise Unsupported(f"attribute {name!r} of {self} is not supported")
 
     def call(self, tx, args, kwargs):
         if getattr(self.fn, "_kiln_graph_break", False):
@@ -564,6 +683,10 @@ class OpaqueVariable(Variable):
 
     def __repr__(self):
         return f"Opaque({type(self.value).__name__})"
+
+
+def _is_library_class(cls) -> bool:
+    return (cls.__module__ or "").split(".")[0] in ("builtins", "torch", "typing", "collections")
 
 
 # Python operators on constants, by dis's spelling.
