@@ -25,6 +25,8 @@ class Config:
     triton_looped_rblock: int = 1024
     # reductions over strided dims tile [XBLOCK contiguous kept elements, RBLOCK reduced]
     triton_column_reductions: bool = True
+    # attention's backward calls torch's fused backward (else: decomposed, probabilities materialized)
+    fused_attention_backward: bool = True
     # split reductions (lowering.reduction): few rows over a long reduced extent become a
     # partial reduction over row x chunk, then a small second reduction over the chunks
     split_reductions: bool = True

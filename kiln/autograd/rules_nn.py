@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from kiln.config import config
 from kiln.ops import core
 from kiln.ops.core_views import normalize_dim
 from kiln.ops.registry import VJP_RULES
@@ -308,6 +309,13 @@ def sdpa_vjp(g, out, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sc
     if dropout_p:
         raise NotImplementedError("[vjp] core.sdpa with dropout_p > 0 has no VJP rule (its mask "
                                   "is not an output)")
+    fused_mask = attn_mask is None or (is_tensor(attn_mask) and attn_mask.dtype == torch.bool)
+    if config.fused_attention_backward and fused_mask and \
+            tuple(g.shape) == tuple(q.shape) == tuple(k.shape) == tuple(v.shape):
+        with in_backward(g):  # torch's fused backward on a recomputed forward: one library call
+            packed = core.sdpa_backward(g, q, k, v, attn_mask, is_causal, scale)
+            gq, gk, gv = (core.select(packed, 0, i) for i in range(3))
+        return gq, gk, gv, None, None, None, None
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     with in_backward(g):  # recompute the probabilities here, as flash attention does
         s = core.mul(core.matmul(q, _mT(k)), float(scale))

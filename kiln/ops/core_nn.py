@@ -23,7 +23,7 @@ from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
 
 __all__ = ["matmul", "bmm", "addmm", "baddbmm", "layer_norm", "rms_norm", "group_norm",
            "batch_norm", "embedding", "gather", "index_select", "cross_entropy", "nll_loss",
-           "mse_loss", "l1_loss", "bce_with_logits", "sdpa", "conv"]
+           "mse_loss", "l1_loss", "bce_with_logits", "sdpa", "sdpa_backward", "conv"]
 
 
 class NNError(ValueError):
@@ -461,6 +461,13 @@ META_RULES[sdpa] = lambda q, k, v, attn_mask=None, dropout_p=0.0, is_causal=Fals
     META_RULES[prims.sdpa](q, k, v, attn_mask, dropout_p, is_causal, scale)
 DECOMPOSITIONS[sdpa] = lambda q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None: \
     prims.sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale)
+
+
+sdpa_backward = define("core", "sdpa_backward", prims.sdpa_backward.eager)
+META_RULES[sdpa_backward] = lambda g, q, k, v, attn_mask=None, is_causal=False, scale=None: \
+    META_RULES[prims.sdpa_backward](g, q, k, v, attn_mask, is_causal, scale)
+DECOMPOSITIONS[sdpa_backward] = lambda g, q, k, v, attn_mask=None, is_causal=False, scale=None: \
+    prims.sdpa_backward(g, q, k, v, attn_mask, is_causal, scale)
 
 
 def _conv_eager(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):

@@ -9,7 +9,7 @@ from kiln.inductor import lowering as L
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import LOWERINGS, META_RULES, define
 
-__all__ = ["gather", "index_select", "bmm", "sdpa", "conv", "scatter_add", "index_add", "rand", "full", "fallback"]
+__all__ = ["gather", "index_select", "bmm", "sdpa", "sdpa_backward", "conv", "scatter_add", "index_add", "rand", "full", "fallback"]
 
 
 class NNPrimError(TypeError):
@@ -88,6 +88,33 @@ def _sdpa_meta(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
 
 
 LOWERINGS[sdpa] = L.extern_rule
+
+
+def _sdpa_backward_eager(g, q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """The gradients of attention for q, k and v, packed as [3, *q.shape]. torch's own fused
+    backward (flash, memory-efficient or math, whichever torch picks for these inputs) runs
+    through autograd on a recomputed forward: one extra fused forward instead of the
+    materialized [.., Lq, Lk] probabilities of a decomposed backward."""
+    with torch.enable_grad():
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=attn_mask, is_causal=is_causal,
+                                             scale=scale)
+        grads = torch.autograd.grad(out, (qq, kk, vv), g)
+    return torch.stack(grads)
+
+
+sdpa_backward = define("prims", "sdpa_backward", _sdpa_backward_eager, library=True)
+
+
+@META_RULES.register(sdpa_backward)
+def _sdpa_backward_meta(g, q, k, v, attn_mask=None, is_causal=False, scale=None):
+    if not tuple(g.shape) == tuple(q.shape) == tuple(k.shape) == tuple(v.shape):
+        raise NNPrimError(f"[meta] prims.sdpa_backward: g {list(g.shape)}, q {list(q.shape)}, "
+                          f"k {list(k.shape)}, v {list(v.shape)} must have one shape")
+    return TensorMeta.contiguous((3,) + tuple(q.shape), q.dtype, q.device, False)
+
+
+LOWERINGS[sdpa_backward] = L.extern_rule
 
 
 def _conv_eager(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):

@@ -187,6 +187,8 @@ NN = [
      [rnd(2, 5, 4), rnd(2, 5, 4), rnd(2, 5, 4)]),
     ("sdpa_bool_mask", lambda q, k, v, m: core.sdpa(q, k, v, m),
      [rnd(2, 4, 4), rnd(2, 6, 4), rnd(2, 6, 4), causal_ok_mask(4, 6)]),
+    ("sdpa_bool_mask_fused", lambda q, k, v, m: core.sdpa(q, k, v, m),   # torch's fused backward
+     [rnd(2, 2, 6, 4), rnd(2, 2, 6, 4), rnd(2, 2, 6, 4), causal_ok_mask(6, 6)]),
     ("sdpa_float_mask", lambda q, k, v, m: core.sdpa(q, k, v, m),
      [rnd(2, 4, 4), rnd(2, 6, 4), rnd(2, 6, 4), rnd(4, 6)]),
     ("conv1d", lambda x, w, b: core.conv(x, w, b, (1,), (1,), (1,), 1), [rnd(2, 3, 8), rnd(4, 3, 3), rnd(4)]),
