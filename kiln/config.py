@@ -34,6 +34,8 @@ class Config:
     split_reduction_min_chunk: int = 4096       # each chunk reduces at least this many elements
     split_reduction_rows_cuda: int = 1024       # aim for about this many (row, chunk) programs
     split_reduction_rows_cpu: int = 0           # 0: 8 x the OpenMP thread count
+    # few kept elements over many reduced rows: "cuda" (only there), "always" (tests), "never"
+    split_column_reductions: str = "cuda"
     # online softmax: a looped max pass and the sum(exp(x - max)) pass after it run as one
     triton_online_softmax: bool = True
     # autotuning of Triton kernels on CUDA (kiln/runtime/autotune.py); "interpret" also tunes
@@ -48,6 +50,15 @@ class Config:
     # runtime
     cache_dir: str = dataclasses.field(default_factory=lambda: os.environ.get(
         "KILN_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "kiln")))
+    # whole compiled graphs cached on disk (kiln/runtime/graph_cache.py); KILN_GRAPH_CACHE=0 turns it off
+    graph_cache: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_GRAPH_CACHE", True))
+    # build pool size (kiln/runtime/pool.py); None: the CPU count (capped); 1: builds in-process
+    compile_threads: object = dataclasses.field(default_factory=lambda: int(os.environ["KILN_COMPILE_THREADS"])
+                                                if os.environ.get("KILN_COMPILE_THREADS") else None)
+    # "kernels built k/n" on a terminal for compiles with at least this many kernels
+    progress_min: int = 8
+    # Triton kernels launched through their compiled launcher (kiln/runtime/launch.py)
+    triton_fast_launch: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_FAST_LAUNCH", True))
     # observe
     debug: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_DEBUG", False))
     debug_dir: str = dataclasses.field(default_factory=lambda: os.environ.get("KILN_DEBUG_DIR", "kiln_debug"))

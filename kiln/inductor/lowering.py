@@ -173,7 +173,14 @@ def split_plan(kind: str, shape, dims, device):
     rnumel = math.prod(shape[d] for d in dims)
     if any(isinstance(s, sympy.Basic) and s.free_symbols for s in shape):
         return None  # symbolic sizes: one plan must serve every size; the looped kernel does
-    if rnumel < config.split_reduction_min_rnumel or rows == 0:
+    if rows == 0:
+        return None
+    where = config.split_column_reductions
+    if where == "always" or (where == "cuda" and device is not None and device.type == "cuda"):
+        plan = _column_split(shape, dims, rows, rnumel)
+        if plan is not None:
+            return plan
+    if rnumel < config.split_reduction_min_rnumel:
         return None
     if device is not None and device.type == "cuda":
         target = config.split_reduction_rows_cuda
@@ -189,6 +196,21 @@ def split_plan(kind: str, shape, dims, device):
     return ("flat", s) if s >= max(2, want // 4) else None
 
 
+def _column_split(shape, dims, rows, rnumel):
+    """A reduction over the leading dims with the kept dims contiguous after them (bias and
+    norm-weight gradients) tiles 64 kept elements per program, so few kept elements mean few
+    programs each walking every reduced row. Cut the outermost reduced dim into S chunks, so
+    about 256 programs run; the partial results go to an [S, kept...] buffer ("column": chunk
+    id outermost, so the kept dims stay contiguous in both stages)."""
+    if dims != tuple(range(len(dims))) or len(dims) == len(shape) or rnumel < 1024:
+        return None
+    want = min(256 * 64 // max(rows, 1), rnumel // 128)
+    if want < 2:
+        return None
+    s = _largest_divisor(shape[dims[0]], want)
+    return ("column", s) if s >= max(2, want // 4) else None
+
+
 def _split_reduction(ctx, meta, x, dims, kind, plan):
     """First stage over (kept dims..., chunk id, chunk dims...), reducing the chunk dims into
     a contiguous [kept..., S] buffer; second stage reduces S. Low-precision partial results
@@ -197,19 +219,21 @@ def _split_reduction(ctx, meta, x, dims, kind, plan):
     n = len(x.shape)
     kept = [d for d in range(n) if d not in dims]
     kept_sizes = [x.shape[d] for d in kept]
-    if how == "dim":
+    if how in ("dim", "column"):
         d0 = dims[0]
         chunk_sizes = [x.shape[d0] // s] + [x.shape[d] for d in dims[1:]]
     else:
         chunk_sizes = [math.prod(x.shape[d] for d in dims) // s]
-    ranges1 = kept_sizes + [s] + chunk_sizes
-    syms = ir.index_symbols(len(ranges1))
     nk = len(kept)
-    chunk_id, chunk_syms = syms[nk], syms[nk + 1:]
+    column = how == "column"
+    ranges1 = ([s] + kept_sizes if column else kept_sizes + [s]) + chunk_sizes
+    syms = ir.index_symbols(len(ranges1))
+    chunk_id, chunk_syms = (syms[0] if column else syms[nk]), syms[nk + 1:]
+    kept_syms = syms[1:nk + 1] if column else syms[:nk]
     idx = [None] * n
     for k, d in enumerate(kept):
-        idx[d] = syms[k]
-    if how == "dim":
+        idx[d] = kept_syms[k]
+    if how in ("dim", "column"):
         idx[dims[0]] = chunk_id * chunk_sizes[0] + chunk_syms[0]
         for d, sym in zip(dims[1:], chunk_syms[1:]):
             idx[d] = sym
@@ -221,7 +245,7 @@ def _split_reduction(ctx, meta, x, dims, kind, plan):
     body = x.loader(idx)
     if body.dtype != partial_dtype and meta.dtype in (torch.float16, torch.bfloat16):
         body = ir.Call("cast", (body,), partial_dtype)
-    shape1 = tuple(kept_sizes) + (s,)
+    shape1 = (s,) + tuple(kept_sizes) if column else tuple(kept_sizes) + (s,)
     stride1 = contiguous_strides(shape1)
     name1 = ctx.new_name("buf")
     reduced1 = tuple(range(nk + 1, len(ranges1)))
@@ -232,7 +256,8 @@ def _split_reduction(ctx, meta, x, dims, kind, plan):
     body2 = ir.Load(name1, sum((a * b for a, b in zip(syms2, stride1)), sympy.Integer(0)), partial_dtype)
     name2 = ctx.new_name("buf")
     ctx.add_buffer(ir.Reduction(name2, meta.shape, meta.stride, meta.dtype, meta.device,
-                                SPLIT_COMBINE[kind], shape1, (nk,), body2, ctx.current_origins))
+                                SPLIT_COMBINE[kind], shape1, (0,) if column else (nk,), body2,
+                                ctx.current_origins))
     return TValue.of_ref(ir.TensorRef(name2, meta.shape, meta.stride, 0), meta.dtype, meta.device)
 
 
