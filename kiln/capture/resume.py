@@ -43,11 +43,29 @@ from kiln.capture.values import (NULL, BoundAdapterVariable, BuiltinVariable, Co
                                  DictVariable, FunctionVariable, IteratorVariable, LazyVariable,
                                  ListVariable, MethodVariable, ModuleVariable, NullVariable,
                                  OpaqueVariable, PythonModuleVariable, TensorVariable,
-                                 TorchFunctionVariable, TupleVariable, Variable)
+                                 TorchFunctionVariable, TupleVariable, Variable, _Sequence)
 
 PY = sys.version_info[:2]
 CO_VARARGS, CO_VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
 _STACK = "___kiln_stack"
+
+
+def stack_prefix(code) -> str:
+    """The names of a resume function's stack arguments: ``___kiln_stack<level>_<k>``, with a
+    level no name of ``code`` uses, so a resume function of a resume function (a break inside
+    one, possibly still in its prologue) keeps its parent's stack arguments as plain locals."""
+    level = 0
+    while any(n.startswith(f"{_STACK}{level}_") for n in code.co_varnames):
+        level += 1
+    return f"{_STACK}{level}_"
+
+
+def _stack_reads(instructions, index: int) -> set:
+    """Stack arguments of resume functions still read at or after ``index``. They are read only
+    by prologues, straight-line code placed right after RESUME and run once, so a read at a
+    later position is a read still to come."""
+    return {i.argval for i in instructions[index:]
+            if i.opname == "LOAD_FAST" and str(i.argval).startswith(_STACK)}
 
 
 class CannotResume(Exception):
@@ -186,7 +204,7 @@ def resume_code(code, index: int, layout: tuple, argnames: tuple, tag: str,
     if start is None or start >= pos:
         raise CannotResume(f"{code.co_name} has no RESUME before instruction {index}")
     lineno = items[pos + 1].lineno or code.co_firstlineno
-    prologue, k = [], 0
+    prologue, k, prefix = [], 0, stack_prefix(code)
     if grad is not None:
         prologue += [Instr("PUSH_NULL", lineno=lineno), Instr("LOAD_CONST", set_grad_mode, lineno=lineno),
                      Instr("LOAD_CONST", grad, lineno=lineno), *_call(1, lineno),
@@ -195,12 +213,12 @@ def resume_code(code, index: int, layout: tuple, argnames: tuple, tag: str,
         if is_null:
             prologue.append(Instr("PUSH_NULL", lineno=lineno))
         else:
-            prologue.append(Instr("LOAD_FAST", f"{_STACK}{k}", lineno=lineno))
+            prologue.append(Instr("LOAD_FAST", f"{prefix}{k}", lineno=lineno))
             k += 1
     prologue.append(Instr("JUMP_FORWARD", label, lineno=lineno))
     new = Bytecode(items[:start + 1] + prologue + items[start + 1:])
     new._copy_attr_from(bc)
-    new.argnames = [f"{_STACK}{j}" for j in range(k)] + list(argnames)
+    new.argnames = [f"{prefix}{j}" for j in range(k)] + list(argnames)
     new.argcount = len(new.argnames)
     new.posonlyargcount = 0
     new.kwonlyargcount = 0
@@ -235,10 +253,11 @@ def finish_at_break(tx, root, plan) -> BreakState:
     """Collect the root frame's state where the trace stopped; fills the graph's output."""
     code, index = root.code, root.ip
     live = live_locals(code, root.instructions, index)
+    pending = _stack_reads(root.instructions, index)
     locals_ = {}
     for name, v in root.locals.items():
-        if name.startswith(_STACK):
-            continue  # a resume function's own stack arguments: only its prologue reads them
+        if live is None and name.startswith(_STACK) and name not in pending:
+            continue  # a stack argument its prologue already read
         if live is None or name in live:
             locals_[name] = v
     for name in code.co_cellvars:
@@ -259,7 +278,7 @@ def finish_at_break(tx, root, plan) -> BreakState:
             if v.source is None and v.proxy.node not in seen:
                 seen.add(v.proxy.node)
                 outputs.append(v)
-        elif isinstance(v, (TupleVariable, ListVariable)) and v.source is None:
+        elif isinstance(v, _Sequence) and v.source is None:  # tuples, lists, namedtuples
             for x in v.items:
                 collect(x, depth + 1)
         elif isinstance(v, DictVariable) and v.source is None:
@@ -272,6 +291,13 @@ def finish_at_break(tx, root, plan) -> BreakState:
             collect(v.obj, depth + 1)
         elif isinstance(v, FunctionVariable) and v.self_var is not None:
             collect(v.self_var, depth + 1)
+        elif isinstance(v, FunctionVariable) and v.fn is None:  # made by MAKE_FUNCTION
+            for x in [*v.defaults, *v.kwdefaults.values()]:
+                collect(x, depth + 1)
+        elif _is_made_object(v) and id(v) not in seen:
+            seen.add(id(v))
+            for x in v.attrs.values():
+                collect(x, depth + 1)
 
     for v in root.stack:
         collect(v)
@@ -368,6 +394,41 @@ def _enter_autocast(device, dtype, enabled):
     cm = torch.autocast(device, dtype=dtype, enabled=enabled)
     cm.__enter__()
     return cm.__exit__
+
+
+def _make_function(code, globals_, qualname, defaults, kwdefaults):
+    """A function made in traced code before a break, made again for real by the glue."""
+    fn = types.FunctionType(code, globals_, code.co_name, defaults or None)
+    fn.__kwdefaults__ = kwdefaults or None
+    fn.__qualname__ = qualname
+    return fn
+
+
+def _new_object(cls, attrs):
+    """An object made in traced code before a break (its ``__init__`` already ran in the
+    trace: ``attrs`` is its instance dict), made again for real by the glue."""
+    obj = object.__new__(cls)
+    for k, x in attrs.items():
+        object.__setattr__(obj, k, x)
+    return obj
+
+
+def _is_made_object(v) -> bool:
+    return type(v).__name__ == "ObjectVariable" and v.value is None and v.source is None
+
+
+def _binds_to(self_var, name: str, fn) -> bool:
+    """Does ``<the real self_var>.name`` give a method bound to ``fn``?"""
+    from kiln.capture.values_python import _MISSING, _static_lookup
+    owner = getattr(self_var, "module", None)
+    if owner is None:
+        owner = getattr(self_var, "value", None)
+    if owner is not None:
+        return getattr(getattr(owner, name, None), "__func__", None) is fn
+    if _is_made_object(self_var):
+        found, _ = _static_lookup(self_var.cls, name)
+        return found is fn and name not in self_var.attrs and found is not _MISSING
+    return False
 
 
 def _load_attr(name):
@@ -480,13 +541,23 @@ class Glue:
             self.emit(_load_attr(v.name.rsplit(".", 1)[-1]))
             return
         if isinstance(v, FunctionVariable) and v.fn is not None and v.self_var is not None:
-            owner = getattr(v.self_var, "module", None)
             name = v.fn.__name__
-            bound = getattr(owner, name, None)
-            if getattr(bound, "__func__", None) is not v.fn:
+            if not _binds_to(v.self_var, name, v.fn):
                 raise CannotResume(f"cannot rebuild the bound method {v.qualname}")
             self.load(v.self_var)
             self.emit(_load_attr(name))
+            return
+        if isinstance(v, FunctionVariable) and v.fn is None and v.source is None:
+            self._load_made_function(v)
+            return
+        if _is_made_object(v):
+            self._guard_cycle(v)
+            self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", _new_object), Instr("LOAD_CONST", v.cls))
+            for k, x in v.attrs.items():
+                self.emit(Instr("LOAD_CONST", k))
+                self.load(x)
+            self.emit(Instr("BUILD_MAP", len(v.attrs)), *_call(2))
+            self._memo(v)
             return
         if type(v).__name__ == "ContextExitVariable":  # a grad-mode with block (values_python)
             self.emit(Instr("LOAD_CONST", GRAD_EXITS[_grad_prev(v)]))
@@ -498,10 +569,11 @@ class Glue:
                       Instr("LOAD_CONST", r.enabled), *_call(3))
             return
         if type(v).__name__ == "NamedTupleVariable" and v.source is None:
-            self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", v.cls))
+            from kiln.capture.values_python import make_named_tuple
+            self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", make_named_tuple), Instr("LOAD_CONST", v.cls))
             for x in v.items:
                 self.load(x)
-            self.emit(*_call(len(v.items)))
+            self.emit(Instr("BUILD_TUPLE", len(v.items)), *_call(2))
             return
         if v.source is not None and not isinstance(v, (ListVariable, DictVariable)):
             self.load_source(v.source)  # any other value reached from the inputs
@@ -513,6 +585,28 @@ class Glue:
             self.emit(Instr("LOAD_CONST", v.fn))  # a function reached through a trusted path
             return
         raise CannotResume(f"cannot rebuild {v} at the break")
+
+    def _load_made_function(self, v):
+        """A function made by MAKE_FUNCTION before the break (a lambda, a 3.11 comprehension)."""
+        if v.closure or v.self_var is not None:
+            raise CannotResume(f"cannot rebuild the closure {v.qualname} made before the break")
+        self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", _make_function),
+                  Instr("LOAD_CONST", v.code), Instr("LOAD_CONST", v.globals),
+                  Instr("LOAD_CONST", v.qualname))
+        for x in v.defaults:
+            self.load(x)
+        self.emit(Instr("BUILD_TUPLE", len(v.defaults)))
+        for k, x in v.kwdefaults.items():
+            self.emit(Instr("LOAD_CONST", k))
+            self.load(x)
+        self.emit(Instr("BUILD_MAP", len(v.kwdefaults)), *_call(5))
+        self._memo(v)
+
+    def _guard_cycle(self, v):
+        building = self.__dict__.setdefault("_building", set())
+        if id(v) in building:
+            raise CannotResume(f"{v} refers to itself; it cannot be rebuilt at the break")
+        building.add(id(v))
 
     def _memo(self, v):
         name = self.temp()

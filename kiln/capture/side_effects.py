@@ -163,7 +163,8 @@ def extra_spec(v, proxies, spec_of):
 def build_extra(spec, build, L, G):
     kind = spec[0]
     if kind == "namedtuple":
-        return spec[1](*[build(s) for s in spec[2]])
+        from kiln.capture.values_python import make_named_tuple
+        return make_named_tuple(spec[1], [build(s) for s in spec[2]])
     if kind == "object":
         obj = object.__new__(spec[1])
         for k, s in spec[2].items():

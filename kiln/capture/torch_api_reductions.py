@@ -48,14 +48,14 @@ def amin(input, dim=(), keepdim=False, *, out=None):
     return core.amin(input, _dims(dim) or None, keepdim)
 
 
-def _minmax(reduce_all, with_dim, binary):
+def _minmax(reduce_all, with_dim, binary, result_type):
     def adapter(input, dim=None, keepdim=False, *, out=None):
         _no_out("max/min", out)
         if isinstance(dim, Proxy):  # torch.max(a, b): elementwise
             return binary(input, dim)
         if dim is None:
             return reduce_all(input, None, False)
-        return with_dim(input, dim, keepdim)
+        return result_type(with_dim(input, dim, keepdim))  # (values, indices), as eager's
     return adapter
 
 
@@ -111,8 +111,8 @@ def _softmax_like(op):
 
 FUNCTIONS = {
     torch.sum: sum_, torch.mean: mean, torch.prod: prod, torch.amax: amax, torch.amin: amin,
-    torch.max: _minmax(core.amax, core.max_dim, core.maximum),
-    torch.min: _minmax(core.amin, core.min_dim, core.minimum),
+    torch.max: _minmax(core.amax, core.max_dim, core.maximum, torch.return_types.max),
+    torch.min: _minmax(core.amin, core.min_dim, core.minimum, torch.return_types.min),
     torch.argmax: argmax, torch.argmin: argmin, torch.any: any_, torch.all: all_,
     torch.var: var, torch.std: std, torch.logsumexp: logsumexp,
     torch.softmax: _softmax_like(core.softmax), torch.log_softmax: _softmax_like(core.log_softmax),
@@ -121,8 +121,8 @@ FUNCTIONS = {
 
 METHODS = {
     "sum": sum_, "mean": mean, "prod": prod, "amax": amax, "amin": amin,
-    "max": _minmax(core.amax, core.max_dim, core.maximum),
-    "min": _minmax(core.amin, core.min_dim, core.minimum),
+    "max": _minmax(core.amax, core.max_dim, core.maximum, torch.return_types.max),
+    "min": _minmax(core.amin, core.min_dim, core.minimum, torch.return_types.min),
     "argmax": argmax, "argmin": argmin, "any": any_, "all": all_, "var": var, "std": std,
     "logsumexp": logsumexp, "softmax": _softmax_like(core.softmax),
     "log_softmax": _softmax_like(core.log_softmax),

@@ -26,7 +26,7 @@ from kiln.capture.interpreter import Frame
 from kiln.capture.resume import GradModeExit, SetGradModeVariable, set_grad_mode
 from kiln.capture.side_effects import SideEffects, build_extra, extra_spec, replay
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
-                                        is_user_object)
+                                        is_structseq, is_user_object)
 from kiln.capture.values import (BuiltinVariable, CellVariable, ConstantVariable, DictVariable,
                                  FunctionVariable, IteratorVariable, LazyVariable, ListVariable,
                                  ModuleVariable,
@@ -158,7 +158,7 @@ class Tracer:
                 return TupleVariable(items, source)
             if type(value) is list:
                 return self.side_effects.remember(value, ListVariable(items, source))
-            if hasattr(type(value), "_fields"):
+            if hasattr(type(value), "_fields") or is_structseq(type(value)):
                 return NamedTupleVariable(type(value), items, source)
             raise Unsupported(f"{type(value).__name__} values are not supported")
         if type(value) is dict:
@@ -175,6 +175,12 @@ class Tracer:
             self.guards.identity(source, value)
             self.guards.add(source, f"{{}}.training is {value.training}")
             return ModuleVariable(value, source)
+        if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType) \
+                and not (value.__func__.__module__ or "").startswith("torch"):
+            if guard:  # a bound method is made anew on each access: guard what it binds
+                self.guards.identity(self.attr_source(source, "__func__"), value.__func__)
+            owner = self.wrap(value.__self__, self.attr_source(source, "__self__"), guard)
+            return FunctionVariable(value.__func__, self_var=owner)
         if guard:
             self.guards.identity(source, value)
         if isinstance(value, types.ModuleType):
@@ -190,10 +196,6 @@ class Tracer:
             if (value.__module__ or "").startswith("torch"):
                 return TorchFunctionVariable(value, source)  # torch's Python code is not inlined
             return FunctionVariable(value, source=source)
-        if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType) \
-                and not (value.__func__.__module__ or "").startswith("torch"):
-            owner = self.wrap(value.__self__, self.attr_source(source, "__self__"))
-            return FunctionVariable(value.__func__, self_var=owner)
         if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
             mod = getattr(value, "__module__", None) or ""
             if mod.startswith("torch") or isinstance(getattr(value, "__self__", None), type):
@@ -289,7 +291,10 @@ class Tracer:
         if not self.grad_enabled:
             out = _detach_all(out)  # results made under no_grad carry no gradient
         # views of arguments and in-place writes (kiln/capture/mutation.py)
-        return mutation.wrap_outputs(self, out, args, kwargs, py_args, py_kwargs, name)
+        result = mutation.wrap_outputs(self, out, args, kwargs, py_args, py_kwargs, name)
+        if is_structseq(type(out)) and isinstance(result, TupleVariable):  # torch.return_types
+            result = NamedTupleVariable(type(out), result.items)
+        return result
 
     # ---------------------------------------------------------------- operators
     def binary_op(self, op: str, a: Variable, b: Variable) -> Variable:

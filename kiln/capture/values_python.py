@@ -3,7 +3,8 @@
 - ``ObjectVariable``: an instance of a user class, either a real object reached from the inputs
   (with a source; attribute reads are guarded) or one created during the trace (``Box()``, a
   dataclass). Attribute writes go through the tracer's ``SideEffects`` (side_effects.py).
-- ``NamedTupleVariable``: a namedtuple instance (a tuple with a class).
+- ``NamedTupleVariable``: a namedtuple instance (a tuple with a class), or a structseq such as
+  ``torch.return_types.max`` (what ``torch.max(x, 0)`` returns).
 - ``SetVariable``: a set of Python constants.
 - ``SuperVariable``: ``super()`` / ``super(cls, obj)``, resolving along the MRO.
 - ``PartialVariable``: ``functools.partial(fn, ...)``.
@@ -15,6 +16,8 @@ functions).
 """
 from __future__ import annotations
 
+import abc
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -110,6 +113,18 @@ class ObjectVariable(Variable):
             raise Unsupported(f"{self.cls.__name__} object has no attribute {name!r}")
         return out
 
+    def enter(self, tx):
+        """BEFORE_WITH on a user context manager (interpreter.py): ``__enter__`` is inlined now,
+        the exit left on the stack is the bound ``__exit__`` (called with three Nones on the
+        normal path; the exceptional path is never traced)."""
+        enter_fn, _ = _static_lookup(self.cls, "__enter__")
+        exit_fn, _ = _static_lookup(self.cls, "__exit__")
+        if not isinstance(enter_fn, types.FunctionType) or not isinstance(exit_fn, types.FunctionType) \
+                or issubclass(self.cls, contextlib._GeneratorContextManagerBase):
+            raise Unsupported(f"`with` on a {self.cls.__name__} object is not supported")
+        value = _bind(tx, enter_fn, self).call(tx, [], {})
+        return _bind(tx, exit_fn, self), value
+
     def setattr(self, tx, name, value):
         if self.value is None:
             self.attrs[name] = value
@@ -118,6 +133,26 @@ class ObjectVariable(Variable):
 
     def __repr__(self):
         return f"Object({self.cls.__name__}{' at ' + str(self.source) if self.source else ''})"
+
+
+def is_structseq(cls) -> bool:
+    """A C-level named tuple (``torch.return_types.max``, ``os.stat_result``): a tuple subclass
+    made by ``PyStructSequence``, built from one sequence argument."""
+    return (isinstance(cls, type) and issubclass(cls, tuple) and not hasattr(cls, "_fields")
+            and isinstance(getattr(cls, "n_sequence_fields", None), int)
+            and getattr(cls, "n_fields", None) == cls.n_sequence_fields
+            and not getattr(cls, "n_unnamed_fields", 0)
+            and isinstance(getattr(cls, "__match_args__", None), tuple))
+
+
+def tuple_fields(cls) -> tuple:
+    """The field names of a namedtuple class or a structseq class."""
+    return tuple(cls._fields) if hasattr(cls, "_fields") else tuple(cls.__match_args__)
+
+
+def make_named_tuple(cls, items):
+    """An instance of a namedtuple or structseq class holding ``items``."""
+    return cls(tuple(items)) if is_structseq(cls) else cls(*items)
 
 
 class NamedTupleVariable(_Sequence):
@@ -131,14 +166,15 @@ class NamedTupleVariable(_Sequence):
         return self.cls
 
     def as_python(self):
-        return self.cls(*(v.as_python() for v in self.items))
+        return make_named_tuple(self.cls, [v.as_python() for v in self.items])
 
     def getattr(self, tx, name):
-        if name in self.cls._fields:
-            return self.items[self.cls._fields.index(name)]
-        if name == "_fields":
-            return ConstantVariable(tuple(self.cls._fields))
-        if name == "_replace":
+        fields = tuple_fields(self.cls)
+        if name in fields:
+            return self.items[fields.index(name)]
+        if name == "_fields" and hasattr(self.cls, "_fields"):
+            return ConstantVariable(fields)
+        if name == "_replace" and hasattr(self.cls, "_fields"):
             return _NamedTupleReplace(self)
         out = attribute_of_class(tx, self.cls, name, self, None)
         if out is None:
@@ -315,7 +351,7 @@ def call_class(tx, cls, args, kwargs):
         return make_dict_dataclass(tx, cls, args, kwargs)
     if issubclass(cls, torch.nn.Module):
         raise Unsupported(f"creating a {cls.__name__} module inside compiled code")
-    if (cls.__module__ or "").startswith("torch") or type(cls) is not type or \
+    if (cls.__module__ or "").startswith("torch") or type(cls) not in (type, abc.ABCMeta) or \
             cls.__new__ is not object.__new__ or cls.__dict__.get("__slots__") is not None:
         raise Unsupported(f"creating a {cls.__qualname__} object is not supported")
     obj = ObjectVariable(cls)
@@ -353,7 +389,8 @@ def dataclass_replace(tx, obj, kwargs):
     return call_class(tx, obj.cls, [], fields)
 
 
-__all__ = ["ObjectVariable", "NamedTupleVariable", "SetVariable", "SuperVariable",
+__all__ = ["is_structseq", "tuple_fields", "make_named_tuple", "ObjectVariable",
+           "NamedTupleVariable", "SetVariable", "SuperVariable",
            "PartialVariable", "GradModeVariable", "ContextExitVariable", "call_class",
            "attribute_of_class", "dataclass_replace"]
 
