@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import concurrent.futures
 import os
 
 import torch
@@ -128,24 +127,45 @@ def compile_prims_graph(prims_graph: Graph) -> CompiledGraph:
     from kiln.inductor.codegen.wrapper import generate_wrapper
     from kiln.inductor.lower import lower
     from kiln.inductor.scheduler import schedule
+    from kiln.runtime import graph_cache
 
+    key, device = None, _graph_device(prims_graph)
+    if graph_cache.enabled():  # a compiled graph from an earlier process: no codegen, no builds
+        target = choose_target(device)
+        key = graph_cache.graph_key(prims_graph, target)
+        hit = graph_cache.load(key)
+        if hit is not None:
+            counters.bump("graph_cache_hits")
+            log.log("cache", "compiled graph %s from disk (%d kernels)", key[:12], len(hit.kernels))
+            call = _stage("build", build, hit, {k.name: k for k in hit.kernels}, target)
+            return _compiled(prims_graph, device, call, hit, hit.kernels, hit.extern_count, target)
+    from kiln.runtime.builder import prestart
+    prestart(choose_target(device))  # build workers start while lowering and codegen run
     program = _stage("lowering", lower, prims_graph)
     sched = _stage("scheduling", schedule, program)
     target = choose_target(program.device)
     generated = _stage("codegen", generate_kernels, sched, target)
     wrapper = _stage("codegen", generate_wrapper, sched, generated, target)
-    call = _stage("build", build, wrapper, generated, target)
-    ctx = context.current()
-    if ctx is not None:
-        ctx.kernel_count += len(generated)
-        ctx.extern_calls += len(sched.externs)
-        ctx.kernels.extend(generated.values())
-    counters.bump("kernels_generated", len(generated))
+    launches = _aot_launches(prims_graph, program, generated, target)
+    call = _stage("build", build, wrapper, generated, target, launches)
+    if key is not None and choose_target(program.device) == choose_target(device):
+        graph_cache.store(key, wrapper, generated, len(sched.externs), launches)
     if log.enabled("output_code"):
         log.log("output_code", "wrapper:\n%s", wrapper.source)
         for k in generated.values():
             log.log("output_code", "kernel %s:\n%s", k.name, k.source)
-    constants = _graph_constants(prims_graph, program.device)
+    return _compiled(prims_graph, program.device, call, wrapper, list(generated.values()),
+                     len(sched.externs), target)
+
+
+def _compiled(prims_graph, device, call, wrapper, kernels, extern_count, target) -> CompiledGraph:
+    ctx = context.current()
+    if ctx is not None:
+        ctx.kernel_count += len(kernels)
+        ctx.extern_calls += extern_count
+        ctx.kernels.extend(kernels)
+    counters.bump("kernels_generated", len(kernels))
+    constants = _graph_constants(prims_graph, device)
     nsizes = len(wrapper.size_args)
     if constants and nsizes:
         inner = call
@@ -157,8 +177,39 @@ def compile_prims_graph(prims_graph: Graph) -> CompiledGraph:
 
         def call(*inputs):
             return inner(*inputs, *constants)
-    return CompiledGraph(call, wrapper.source, list(generated.values()), len(sched.externs), target,
-                         wrapper.size_args)
+    return CompiledGraph(call, wrapper.source, list(kernels), extern_count, target, wrapper.size_args)
+
+
+def _graph_device(graph: Graph) -> torch.device:
+    """The device lowering will pick (the first non-CPU device any node's value lives on)."""
+    from kiln.inductor.lower import _pick_device
+    devices = set()
+    for n in graph.nodes:
+        d = getattr(n.meta.get("val"), "device", None)
+        if d is not None:
+            devices.add(d)
+    return _pick_device(devices)
+
+
+def _aot_launches(prims_graph, program, generated: dict, target: str) -> dict:
+    """Ahead-of-time build requests of the Triton kernels (runtime/triton_aot.py): only when
+    compiling for a real GPU with a build pool."""
+    if target != "triton" or len(generated) < 1:
+        return {}
+    from kiln.runtime import pool, triton_aot
+    why = triton_aot.supported()
+    if why is not None or pool.pool_size() <= 1:
+        log.log("kernels", "Triton kernels compile at their first launch: %s",
+                why or "KILN_COMPILE_THREADS=1")
+        return {}
+    buffers = program.all_buffers()
+    hints = triton_aot.symbol_hints(prims_graph)
+    out = {}
+    for k in generated.values():
+        req = triton_aot.describe(k, buffers, hints)
+        if req is not None:
+            out[k.name] = req
+    return out
 
 
 def _graph_constants(graph: Graph, device) -> list:
@@ -187,22 +238,13 @@ def generate_kernels(sched, target: str) -> dict:
             for k in sched.kernels}
 
 
-def build(wrapper, generated: dict, target: str):
-    """Build every kernel (concurrently: gcc runs in subprocesses) and exec the wrapper."""
-    from kiln.runtime.cpp_build import load_cpp_function
-    from kiln.runtime.triton_load import load_triton
-
-    def load(k):
-        if target == "triton":
-            return load_triton(k.source, k.name, tune=getattr(k, "tune", None))
-        return load_cpp_function(k.source, k.name, len(k.args), len(getattr(k, "sizes", ())))
+def build(wrapper, generated: dict, target: str, launches=None):
+    """Build every kernel (concurrently, in the build pool: Triton kernels ahead of time in its
+    worker processes, gcc in its threads) and exec the wrapper."""
+    from kiln.runtime.builder import load_kernels
 
     kernels = list(generated.values())
-    if len(kernels) > 1:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(kernels))) as pool:
-            loaded = list(pool.map(load, kernels))
-    else:
-        loaded = [load(k) for k in kernels]
+    loaded = load_kernels(kernels, target, launches or {})
     from kiln.inductor.codegen.wrapper import ensure_layout
 
     namespace = {"torch": torch, "empty_strided": torch.empty_strided, "as_strided": torch.as_strided,
@@ -213,6 +255,7 @@ def build(wrapper, generated: dict, target: str):
             from kiln.runtime.cpp_build import load_cpp_checker
             namespace[f"{k.name}_check"] = load_cpp_checker(k.source, k.name)
     for ext in wrapper.externs:
-        namespace[f"extern_{ext.op.name}"] = ext.op.eager
+        op = getattr(ext, "op", ext)  # an Extern step, or (from the graph cache) the op itself
+        namespace[f"extern_{op.name}"] = op.eager
     exec(compile(wrapper.source, "<kiln wrapper>", "exec"), namespace)
     return namespace["call"]

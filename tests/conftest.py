@@ -7,6 +7,9 @@ import pytest
 
 # One disk cache shared by every test and every xdist worker of this run: kernels built once.
 os.environ.setdefault("KILN_CACHE_DIR", os.path.join(tempfile.gettempdir(), "kiln-test-cache"))
+# Tests watch every stage run (artifacts, generated code): the whole-graph cache stays off
+# except in the tests of that cache (tests/runtime), which turn it on themselves.
+os.environ.setdefault("KILN_GRAPH_CACHE", "0")
 
 
 def _has_cuda():

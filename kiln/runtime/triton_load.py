@@ -44,14 +44,17 @@ def load_triton(source: str, name: str, tune=None):
     return _load_one(source, name)
 
 
-def _load_one(source: str, name: str):
-    ensure_triton_cache_dir()
-    interp = os.environ.get("TRITON_INTERPRET", "0")
-    key = cache.content_key(source, _triton_version(), interp)
-    with _lock:
-        fn = _loaded.get(key)
-    if fn is not None:
-        return fn
+def _key(source: str) -> str:
+    return cache.content_key(source, _triton_version(), os.environ.get("TRITON_INTERPRET", "0"))
+
+
+def module_name(source: str) -> str:
+    return f"kiln_triton_{_key(source)[:16]}"
+
+
+def source_path(source: str) -> str:
+    """The kernel's source file in the disk cache (written now if missing or corrupt)."""
+    key = _key(source)
     path = os.path.join(cache.subdir("triton"), key[:2], key + ".py")
     if cache.valid_entry(path):
         counters.bump("disk_cache_hits")
@@ -59,7 +62,18 @@ def _load_one(source: str, name: str):
     else:
         cache.write_atomic(path, source.encode())
         cache.commit_entry(path)
-    mod_name = f"kiln_triton_{key[:16]}"
+    return path
+
+
+def _load_one(source: str, name: str):
+    ensure_triton_cache_dir()
+    key = _key(source)
+    with _lock:
+        fn = _loaded.get(key)
+    if fn is not None:
+        return fn
+    path = source_path(source)
+    mod_name = module_name(source)
     spec = importlib.util.spec_from_file_location(mod_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module

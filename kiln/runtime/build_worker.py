@@ -1,0 +1,151 @@
+"""A kernel build worker: a long-lived process that builds kernels ahead of their first use.
+
+Run as a script (``python build_worker.py``), never imported by kiln: it imports neither kiln
+nor torch, so it starts in a fraction of a second. It reads one JSON request per line on stdin
+and answers one JSON line on stdout:
+
+    {"id": 3, "kind": "cpp", "source": ..., "so_path": ..., "cmd": [g++, flags...]}
+        builds a shared object into the kernel cache (atomic write + digest sidecar)
+    {"id": 4, "kind": "triton", "path": kernel.py, "name": ..., "target": ["cuda", 90, 32],
+     "args": [["ptr", "float32", 16], ["int", 4096]], "kwargs": {"XBLOCK": 1024, "num_warps": 4}}
+        compiles the @triton.jit function ``name`` of ``path`` for the target through Triton's
+        own JIT entry point (``warmup``), with a stand-in driver that names the target, so the
+        binary lands in Triton's disk cache (TRITON_CACHE_DIR) under exactly the key the
+        parent's first launch computes; no GPU context is created here
+    {"id": 5, "kind": "ping"}   warms the imports
+
+Answers: {"id": ..., "ok": true, "seconds": s} or {"id": ..., "ok": false, "error": text}.
+"""
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+
+def _write_atomic(path, data):
+    d = os.path.dirname(path)
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def build_cpp(req):
+    """Same entry layout as kiln/runtime/cache.py: the file, then its sha256 in path.sha256."""
+    with tempfile.TemporaryDirectory(prefix="kiln-cpp-") as tmp:
+        src = os.path.join(tmp, "kernel.cpp")
+        out = os.path.join(tmp, "kernel.so")
+        with open(src, "w") as f:
+            f.write(req["source"])
+        cmd = list(req["cmd"]) + [src, "-o", out]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"g++ failed ({' '.join(cmd)}):\n{proc.stderr}")
+        with open(out, "rb") as f:
+            data = f.read()
+    _write_atomic(req["so_path"], data)
+    _write_atomic(req["so_path"] + ".sha256", hashlib.sha256(data).hexdigest().encode())
+
+
+class _Pointer:
+    """Stands for a tensor argument: its dtype and the address alignment the launch will have."""
+
+    def __init__(self, dtype, align):
+        self.dtype = dtype
+        self._ptr = 0 if align >= 16 else 4
+
+    def data_ptr(self):
+        return self._ptr
+
+
+_modules = {}
+_driver_set = [None]
+
+
+def _target_driver(target):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    key = tuple(target)
+    if _driver_set[0] != key:
+        tgt = GPUTarget(target[0], target[1], target[2])
+
+        class TargetDriver:  # what the JIT asks of a driver before it compiles
+            def get_current_device(self):
+                return 0
+
+            def get_current_stream(self, device=None):
+                return 0
+
+            def get_current_target(self):
+                return tgt
+
+            def is_active(self):
+                return True
+
+        driver.set_active(TargetDriver())
+        _driver_set[0] = key
+    return triton
+
+
+def _tl_dtype(name):
+    import triton.language as tl
+    return tl.int1 if name == "bool" else getattr(tl, name)
+
+
+def build_triton(req):
+    _target_driver(req["target"])
+    path = req["path"]
+    module = _modules.get(path)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(req.get("module") or f"kiln_aot_{len(_modules)}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        _modules[path] = module
+    fn = getattr(module, req["name"])
+    args = [_Pointer(_tl_dtype(a[1]), a[2]) if a[0] == "ptr" else a[1] for a in req["args"]]
+    fn.warmup(*args, grid=(1,), **req["kwargs"])
+
+
+def main():
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nothing else may write to the protocol
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        t0 = time.perf_counter()
+        try:
+            kind = req["kind"]
+            if kind == "cpp":
+                build_cpp(req)
+            elif kind == "triton":
+                build_triton(req)
+            elif kind == "ping":
+                if req.get("triton"):
+                    import triton  # noqa: F401
+                    import triton.compiler  # noqa: F401
+            else:
+                raise ValueError(f"unknown request kind {kind!r}")
+            reply = {"id": req.get("id"), "ok": True, "seconds": time.perf_counter() - t0}
+        except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
+            reply = {"id": req.get("id"), "ok": False, "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

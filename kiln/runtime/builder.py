@@ -1,0 +1,51 @@
+"""The build stage's kernel loading: every kernel of a compile, built or found in the caches.
+
+- C++: each kernel's shared object from memory, the disk cache, or gcc; gcc runs in the build
+  pool's threads (it is a subprocess), ``k/n`` progress on a terminal.
+- Triton: with a real GPU and a pool, every kernel is compiled ahead of time in the pool's
+  worker processes (``triton_aot.py``); then each kernel's module is imported and wrapped in a
+  ``launch.FastLauncher``, whose first launch finds the binary in Triton's disk cache.
+"""
+from __future__ import annotations
+
+from kiln.runtime import pool
+
+
+def prestart(target: str):
+    """Start the build workers while lowering and codegen run (Triton on a GPU only)."""
+    if target != "triton":
+        return
+    from kiln.runtime import triton_aot
+    if triton_aot.supported() is None:
+        p = pool.get_pool()
+        if p is not None:
+            from kiln.runtime.triton_load import ensure_triton_cache_dir
+            ensure_triton_cache_dir()
+            p.prestart(triton=True)
+
+
+def load_kernels(kernels, target: str, launches: dict) -> list:
+    if target == "triton":
+        return _load_triton(kernels, launches)
+    from kiln.runtime.cpp_build import load_cpp_function
+
+    def load(k):
+        return load_cpp_function(k.source, k.name, len(k.args), len(getattr(k, "sizes", ())))
+    return pool.run_jobs(load, kernels)
+
+
+def _load_triton(kernels, launches: dict) -> list:
+    from kiln.runtime import launch
+    from kiln.runtime.triton_load import load_triton
+
+    if launches:
+        p = pool.get_pool()
+        if p is not None:
+            from kiln.runtime.triton_aot import build_ahead
+            build_ahead(kernels, launches, p)
+    out = []
+    for k in kernels:
+        tune = getattr(k, "tune", None)
+        fn = load_triton(k.source, k.name, tune=tune)
+        out.append(fn if tune is not None else launch.wrap(fn, k.name))
+    return out

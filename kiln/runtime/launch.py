@@ -1,0 +1,121 @@
+"""Launching Triton kernels through their compiled launcher.
+
+The wrapper's launch line is ``kernel[(grid,)](ptrs..., scalars..., XBLOCK=.., num_warps=..)``.
+``FastLauncher`` stands in the wrapper's namespace for the @triton.jit function: its first call
+goes through the JIT (which compiles, or loads from the disk cache, and launches) and keeps the
+``CompiledKernel`` it returns; later calls call that kernel's launcher directly with the same
+argument list the JIT would pass, skipping the JIT's binding, specialization and cache lookup.
+
+The compiled kernel is specialized on its arguments: 16-byte alignment of pointers, and for
+integers the value 1, divisibility by 16 and the 32-bit range. Each call checks those few facts
+(one ``data_ptr()`` per pointer that was aligned, a comparison per integer); a call that differs,
+or runs on another device, takes the JIT path, which picks the right binary. Launch hooks
+(profilers) or a Triton whose kernel lacks the launcher fields also keep the JIT path.
+``config.triton_fast_launch`` (``KILN_FAST_LAUNCH=0``) turns this off.
+"""
+from __future__ import annotations
+
+from kiln import log
+
+
+def _int_class(v: int):
+    return (v == 1, v % 16 == 0, -2 ** 31 <= v < 2 ** 31)
+
+
+class _Bound:
+    """The compiled kernel of one launch line, with what the per-call checks need."""
+    __slots__ = ("run", "function", "packed", "const_tail", "aligned", "ints", "device", "kwargs")
+
+    def __init__(self, kernel, names, args, kwargs, device):
+        n = len(args)
+        if any(k not in kwargs for k in names[n:]) or any(k in kwargs for k in names[:n]):
+            raise ValueError("constexprs are not the trailing keyword arguments")
+        self.run = kernel.run
+        self.function = kernel.function
+        self.packed = kernel.packed_metadata
+        self.const_tail = tuple(kwargs[k] for k in names[n:])
+        self.aligned = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr") and a.data_ptr() % 16 == 0)
+        self.ints = tuple((i, _int_class(a)) for i, a in enumerate(args)
+                          if isinstance(a, int) and not isinstance(a, bool))
+        self.device = device
+        self.kwargs = dict(kwargs)
+
+
+class FastLauncher:
+    """``launcher[grid](*args, **kwargs)`` like a JIT function; see the module doc."""
+    __slots__ = ("fn", "name", "bound", "failed", "_get_device", "_get_stream", "_hooks")
+
+    def __init__(self, fn, name: str, get_device=None, get_stream=None, hooks=None):
+        self.fn, self.name = fn, name
+        self.bound: dict = {}  # grid -> _Bound
+        self.failed = False
+        if get_device is None:
+            from triton.runtime import driver
+            get_device = driver.active.get_current_device
+            get_stream = driver.active.get_current_stream
+        self._get_device, self._get_stream = get_device, get_stream
+        self._hooks = hooks if hooks is not None else _launch_hooks
+
+    def __getitem__(self, grid):
+        return _GridLaunch(self, grid)
+
+    def slow(self, grid, args, kwargs):
+        kernel = self.fn[grid](*args, **kwargs)
+        if not self.failed and grid not in self.bound and len(self.bound) < 16 and not any(self._hooks()):
+            try:
+                names = list(self.fn.arg_names)
+                self.bound[grid] = _Bound(kernel, names, args, kwargs, self._get_device())
+            except Exception as e:  # noqa: BLE001 - this Triton's kernel is not like ours
+                self.failed = True
+                log.log("kernels", "%s: launching through the JIT on every call (%s: %s)", self.name,
+                        type(e).__name__, e)
+        return kernel
+
+
+class _GridLaunch:
+    __slots__ = ("launcher", "grid")
+
+    def __init__(self, launcher, grid):
+        self.launcher, self.grid = launcher, grid
+
+    def __call__(self, *args, **kwargs):
+        lau = self.launcher
+        b = lau.bound.get(self.grid)
+        if b is None or kwargs != b.kwargs:
+            return lau.slow(self.grid, args, kwargs)
+        for i in b.aligned:
+            if args[i].data_ptr() & 15:
+                return lau.slow(self.grid, args, kwargs)
+        for i, cls in b.ints:
+            v = args[i]
+            if (v == 1, v % 16 == 0, -2 ** 31 <= v < 2 ** 31) != cls:
+                return lau.slow(self.grid, args, kwargs)
+        device = lau._get_device()
+        if device != b.device:
+            return lau.slow(self.grid, args, kwargs)
+        grid = self.grid
+        n = len(grid)
+        b.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, lau._get_stream(device), b.function,
+              b.packed, None, None, None, *args, *b.const_tail)
+        return None
+
+
+def _launch_hooks():
+    try:
+        from triton import knobs
+        return knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    except Exception:  # noqa: BLE001 - older Triton: hooks live on CompiledKernel
+        try:
+            from triton.compiler import CompiledKernel
+            return CompiledKernel.launch_enter_hook, CompiledKernel.launch_exit_hook
+        except Exception:  # noqa: BLE001
+            return (None,)
+
+
+def wrap(fn, name: str):
+    """The wrapper's handle for a loaded @triton.jit function."""
+    from kiln.config import config
+    from kiln.inductor.codegen.triton import interpreting
+    if not config.triton_fast_launch or interpreting() or not hasattr(fn, "arg_names"):
+        return fn
+    return FastLauncher(fn, name)

@@ -1,0 +1,211 @@
+"""The build pool: kernel builds of one compile run concurrently, with progress on a terminal.
+
+Jobs are dispatched by threads; a job that is a Python-heavy compile (a Triton kernel) runs in
+a *worker process* (``build_worker.py``, started once and reused for the process's life; it
+imports neither kiln nor torch), while gcc builds are already subprocesses and run from the
+dispatching threads. The pool has ``KILN_COMPILE_THREADS`` workers (``config.compile_threads``;
+default: the CPU count, capped at 32); 1 means every build runs in-process, one at a time.
+
+Every worker gets the parent's environment, so Triton's cache-key settings and
+``TRITON_CACHE_DIR`` (kiln's ``<cache>/triton_bin``) are the same on both sides.
+"""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import itertools
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+
+from kiln import log
+from kiln.config import config
+
+MAX_WORKERS = 32
+_WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build_worker.py")
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def pool_size() -> int:
+    n = config.compile_threads
+    if n is None or n <= 0:
+        n = min(os.cpu_count() or 1, MAX_WORKERS)
+    return max(1, int(n))
+
+
+class Worker:
+    """One build_worker.py process; one request at a time."""
+    _ids = itertools.count()
+
+    def __init__(self):
+        env = dict(os.environ)
+        env.pop("TRITON_INTERPRET", None)  # workers compile for the real target
+        self.proc = subprocess.Popen([sys.executable, _WORKER_SCRIPT], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                                     text=True, bufsize=1)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def request(self, msg: dict) -> dict:
+        msg = dict(msg, id=next(self._ids))
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except (OSError, ValueError) as e:
+            raise BuildError(f"[build] build worker {self.proc.pid} is gone: {e}") from e
+        if not line:
+            raise BuildError(f"[build] build worker {self.proc.pid} exited (code {self.proc.poll()})")
+        return json.loads(line)
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()
+
+
+class BuildPool:
+    def __init__(self, size: int):
+        self.size = size
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()
+        self._all: list[Worker] = []
+        self._lock = threading.Lock()
+        self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=size, thread_name_prefix="kiln-build")
+
+    def _checkout(self) -> Worker:
+        try:
+            w = self._idle.get_nowait()
+            if w.alive():
+                return w
+        except queue.Empty:
+            pass
+        with self._lock:
+            w = Worker()
+            self._all.append(w)
+        return w
+
+    def prestart(self, triton: bool = False):
+        """Start the workers now (and import Triton in them) while the compile goes on."""
+        def start():
+            while True:
+                with self._lock:
+                    if len(self._all) >= self.size:
+                        return
+                    w = Worker()
+                    self._all.append(w)
+                w.request({"kind": "ping", "triton": triton})
+                self._idle.put(w)
+        self._threads.submit(start)
+
+    def in_worker(self, msg: dict) -> dict:
+        """Send a request to a worker process; raise BuildError with its message on failure."""
+        w = self._checkout()
+        try:
+            reply = w.request(msg)
+        except BuildError:
+            w.close()
+            raise
+        self._idle.put(w)
+        if not reply.get("ok"):
+            raise BuildError(reply.get("error", "unknown error"))
+        return reply
+
+    def map(self, fn, items, label="kernels built"):
+        """fn over items, concurrently; results in order. The first failure is raised once
+        every job is done."""
+        items = list(items)
+        progress = Progress(len(items), label)
+        futures = [self._threads.submit(fn, it) for it in items]
+        try:
+            for _ in concurrent.futures.as_completed(futures):
+                progress.step()
+        finally:
+            progress.done()
+        return [f.result() for f in futures]
+
+    def shutdown(self):
+        self._threads.shutdown(wait=False)
+        for w in self._all:
+            w.close()
+        self._all.clear()
+
+
+_pool: BuildPool | None = None
+_pool_lock = threading.Lock()
+
+
+def get_pool() -> BuildPool | None:
+    """The process's pool, or None when builds run in-process (pool size 1)."""
+    global _pool
+    size = pool_size()
+    if size <= 1:
+        return None
+    with _pool_lock:
+        if _pool is None or _pool.size != size:
+            if _pool is not None:
+                _pool.shutdown()
+            _pool = BuildPool(size)
+            log.log("kernels", "build pool of %d workers", size)
+        return _pool
+
+
+@atexit.register
+def _shutdown():
+    if _pool is not None:
+        _pool.shutdown()
+
+
+def run_jobs(fn, items, label="kernels built"):
+    """fn over items: through the pool when there is one, else in order, in-process."""
+    items = list(items)
+    pool = get_pool() if len(items) > 1 else None
+    if pool is not None:
+        return pool.map(fn, items, label)
+    progress = Progress(len(items), label)
+    try:
+        out = []
+        for it in items:
+            out.append(fn(it))
+            progress.step()
+        return out
+    finally:
+        progress.done()
+
+
+# ---------------------------------------------------------------------- progress
+class Progress:
+    """``kiln: kernels built k/n`` on stderr, rewritten in place, only when stderr is a
+    terminal and the compile has at least ``config.progress_min`` jobs."""
+
+    def __init__(self, total: int, label: str):
+        self.total, self.label, self.k = total, label, 0
+        stream = sys.stderr
+        self.on = (total >= config.progress_min and hasattr(stream, "isatty") and stream.isatty())
+        self._lock = threading.Lock()
+        if self.on:
+            self._show()
+
+    def _show(self):
+        sys.stderr.write(f"\rkiln: {self.label} {self.k}/{self.total}")
+        sys.stderr.flush()
+
+    def step(self):
+        with self._lock:
+            self.k += 1
+            if self.on:
+                self._show()
+
+    def done(self):
+        if self.on:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self.on = False
