@@ -1,0 +1,313 @@
+"""Opcode handlers, part two: operators, containers, unpacking and subscripts, imports, sets,
+generators and 3.12's super/slice opcodes. interpreter.py holds the ``Frame``, the handler
+registry and the handlers of the stack, locals, attributes, calls and jumps; it imports this
+module at its end so every handler is registered. One handler per opcode, with its version
+range, as there.
+"""
+from __future__ import annotations
+
+import sys
+
+from kiln.capture.errors import Unsupported
+from kiln.capture.interpreter import handler
+from kiln.capture.values import (NULL, ConstantVariable, DictVariable, ListVariable, ModuleVariable,
+                                 TensorVariable, TupleVariable, _Sequence)
+from kiln.capture.values_python import SetVariable
+
+
+# ---------------------------------------------------------------- operators
+@handler("BINARY_OP")
+def binary_op(frame, inst):
+    b, a = frame.pop(), frame.pop()
+    frame.push(frame.tx.binary_op(inst.argrepr, a, b))
+
+
+@handler("COMPARE_OP")
+def compare_op(frame, inst):
+    b, a = frame.pop(), frame.pop()
+    frame.push(frame.tx.binary_op(inst.argval, a, b))
+
+
+@handler("UNARY_NEGATIVE")
+def unary_negative(frame, inst):
+    frame.push(frame.tx.unary_op("-", frame.pop()))
+
+
+@handler("UNARY_POSITIVE", versions=((3, 11), (3, 11)))
+def unary_positive(frame, inst):
+    frame.push(frame.tx.unary_op("+", frame.pop()))
+
+
+@handler("UNARY_INVERT")
+def unary_invert(frame, inst):
+    frame.push(frame.tx.unary_op("~", frame.pop()))
+
+
+@handler("UNARY_NOT")
+def unary_not(frame, inst):
+    frame.push(ConstantVariable(not frame.pop().truth(frame.tx)))
+
+
+@handler("IS_OP")
+def is_op(frame, inst):
+    b, a = frame.pop(), frame.pop()
+    result = _identical(a, b)
+    frame.push(ConstantVariable(result != bool(inst.arg)))
+
+
+def _identical(a, b) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable):
+        return a.value is b.value
+    if isinstance(a, ModuleVariable) and isinstance(b, ModuleVariable):
+        return a.module is b.module
+    kinds = (ConstantVariable, TensorVariable, _Sequence, DictVariable, ModuleVariable)
+    if isinstance(a, kinds) and isinstance(b, kinds):
+        return False  # different trackers of different kinds, or distinct tensors
+    raise Unsupported(f"`is` between {a} and {b} is not supported")
+
+
+@handler("CONTAINS_OP")
+def contains_op(frame, inst):
+    container, item = frame.pop(), frame.pop()
+    if isinstance(container, DictVariable):
+        found = item.as_python() in container.items
+    else:
+        found = item.as_python() in container.as_python()
+    frame.push(ConstantVariable(found != bool(inst.arg)))
+
+
+# ---------------------------------------------------------------- containers
+@handler("BUILD_TUPLE")
+def build_tuple(frame, inst):
+    frame.push(TupleVariable(frame.popn(inst.arg)))
+
+
+@handler("BUILD_LIST")
+def build_list(frame, inst):
+    frame.push(ListVariable(frame.popn(inst.arg)))
+
+
+@handler("BUILD_MAP")
+def build_map(frame, inst):
+    flat = frame.popn(2 * inst.arg)
+    frame.push(DictVariable({flat[i].as_python(): flat[i + 1] for i in range(0, len(flat), 2)}))
+
+
+@handler("BUILD_CONST_KEY_MAP")
+def build_const_key_map(frame, inst):
+    keys = frame.pop().as_python()
+    values = frame.popn(inst.arg)
+    frame.push(DictVariable(dict(zip(keys, values))))
+
+
+@handler("BUILD_SLICE")
+def build_slice(frame, inst):
+    parts = [v.as_python() for v in frame.popn(inst.arg)]
+    frame.push(ConstantVariable(slice(*parts)))
+
+
+@handler("BUILD_STRING")
+def build_string(frame, inst):
+    frame.push(ConstantVariable("".join(v.as_python() for v in frame.popn(inst.arg))))
+
+
+@handler("FORMAT_VALUE")
+def format_value(frame, inst):
+    spec = frame.pop().as_python() if inst.arg & 0x04 else ""
+    value = frame.pop().as_python()
+    conv = {1: str, 2: repr, 3: ascii}.get(inst.arg & 0x03)
+    frame.push(ConstantVariable(format(conv(value) if conv else value, spec)))
+
+
+@handler("LIST_APPEND")
+def list_append(frame, inst):
+    v = frame.pop()
+    frame.stack[-inst.arg].items.append(v)
+
+
+@handler("LIST_EXTEND")
+def list_extend(frame, inst):
+    seq = frame.pop()
+    frame.stack[-inst.arg].items.extend(seq.iterate(frame.tx))
+
+
+@handler("DICT_MERGE", "DICT_UPDATE")
+def dict_merge(frame, inst):
+    update = frame.pop()
+    if not isinstance(update, DictVariable):
+        raise Unsupported(f"{inst.opname} with {update}")
+    target = frame.stack[-inst.arg]
+    if inst.opname == "DICT_MERGE" and set(target.items) & set(update.items):
+        raise Unsupported("duplicate keyword argument")
+    target.items.update(update.items)
+
+
+@handler("LIST_TO_TUPLE", versions=((3, 11), (3, 11)))
+def list_to_tuple(frame, inst):
+    frame.push(TupleVariable(frame.pop().items))
+
+
+@handler("CALL_INTRINSIC_1", versions=((3, 12), (3, 12)))
+def call_intrinsic_1(frame, inst):
+    if inst.argrepr == "INTRINSIC_LIST_TO_TUPLE":
+        frame.push(TupleVariable(frame.pop().items))
+    elif inst.argrepr == "INTRINSIC_UNARY_POSITIVE":
+        frame.push(frame.tx.unary_op("+", frame.pop()))
+    else:
+        raise Unsupported(f"CALL_INTRINSIC_1 {inst.argrepr} is not supported")
+
+
+@handler("UNPACK_SEQUENCE")
+def unpack_sequence(frame, inst):
+    items = frame.pop().iterate(frame.tx)
+    if len(items) != inst.arg:
+        raise Unsupported(f"cannot unpack {len(items)} values into {inst.arg}")
+    frame.stack.extend(reversed(items))
+
+
+@handler("UNPACK_EX")
+def unpack_ex(frame, inst):
+    before, after = inst.arg & 0xFF, inst.arg >> 8
+    items = frame.pop().iterate(frame.tx)
+    if len(items) < before + after:
+        raise Unsupported(f"cannot unpack {len(items)} values into {before} + {after}")
+    middle = ListVariable(items[before:len(items) - after])
+    frame.stack.extend(reversed(items[len(items) - after:]))
+    frame.push(middle)
+    frame.stack.extend(reversed(items[:before]))
+
+
+@handler("BINARY_SUBSCR")
+def binary_subscr(frame, inst):
+    key, container = frame.pop(), frame.pop()
+    frame.push(frame.tx.getitem(container, key))
+
+
+@handler("BINARY_SLICE", versions=((3, 12), (3, 12)))
+def binary_slice(frame, inst):
+    end, start, container = frame.pop(), frame.pop(), frame.pop()
+    key = ConstantVariable(slice(start.as_python(), end.as_python()))
+    frame.push(frame.tx.getitem(container, key))
+
+
+@handler("STORE_SUBSCR")
+def store_subscr(frame, inst):
+    key, container, value = frame.pop(), frame.pop(), frame.pop()
+    if isinstance(container, TensorVariable):  # functionalized (kiln/capture/mutation.py)
+        frame.tx.setitem(container, key, value)
+        return
+    if hasattr(container, "setitem"):  # a ModelOutput made during the trace
+        container.setitem(key.as_python(), value)
+        return
+    if not isinstance(container, (ListVariable, DictVariable)):
+        raise Unsupported(f"item assignment on {container} is not supported")
+    frame.tx.side_effects.mutate(container)  # replayed when it came from the inputs
+    k = key.as_python()
+    if isinstance(container, ListVariable) and isinstance(k, slice):
+        container.items[k] = value.iterate(frame.tx)
+    else:
+        container.items[k] = value
+
+
+@handler("DELETE_SUBSCR")
+def delete_subscr(frame, inst):
+    key, container = frame.pop(), frame.pop()
+    if not isinstance(container, (ListVariable, DictVariable)):
+        raise Unsupported(f"item deletion on {container} is not supported")
+    frame.tx.side_effects.mutate(container)
+    try:
+        del container.items[key.as_python()]
+    except (KeyError, IndexError):
+        raise Unsupported(f"del of missing item {key.as_python()!r}") from None
+
+
+# ---------------------------------------------------------------- imports
+@handler("IMPORT_NAME")
+def import_name(frame, inst):
+    # Pops fromlist and level, pushes what __import__ returns; only modules that are already
+    # imported (importing for real would run a module's code during capture).
+    fromlist, level = frame.pop().as_python(), frame.pop().as_python()
+    import importlib.util
+    name = inst.argval
+    if level:
+        name = importlib.util.resolve_name("." * level + name, frame.globals.get("__package__") or "")
+    if name not in sys.modules:
+        raise Unsupported(f"import of {name!r}, which is not imported yet")
+    from kiln.capture.guards import ModuleSource
+    top = name if fromlist else name.partition(".")[0]
+    frame.push(frame.tx.wrap(sys.modules[top], ModuleSource(top), guard=False))
+
+
+@handler("IMPORT_FROM")
+def import_from(frame, inst):
+    module = frame.stack[-1]
+    frame.push(module.getattr(frame.tx, inst.argval))
+
+
+# ---------------------------------------------------------------- sets
+@handler("BUILD_SET")
+def build_set(frame, inst):
+    frame.push(SetVariable(frame.popn(inst.arg)))
+
+
+@handler("SET_ADD")
+def set_add(frame, inst):
+    v = frame.pop()
+    frame.stack[-inst.arg].add(v)
+
+
+@handler("SET_UPDATE")
+def set_update(frame, inst):
+    seq = frame.pop()
+    target = frame.stack[-inst.arg]
+    for v in seq.iterate(frame.tx):
+        target.add(v)
+
+
+@handler("MAP_ADD")
+def map_add(frame, inst):
+    value, key = frame.pop(), frame.pop()
+    frame.stack[-inst.arg].items[key.as_python()] = value
+
+
+# ---------------------------------------------------------------- generators
+# A generator called during capture runs to its end at once (tracer.inline_call): each
+# YIELD_VALUE appends to ``frame.yielded`` and resumes with None, as ``next()`` would send.
+@handler("RETURN_GENERATOR")
+def return_generator(frame, inst):
+    if getattr(frame, "yielded", None) is None:
+        raise Unsupported("RETURN_GENERATOR outside a generator call")
+    frame.push(ConstantVariable(None))  # the value the first resume sends; POP_TOP drops it
+
+
+@handler("YIELD_VALUE")
+def yield_value(frame, inst):
+    if getattr(frame, "yielded", None) is None:
+        raise Unsupported("yield outside a generator call")
+    frame.yielded.append(frame.pop())
+    frame.push(ConstantVariable(None))
+
+
+# ---------------------------------------------------------------- super (3.12)
+@handler("LOAD_SUPER_ATTR", versions=((3, 12), (3, 12)))
+def load_super_attr(frame, inst):
+    # Pops self, the class and the global `super`; the low arg bit asks for a method load
+    # (NULL + bound method here, as LOAD_ATTR), bit 1 marks the two-argument form.
+    self_var, cls_var, super_fn = frame.pop(), frame.pop(), frame.pop()
+    from kiln.capture.values_python import SuperVariable
+    del super_fn
+    attr = SuperVariable(cls_var.as_python(), self_var).getattr(frame.tx, inst.argval)
+    if inst.arg & 1:
+        frame.push(NULL)
+    frame.push(attr)
+
+
+@handler("STORE_SLICE", versions=((3, 12), (3, 12)))
+def store_slice(frame, inst):
+    end, start, container, value = frame.pop(), frame.pop(), frame.pop(), frame.pop()
+    if not isinstance(container, TensorVariable):
+        raise Unsupported(f"slice assignment on {container} is not supported")
+    key = ConstantVariable(slice(start.as_python(), end.as_python()))
+    frame.tx.setitem(container, key, value)
