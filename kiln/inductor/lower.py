@@ -70,9 +70,23 @@ class LoweringContext:
         return ref
 
 
-def _op_count(value: TValue) -> int:
+# A multi-use value is also realized when recomputing it costs memory traffic: it reads more
+# than this many buffers, or it gathers (an indirect load: an embedding lookup feeding a
+# residual stream would otherwise be redone by every later layer's consumers).
+INLINE_LOADS_LIMIT = 2
+
+
+def _recompute_is_costly(value: TValue) -> bool:
     body = value.loader(ir.index_symbols(len(value.shape)))
-    return sum(1 for e in ir.walk(body) if isinstance(e, ir.Call) and e.op != "cast")
+    calls, buffers = 0, set()
+    for e in ir.walk(body):
+        if isinstance(e, ir.Let):
+            return True
+        if isinstance(e, ir.Call) and e.op != "cast":
+            calls += 1
+        elif isinstance(e, ir.Load):
+            buffers.add(e.buffer)
+    return calls > INLINE_OPS_LIMIT or len(buffers) > INLINE_LOADS_LIMIT
 
 
 def _origin_of(node):
@@ -119,7 +133,7 @@ def lower(graph: Graph) -> ir.LoopProgram:
             devices.add(node.meta["val"].device)
             env[node] = value
             if isinstance(value, TValue) and value.ref is None and len(node.users) > 1 \
-                    and _op_count(value) > INLINE_OPS_LIMIT:
+                    and _recompute_is_costly(value):
                 ctx.realize(value)
         elif node.op == OUTPUT:
             outputs = []
