@@ -271,6 +271,10 @@ class CompiledFunction:
                 ctx.record("capture", "shape_env", "\n".join(capture.shape_env.describe()))
                 log.log("dynamic", "shape guards of %s:\n  %s", self.name,
                         "\n  ".join(capture.shape_env.guard_lines()) or "(none)")
+            if self.mode == "reduce-overhead" and compiled is not None:
+                from kiln.runtime import cudagraphs
+                compiled = cudagraphs.wrap(compiled, capture.graph, self.name, self,
+                                           dynamic=capture.shape_env is not None)
             entry = (CacheEntry if state is None else BreakEntry)(capture, compiled, grad, ctx.compile_id)
             cache.entries.append(entry)
             cache.compiles += 1
@@ -314,12 +318,18 @@ class CompiledModule(torch.nn.Module):
             return getattr(self._modules["_orig_mod"], name)
 
 
+# "reduce-overhead": record compiled graphs into CUDA graphs (kiln/runtime/cudagraphs.py)
+MODES = (None, "default", "reduce-overhead")
+
+
 def compile(fn_or_module=None, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
             options=None):
     """Compile a function or nn.Module; usable as ``@kiln.compile`` or ``@kiln.compile(...)``."""
     opts = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options)
     if backend not in ("kiln", "eager", "aot_eager"):
         raise ValueError(f"unknown backend {backend!r}; expected 'kiln', 'eager' or 'aot_eager'")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
     if fn_or_module is None:
         return lambda f: compile(f, **opts)
     if isinstance(fn_or_module, torch.nn.Module):

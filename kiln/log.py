@@ -25,6 +25,7 @@ CHANNELS = {
     "perf": "time per stage of each compile",
     "cache": "disk cache hits, misses and rebuilt entries",
     "autotune": "each Triton kernel's tuning: configs tried, their times, the choice",
+    "cudagraphs": "mode='reduce-overhead': each graph recorded, or why it was not",
 }
 
 _enabled: dict[str, bool] = {}  # channel -> verbose?

@@ -92,6 +92,9 @@ class CompiledAutograd:
         graph = copy_graph(self.part.backward, metas)
         with context.compiling(f"{self.name}_backward") as ctx:
             ctx.record("autograd", "backward_graph", graph)
+            from kiln.api import _RECORDERS  # kiln.explain around a training step sees the backward too
+            for rec in _RECORDERS:
+                rec.append(ctx)
             try:
                 with torch.no_grad():
                     compiled = compile_graph(graph, self.backend)

@@ -1,0 +1,90 @@
+"""mode="reduce-overhead": CUDA graphs recorded after a warm-up call and replayed; refusals run
+the normal path with the reason logged."""
+import pytest
+import torch
+
+import kiln
+from kiln import log
+from tests.testing import assert_close, randn
+
+CUDA = torch.cuda.is_available()
+
+
+def _seed(x, y):
+    return torch.relu(x @ y + 1.0) * 2
+
+
+def _logged(fn):
+    log.configure("cudagraphs")
+    try:
+        return fn()
+    finally:
+        log.configure("")
+
+
+def test_cpu_graph_is_refused_with_reason_and_runs_normally(capsys):
+    f = kiln.compile(_seed, mode="reduce-overhead")
+
+    def run():
+        for _ in range(3):
+            x, y = randn((6, 5), torch.float32, "cpu", "transposed"), torch.randn(5, 4)
+            assert_close(f(x, y), _seed(x, y))
+    _logged(run)
+    err = capsys.readouterr().err
+    assert "not recorded into a CUDA graph" in err and "CPU" in err
+    assert kiln.stats()["cache_hits"] == 2
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="unknown mode"):
+        kiln.compile(_seed, mode="fast-please")
+
+
+def test_training_graph_is_refused(capsys):
+    w = torch.randn(5, 4, requires_grad=True)
+    f = kiln.compile(lambda x: (x @ w).relu().sum(), mode="reduce-overhead")
+    x = torch.randn(3, 5)
+    _logged(lambda: f(x).backward())
+    assert "needs autograd" in capsys.readouterr().err
+    torch.testing.assert_close(w.grad, x.t() @ ((x @ w) > 0).float())
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_replay_matches_eager_on_fresh_inputs(dtype, capsys):
+    f = kiln.compile(_seed, mode="reduce-overhead")
+    y = torch.randn(64, 32, dtype=dtype, device="cuda")  # kept in place across calls
+    results = []
+
+    def run():
+        for i in range(5):
+            x = randn((48, 64), dtype, "cuda", "transposed" if i % 2 else "contiguous")
+            out = f(x, y)
+            assert_close(out, _seed(x, y), dtype)
+            results.append((out, _seed(x, y)))
+    _logged(run)
+    for out, want in results:  # outputs are clones: later replays did not overwrite them
+        assert_close(out, want, dtype)
+    assert "recorded a CUDA graph" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
+def test_moved_parameter_is_recorded_again():
+    lin = torch.nn.Linear(16, 8).cuda()
+    f = kiln.compile(lin, mode="reduce-overhead")
+    x = torch.randn(4, 16, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            assert_close(f(x), lin(x))
+        lin.weight = torch.nn.Parameter(torch.randn(8, 16, device="cuda"))
+        for _ in range(2):
+            assert_close(f(x), lin(x))
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
+def test_dropout_is_refused(capsys):
+    f = kiln.compile(lambda x: torch.nn.functional.dropout(x, 0.5, training=True), mode="reduce-overhead")
+    x = torch.ones(256, device="cuda")
+    outs = _logged(lambda: [f(x) for _ in range(3)])
+    assert "random numbers" in capsys.readouterr().err
+    assert not torch.equal(outs[1], outs[2])
