@@ -182,6 +182,56 @@ def gelu_mlp(device: str, quick: bool) -> list[Setup]:
                   make_inputs=lambda: (_randn(shape, device, torch.float32),), label=f"MLP {list(shape)}")]
 
 
+@case("rms_norm")
+def rms_norm(device: str, quick: bool) -> list[Setup]:
+    shape = _rows(device, quick)
+    n = shape[-1]
+
+    def rms(x, w):
+        return torch.nn.functional.rms_norm(x, (n,), w, 1e-6)
+    return [Setup(fn=rms, dtype=dt, rtol=2e-2 if dt == torch.bfloat16 else 1e-4, atol=2e-2 if dt == torch.bfloat16 else 1e-4,
+                  make_inputs=lambda dt=dt: (_randn(shape, device, dt), _randn((n,), device, dt)),
+                  label=f"rms_norm {list(shape)}")
+            for dt in (torch.float32, torch.bfloat16)]
+
+
+@case("gelu_chain")
+def gelu_chain(device: str, quick: bool) -> list[Setup]:
+    """A memory-bound pointwise chain: bias add, tanh-GELU, residual add (one kernel)."""
+    shape = _rows(device, quick)
+    n = shape[-1]
+
+    def chain(x, b, r):
+        return torch.nn.functional.gelu(x + b, approximate="tanh") + r
+    return [Setup(fn=chain, dtype=dt, rtol=2e-2 if dt == torch.bfloat16 else 1e-5, atol=2e-2 if dt == torch.bfloat16 else 1e-5,
+                  make_inputs=lambda dt=dt: (_randn(shape, device, dt), _randn((n,), device, dt), _randn(shape, device, dt)),
+                  label=f"gelu(x + b) + r {list(shape)}")
+            for dt in (torch.float32, torch.bfloat16)]
+
+
+@case("gpt2_forward")
+def gpt2_forward(device: str, quick: bool) -> list[Setup]:
+    """GPT-2 small forward with its loss (examples/gpt.py), bf16, batch 8, sequence 1024 on CUDA;
+    a small config on the CPU."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+    from gpt import GPT, GPT2_SMALL, GPTConfig, TINY, counting_batches
+    if quick:
+        cfg, batch, dtype = TINY, 2, torch.float32
+    elif device == "cuda":
+        cfg, batch, dtype = GPT2_SMALL, 8, torch.bfloat16
+    else:
+        cfg, batch, dtype = GPTConfig(vocab=512, seq=128, layers=2, heads=4, dim=128), 2, torch.float32
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device).to(dtype).eval()
+    data = counting_batches(4, batch, cfg, device=device)
+    pick = iter(range(1 << 30))
+    return [Setup(fn=model, dtype=dtype, rtol=3e-2, atol=3e-2, no_grad=True,
+                  make_inputs=lambda: data[next(pick) % len(data)],
+                  label=f"GPT {cfg.layers} layers, dim {cfg.dim}, batch {batch}, seq {cfg.seq}, {dtype}")]
+
+
 @case("sum_all")
 def sum_all(device: str, quick: bool) -> list[Setup]:
     """A full reduction over few rows: split in two stages (kiln/inductor/lowering.split_plan)."""
