@@ -129,6 +129,8 @@ class CompiledFunction:
         self.name = getattr(func, "__qualname__", self.code.co_name)
         self._fast_locals = _fast_locals_builder(fn)
         self._private = CodeCache() if private_cache else None
+        # captured graph -> callable; kiln.distributed swaps in one that splits at DDP buckets
+        self.compile_graph = compile_graph
         functools.update_wrapper(self, func)
 
     @property
@@ -258,7 +260,7 @@ class CompiledFunction:
                 if config.verify:
                     from kiln.meta.verify import verify_meta
                     context.run_pass("meta", verify_meta, capture.graph, capture.fetch(L))
-                compiled = compile_graph(capture.graph, self.backend) if needed else None
+                compiled = self.compile_graph(capture.graph, self.backend) if needed else None
             except StageError as e:
                 return self._internal_error(cache, e, e.__cause__ or e)
             except Exception as e:  # noqa: BLE001 - the meta verifier found a wrong meta
@@ -333,6 +335,9 @@ def compile(fn_or_module=None, *, fullgraph=False, dynamic=None, backend="kiln",
     if fn_or_module is None:
         return lambda f: compile(f, **opts)
     if isinstance(fn_or_module, torch.nn.Module):
+        from kiln import distributed
+        if distributed.is_ddp(fn_or_module):  # DDP's Python forward around the inner compiled one
+            return distributed.CompiledDDP(fn_or_module, **opts)
         return CompiledModule(fn_or_module, **opts)
     if not callable(fn_or_module):
         raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(fn_or_module).__name__}")
