@@ -41,7 +41,9 @@ class CacheEntry:
         from kiln.pipeline import CompiledGraph
         self.call = compiled.call if type(compiled) is CompiledGraph else compiled
         spec = getattr(self.rebuild, "spec", None)
-        if type(spec) is tuple and len(spec) == 2 and spec[0] == "tensor":  # the common `return t`
+        # the common `return t`, from the plain rebuild only (a wrapped one does more after it)
+        if type(spec) is tuple and len(spec) == 2 and spec[0] == "tensor" and \
+                getattr(self.rebuild, "__name__", "") == "rebuild":
             self.rebuild = lambda outputs, L, i=spec[1]: outputs[i]
         self.grad_enabled = grad_enabled
         self.compile_id = compile_id
