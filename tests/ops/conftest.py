@@ -4,7 +4,7 @@ import collections
 import re
 
 _COUNTS = collections.defaultdict(collections.Counter)
-_ID = re.compile(r"test_optable(?:_grad)?\.py::test_\w+\[(?P<entry>\w+)-(?P<way>\w+)\]$")
+_ID = re.compile(r"test_optable(?:_grad)?\.py::test_(?:op|grad_matches_eager)\[(?P<entry>\w+)-(?P<way>\w+)\]$")
 
 
 def pytest_runtest_logreport(report):
