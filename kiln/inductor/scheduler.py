@@ -66,6 +66,19 @@ class Kernel:
     def is_reduction(self):
         return bool(self.reduced_dims)
 
+    def reshape(self, ranges):
+        """Re-index a pointwise kernel over ``ranges`` (same numel): each node's mapping is
+        composed with the map from the old space onto the new one."""
+        ranges = tuple(ranges)
+        if ranges == tuple(self.ranges):
+            return
+        onto = reshape_mapping(self.ranges, ranges)
+        for n in self.nodes:
+            old = self.maps[n.name]
+            self.maps[n.name] = ({s: e.xreplace(onto) for s, e in old.items()} if old
+                                 else dict(onto))
+        self.ranges = ranges
+
     def add(self, node, level, mapping):
         if isinstance(node, ir.Reduction) and not self.reduced_dims:
             self.reduced_dims = node.reduced_dims  # a pointwise kernel becomes its prologue
@@ -112,6 +125,64 @@ def _remap(expr: ir.Expr, mapping: dict) -> ir.Expr:
     return expr
 
 
+def _suffix_products(shape) -> list:
+    out, inner = [], 1
+    for s in reversed(shape):
+        out.append(inner)
+        inner = inner * s
+    return out[::-1]  # per dim: the product of the sizes after it
+
+
+def _static(shape) -> bool:
+    return all(isinstance(s, int) or (isinstance(s, sympy.Basic) and s.is_Integer) for s in shape)
+
+
+def common_ranges(a, b) -> tuple | None:
+    """The coarsest shape that both ``a`` and ``b`` (of equal numel, static sizes) are views of
+    without division: its dims are cut wherever either shape's dims are cut (a [4, 8] and a
+    [32] give [4, 8]; a [2, 12] and a [6, 4] give [2, 3, 4]). None when no such shape exists
+    (a cut of one does not divide a cut of the other: [6, 4] and [4, 6])."""
+    total = math.prod(a)
+    cuts = sorted({int(c) for c in _suffix_products(a) + _suffix_products(b)} | {int(total)})
+    for lo, hi in zip(cuts, cuts[1:]):
+        if hi % lo:
+            return None
+    return tuple(hi // lo for lo, hi in zip(cuts, cuts[1:]))[::-1]
+
+
+def reshape_mapping(shape, ranges) -> dict:
+    """{symbol of shape's dim k: its index in ranges' symbols}, both row-major views of one flat
+    index. Linear where ``ranges`` refines ``shape``, a floor/modulo unravel otherwise."""
+    flat = sum((ir.index_symbol(d) * st for d, st in enumerate(_suffix_products(ranges))), sympy.Integer(0))
+    mapping = {}
+    for k, (size, inner) in enumerate(zip(shape, _suffix_products(shape))):
+        e = sympy.floor(flat / inner) if inner != 1 else flat
+        if k > 0:
+            e = sympy.Mod(e, size)
+        mapping[ir.index_symbol(k)] = ir.simplify_index(e, ir.ranges_of(ranges)) if size != 1 else sympy.Integer(0)
+    return mapping
+
+
+# Independent pointwise kernels of the same numel but shapes with no common refinement share
+# one flat loop (division and modulo per index) only when they are this small: there the
+# launch is what costs, and above it the lost contiguous inner loop would.
+HORIZONTAL_FLAT_MAX_NUMEL = 1 << 16
+
+
+def horizontal_ranges(node, kernel) -> tuple | None:
+    """The iteration space a pointwise kernel takes on when the pointwise ``node``, of another
+    shape but the same number of elements, joins it (horizontal fusion), or None."""
+    if kernel.reduced_dims or not isinstance(node, ir.Pointwise):
+        return None
+    a, b = tuple(kernel.ranges), tuple(node.shape)
+    if not (_static(a) and _static(b)) or math.prod(a) != math.prod(b) or math.prod(a) == 0:
+        return None
+    common = common_ranges(a, b)
+    if common is not None:
+        return common
+    return (math.prod(a),) if math.prod(a) <= HORIZONTAL_FLAT_MAX_NUMEL else None
+
+
 def placement(node, kernel):
     """(level, symbol mapping into the kernel's full space), or None if node does not fit."""
     if isinstance(node, ir.Reduction):
@@ -122,6 +193,10 @@ def placement(node, kernel):
         return "red", {}
     if tuple(node.shape) == tuple(kernel.ranges):
         return ("r" if kernel.reduced_dims else "p"), {}
+    if not kernel.reduced_dims:
+        ranges = horizontal_ranges(node, kernel)
+        if ranges is not None:  # the mapping is into the space the kernel takes on
+            return "p", reshape_mapping(node.shape, ranges)
     if kernel.reduced_dims:
         # per-row values, with or without the reduced dims kept as size 1 (keepdim)
         mine = [k for k, s in enumerate(node.shape) if s != 1]
@@ -202,6 +277,9 @@ def _why_not(node, kernel: Kernel) -> str | None:
                f"{' reducing ' + str(list(kernel.reduced_dims)) if kernel.reduced_dims else ''})"
     level, mapping = place
     inside = {n.name: n for n in kernel.nodes}
+    ranges = target_ranges(node, kernel)
+    onto = reshape_mapping(kernel.ranges, ranges) if ranges != tuple(kernel.ranges) else None
+    canon = ir.canonical_index_fn(ir.ranges_of(ranges))
     for ld in ir.loads_of(node.body):
         producer = inside.get(ld.buffer)
         if producer is None:
@@ -210,10 +288,52 @@ def _why_not(node, kernel: Kernel) -> str | None:
         if level == "x" and plevel in ("r", "p"):
             return f"{node.name} is per-row but reads the per-element {producer.name}"
         index = ld.index.xreplace(mapping) if mapping else ld.index
-        canon = ir.canonical_index_fn(ir.ranges_of(kernel.ranges))
-        if canon(index) != canon(kernel.store_index(producer)):
+        stored = kernel.store_index(producer)
+        if onto is not None:
+            stored = stored.xreplace(onto)
+        if canon(index) != canon(stored):
             return (f"{node.name} reads {ld.buffer} at {index}, not where it is stored "
-                    f"({kernel.store_index(producer)}): another thread's value would be needed")
+                    f"({stored}): another thread's value would be needed")
+    return None
+
+
+def target_ranges(node, kernel) -> tuple:
+    """The kernel's iteration space once node has joined it (changed only by a pointwise node
+    of another shape with the same numel: horizontal fusion)."""
+    if not kernel.reduced_dims and not isinstance(node, ir.Reduction) \
+            and tuple(node.shape) != tuple(kernel.ranges):
+        ranges = horizontal_ranges(node, kernel)
+        if ranges is not None:
+            return ranges
+    return tuple(kernel.ranges)
+
+
+def _nbytes(buf):
+    n = math.prod(buf.shape) * buf.dtype.itemsize
+    return int(n) if isinstance(n, int) or getattr(n, "is_Integer", False) else None
+
+
+def _peak_reason(buf, i: int, steps: list, position: dict, program) -> str | None:
+    """Why moving ``buf`` from the end of the schedule into step ``i`` (a kernel it reads
+    nothing from: horizontal fusion) would raise peak memory, or None. Its result becomes live
+    across the steps after ``i``, while the buffers it is the last reader of die earlier."""
+    later = steps[i + 1:]
+    if not later:
+        return None
+    out = _nbytes(buf)
+    if out is None:
+        return f"its {list(buf.shape)} result would be live across {len(later)} later steps (symbolic size)"
+    graph_inputs = {b.name for b in program.inputs}
+    graph_inputs |= {o.buffer for o in program.outputs if isinstance(o, ir.TensorRef)}
+    freed = 0
+    for b in buf.reads():
+        if b in graph_inputs or b not in position or any(b in s.reads() for s in later):
+            continue
+        size = _nbytes(program.buffer(b))
+        freed += size or 0
+    if out > freed:
+        return (f"its result ({out} bytes) would be live across {len(later)} later steps, "
+                f"freeing only {freed} bytes earlier: peak memory could rise")
     return None
 
 
@@ -233,9 +353,13 @@ def schedule(program: ir.LoopProgram) -> Schedule:
                 if any(d in position and position[d] > i for d in deps):
                     continue  # a producer runs after this kernel
                 reason = _why_not(buf, step)
+                horizontal = reason is None and not (buf.reads() & step.buffer_names())
+                if horizontal:
+                    reason = _peak_reason(buf, i, steps, position, program)
                 if reason is None:
                     chosen = i
-                    log.log("schedule", "fuse %s into %s", buf.name, step.name)
+                    log.log("schedule", "fuse %s into %s%s", buf.name, step.name,
+                            " (horizontal: independent, same number of elements)" if horizontal else "")
                     break
                 log.log("schedule", "do not fuse %s into %s: %s", buf.name, step.name, reason)
             if chosen is None:
@@ -243,7 +367,10 @@ def schedule(program: ir.LoopProgram) -> Schedule:
                 kernel_ids += 1
                 position[buf.name] = len(steps) - 1
             else:
-                steps[chosen].add(buf, *placement(buf, steps[chosen]))
+                kernel = steps[chosen]
+                level, mapping = placement(buf, kernel)  # into the space it is about to take on
+                kernel.reshape(target_ranges(buf, kernel))
+                kernel.add(buf, level, mapping)
                 position[buf.name] = chosen
         elif isinstance(buf, ir.Scatter):
             steps.append(ScatterStep(f"kernel{kernel_ids}", buf))

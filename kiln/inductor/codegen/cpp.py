@@ -55,7 +55,74 @@ static inline float kiln_rand(int64_t seed, int64_t stream, int64_t offset) {
     }
     return (float)(c0 >> 8) * (1.0f / 16777216.0f);
 }"""
-HELPER_DEPS = {"kiln_round_bf16": ("kiln_bf16_to_float", "kiln_float_to_bf16")}
+# float32 math that gcc vectorizes: branch-free range reduction and polynomials (Cephes-style
+# coefficients, about 1 ulp), special values selected at the end. glibc's scalar expf/logf/tanhf
+# are not vectorized without -ffast-math, which would also drop NaN semantics.
+HELPERS["kiln_bits"] = r"""static inline uint32_t kiln_f2u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+static inline float kiln_u2f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }"""
+HELPERS["kiln_expf"] = r"""static inline float kiln_expf(float x) {
+    float xc = x < -104.0f ? -104.0f : x;
+    xc = xc > 89.0f ? 89.0f : xc;
+    float n = std::nearbyint(xc * 1.44269504088896341f);
+    float r = std::fma(n, -0.693359375f, xc);
+    r = std::fma(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = std::fma(p, r, 1.3981999507e-3f);
+    p = std::fma(p, r, 8.3334519073e-3f);
+    p = std::fma(p, r, 4.1665795894e-2f);
+    p = std::fma(p, r, 1.6666665459e-1f);
+    p = std::fma(p, r, 5.0000001201e-1f);
+    float y = std::fma(p * r, r, r) + 1.0f;
+    int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;  // two factors: 2^n may not be a normal float
+    y = y * kiln_u2f((uint32_t)(n1 + 127) << 23) * kiln_u2f((uint32_t)(n2 + 127) << 23);
+    return x != x ? x : y;
+}"""
+HELPERS["kiln_logf"] = r"""static inline float kiln_logf(float x) {
+    bool sub = x < 1.17549435e-38f;
+    float xs = sub ? x * 8388608.0f : x;  // subnormals: scale by 2^23 first
+    uint32_t bits = kiln_f2u(xs);
+    float e = (float)((int32_t)((bits >> 23) & 0xffu) - 126) - (sub ? 23.0f : 0.0f);
+    float m = kiln_u2f((bits & 0x007fffffu) | 0x3f000000u);  // in [0.5, 1)
+    bool low = m < 0.707106781186547524f;
+    e = low ? e - 1.0f : e;
+    m = low ? m + m - 1.0f : m - 1.0f;
+    float z = m * m;
+    float p = 7.0376836292e-2f;
+    p = std::fma(p, m, -1.1514610310e-1f);
+    p = std::fma(p, m, 1.1676998740e-1f);
+    p = std::fma(p, m, -1.2420140846e-1f);
+    p = std::fma(p, m, 1.4249322787e-1f);
+    p = std::fma(p, m, -1.6668057665e-1f);
+    p = std::fma(p, m, 2.0000714765e-1f);
+    p = std::fma(p, m, -2.4999993993e-1f);
+    p = std::fma(p, m, 3.3333331174e-1f);
+    float y = p * m * z;
+    y = std::fma(e, -2.12194440e-4f, y);
+    y = std::fma(z, -0.5f, y);
+    float r = std::fma(e, 0.693359375f, m + y);
+    r = x == std::numeric_limits<float>::infinity() ? x : r;
+    r = x == 0.0f ? -std::numeric_limits<float>::infinity() : r;
+    return (x < 0.0f || x != x) ? std::numeric_limits<float>::quiet_NaN() : r;
+}"""
+HELPERS["kiln_tanhf"] = r"""static inline float kiln_tanhf(float x) {
+    float a = std::fabs(x);
+    float z = x * x;
+    float p = -5.70498872745e-3f;  // |x| < 0.625: odd polynomial
+    p = std::fma(p, z, 2.06390887954e-2f);
+    p = std::fma(p, z, -5.37397155531e-2f);
+    p = std::fma(p, z, 1.33314422036e-1f);
+    p = std::fma(p, z, -3.33332819422e-1f);
+    float small = std::fma(p * z, x, x);
+    float big = 1.0f - 2.0f / (kiln_expf(2.0f * (a > 9.0f ? 9.0f : a)) + 1.0f);
+    big = std::copysign(big, x);
+    return a < 0.625f ? small : (x != x ? x : big);
+}"""
+HELPERS["kiln_sigmoidf"] = "static inline float kiln_sigmoidf(float x) { return 1.0f / (1.0f + kiln_expf(-x)); }"
+# ops whose float32 form is the vectorizable helper above
+VECTOR_MATH = {"exp": "kiln_expf", "log": "kiln_logf", "tanh": "kiln_tanhf", "sigmoid": "kiln_sigmoidf"}
+HELPER_DEPS = {"kiln_round_bf16": ("kiln_bf16_to_float", "kiln_float_to_bf16"),
+               "kiln_expf": ("kiln_bits",), "kiln_logf": ("kiln_bits",),
+               "kiln_tanhf": ("kiln_expf", "kiln_bits"), "kiln_sigmoidf": ("kiln_expf", "kiln_bits")}
 
 
 def _helpers_for(code: str) -> str:
@@ -109,6 +176,8 @@ class CppOps(ScalarOps):
 
     def call(self, op, args, dtype, arg_dtypes):
         ct = ctype(compute_dtype(dtype))
+        if op in VECTOR_MATH and compute_dtype(dtype) == torch.float32:
+            return f"{VECTOR_MATH[op]}({args[0]})"
         if op == "sigmoid":
             return f"({ct}(1) / ({ct}(1) + std::exp(-{args[0]})))"
         if op == "rsqrt":
@@ -212,8 +281,8 @@ def generate_cpp(kernel, buffers: dict) -> CppKernel:
     writer.bounds_check = cpp_bounds_check
     stores = set(kernel.stores)
     for node in kernel.nodes:
-        value = writer.emit(node.body)
-        index = node.store_index()
+        value = writer.emit(kernel.body(node))  # in the kernel's symbols (horizontal fusion remaps)
+        index = kernel.store_index(node)
         writer.in_registers[(node.name, writer.canon(index))] = value
         if node.name in stores:
             out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")

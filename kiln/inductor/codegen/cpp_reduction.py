@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 
 from kiln.inductor import ir
@@ -17,6 +18,46 @@ from kiln.inductor.codegen.common import (IDENTITY, IndexPrinter, KernelWriter, 
 from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for,
                                        cpp_bounds_check, cpp_cast, cpp_const, ctype,
                                        index_check_support)
+
+
+# Partial accumulators per reduction in a vectorized row loop: 32 floats are two AVX-512 (or
+# four AVX2) registers, so two independent vector chains hide the add/max latency.
+LANES = 32
+LANE_REDUCTIONS = ("sum", "prod", "max", "min")
+
+
+def _combine(kind: str, acc: str, other: str, dt) -> str:
+    if kind == "sum":
+        return f"{acc} += {other}"
+    if kind == "prod":
+        return f"{acc} *= {other}"
+    return f"{acc} = kiln_{kind}<{ctype(dt)}>({acc}, {other})"
+
+
+R0 = sympy.Symbol("r0", integer=True, nonnegative=True)
+
+
+def _flat_reduced_index(kernel, rshape):
+    """index -> the same index over the flat reduced counter ``r0`` where that needs no division:
+    several reduced dims that are contiguous together in memory (``x.sum()`` over [2048, 2048]
+    reads ``in[r0]``, not ``in[2048*(r0 / 2048) + r0 % 2048]``, which gcc cannot vectorize)."""
+    if len(kernel.reduced_dims) < 2 or not all(isinstance(s, int) or getattr(s, "is_Integer", False) for s in rshape):
+        return lambda e: e
+    sub, inner = {}, 1
+    for d, size in zip(reversed(kernel.reduced_dims), reversed([int(s) for s in rshape])):
+        e = sympy.floor(R0 / inner) if inner > 1 else R0
+        sub[ir.index_symbol(d)] = sympy.Mod(e, size) if d != kernel.reduced_dims[0] else e
+        inner *= size
+    rranges = {R0: inner}
+
+    def flat(expr):
+        if not (expr.free_symbols & set(sub)):
+            return expr
+        merged = ir.simplify_index(expr.xreplace(sub), rranges)
+        if merged.has(sympy.Mod) or merged.has(sympy.floor):
+            return expr  # not contiguous together: the per-dim indices are cheaper
+        return merged
+    return flat
 
 
 def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
@@ -31,8 +72,13 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
     def ptr(buf):
         return in_names.setdefault(buf, f"in_ptr{len(in_names)}")
 
+    flat = _flat_reduced_index(kernel, rshape)
+
+    def index_text(expr):
+        return printer.doprint(flat(ir.simplify_index(expr, ranges)))
+
     def load(ld: ir.Load):
-        text = f"{ptr(ld.buffer)}[{printer.doprint(ir.simplify_index(ld.index, ranges))}]"
+        text = f"{ptr(ld.buffer)}[{index_text(ld.index)}]"
         if ld.dtype == torch.bfloat16:
             return f"kiln_bf16_to_float({text})"
         if ld.dtype == torch.float16:
@@ -54,7 +100,7 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
         if node.name not in kernel.stores:
             return
         out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
-        index = printer.doprint(ir.simplify_index(kernel.store_index(node), ranges))
+        index = index_text(kernel.store_index(node))
         stored = f"kiln_float_to_bf16({value})" if node.dtype == torch.bfloat16 \
             else f"static_cast<{C_TYPES[node.dtype]}>({value})"
         lines.append(f"{out}[{index}] = {stored};")
@@ -72,48 +118,72 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
     for node in pre:
         store(node, emit_value(node))
     counter = [0]
-    for phase in phases:
+    for pnum, phase in enumerate(phases):
         accs = {}
+        # lanes: each reduction keeps LANES partial accumulators, one per position of a
+        # fixed-length inner loop that gcc vectorizes (a scalar loop-carried max or product
+        # stays serial); the rows' remainder runs on lane 0, and the lanes are combined after
+        lanes = bool(phase.reductions) and all(n.reduction_type in LANE_REDUCTIONS for n in phase.reductions)
         for node in phase.reductions:
             dt = acc_type(node)
             acc = f"acc{counter[0]}"
             counter[0] += 1
             ident = cpp_const(IDENTITY[node.reduction_type](dt), dt)
-            lines.append(f"{ctype(dt)} {acc} = {ident};")
             idx = None
+            if lanes:
+                lines.append(f"{ctype(dt)} {acc}_v[{LANES}];")
+                lines.append(f"for (int64_t rl = 0; rl < {LANES}; ++rl) {acc}_v[rl] = {ident};")
+            else:
+                lines.append(f"{ctype(dt)} {acc} = {ident};")
             if node.reduction_type in ("argmax", "argmin"):
                 idx = f"{acc}_idx"
                 lines.append(f"int64_t {idx} = 0;")
                 lines.append(f"bool {acc}_seen = false;")
             accs[node.name] = (acc, idx, dt)
-        sums = [accs[n.name][0] for n in phase.reductions if n.reduction_type == "sum"]
-        simd = sums and len(sums) == len(phase.reductions)
-        if simd:
-            lines.append(f"#pragma omp simd reduction(+:{', '.join(sums)})")
-        lines.append(f"for (int64_t r0 = 0; r0 < {size_text(rnumel, printer)}; ++r0) {{")
         writer.push_scope()
-        start = len(lines)
+        body_start = len(lines)
         lines += rdecomp
         for node in phase.reductions:
             acc, idx, dt = accs[node.name]
             value = writer.emit(kernel.body(node))
             kind = node.reduction_type
+            a = f"{acc}_v[rl]" if lanes else acc
             if kind == "sum":
-                lines.append(f"{acc} += {value};")
+                lines.append(f"{a} += {value};")
             elif kind == "prod":
-                lines.append(f"{acc} *= {value};")
+                lines.append(f"{a} *= {value};")
             elif kind in ("max", "min"):
-                lines.append(f"{acc} = kiln_{kind}<{ctype(dt)}>({acc}, {value});")
+                lines.append(f"{a} = kiln_{kind}<{ctype(dt)}>({a}, {value});")
             else:
                 cmp = ">" if kind == "argmax" else "<"
                 lines.append(f"if (!{acc}_seen || {value} {cmp} {acc} || ({value} != {value} && {acc} == {acc})) "
                              f"{{ {acc} = {value}; {idx} = {arg_dim}; {acc}_seen = true; }}")
         for node in phase.stores:
             store(node, emit_value(node))
-        for k in range(start, len(lines)):
-            lines[k] = "    " + lines[k]
+        body = lines[body_start:]
+        del lines[body_start:]
         writer.pop_scope()
-        lines.append("}")
+        rtext = size_text(rnumel, printer)
+        if lanes:
+            rmain = f"rmain{pnum}"
+            lines.append(f"const int64_t {rmain} = ({rtext} / {LANES}) * {LANES};")
+            lines.append(f"for (int64_t rb = 0; rb < {rmain}; rb += {LANES}) {{")
+            lines.append("    #pragma omp simd")
+            lines.append(f"    for (int64_t rl = 0; rl < {LANES}; ++rl) {{")
+            lines.append("        const int64_t r0 = rb + rl;")
+            lines += ["        " + ln for ln in body] + ["    }", "}"]
+            lines.append(f"for (int64_t r0 = {rmain}; r0 < {rtext}; ++r0) {{")
+            lines.append("    const int64_t rl = 0;")
+            lines += ["    " + ln for ln in body] + ["}"]
+            for node in phase.reductions:
+                acc, _, dt = accs[node.name]
+                lines.append(f"{ctype(dt)} {acc} = {acc}_v[0];")
+                lines.append(f"for (int64_t rl = 1; rl < {LANES}; ++rl) {_combine(node.reduction_type, acc, f'{acc}_v[rl]', dt)};")
+        else:
+            if not phase.reductions:
+                lines.append("#pragma omp simd")
+            lines.append(f"for (int64_t r0 = 0; r0 < {rtext}; ++r0) {{")
+            lines += ["    " + ln for ln in body] + ["}"]
         for node in phase.reductions:
             acc, idx, dt = accs[node.name]
             value = idx if idx is not None else acc

@@ -230,11 +230,11 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
     body_lines = []
     stores = set(kernel.stores)
     for node in kernel.nodes:
-        value = writer.emit(node.body)
+        value = writer.emit(kernel.body(node))  # in the kernel's symbols (horizontal fusion remaps)
         if not _depends_on_index(node.body):  # a scalar value still needs a block to store
             value = writer._tmp(f"tl.zeros([XBLOCK], {TL_DTYPES[compute_dtype(node.dtype)]}) + {value}",
                                 node.dtype)
-        index = node.store_index()
+        index = kernel.store_index(node)
         writer.in_registers[(node.name, writer.canon(index))] = value
         if node.name in stores:
             out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
