@@ -12,6 +12,7 @@ import torch
 from kiln import context, counters, log
 from kiln.capture import Unsupported, frame_locals, trace
 from kiln.config import config
+from kiln.observe import logs
 from kiln.pipeline import StageError, compile_graph
 
 _local = threading.local()
@@ -214,6 +215,7 @@ class CompiledFunction:
             reason = self._why_miss(cache, L, grad)
             log.log("recompiles", "recompiling %s (%s:%d): %s", self.name, self.code.co_filename,
                     self.code.co_firstlineno, reason)
+            logs.recompile_detail(cache.entries, L, self.globals)
             counters.bump("recompiles")
         with context.compiling(self.name) as ctx:
             if reason is not None:  # the dump and the report show why this recompile happened
@@ -262,9 +264,7 @@ class CompiledFunction:
             if needed:  # a prefix that computes nothing the rest needs is no graph
                 ctx.record("capture", "captured_graph", capture.graph)
             ctx.guards.extend(capture.guards)
-            log.log("bytecode", "%s", capture.bytecode) if log.verbose("bytecode") else None
-            log.log("graph", "captured graph of %s:\n%s", self.name, capture.graph.python())
-            log.log("guards", "guards of %s:\n%s", self.name, capture.guard_source)
+            logs.captured(self.name, capture)
             try:
                 if config.verify:
                     from kiln.meta.verify import verify_meta
@@ -282,6 +282,7 @@ class CompiledFunction:
                 ctx.record("capture", "shape_env", "\n".join(capture.shape_env.describe()))
                 log.log("dynamic", "shape guards of %s:\n  %s", self.name,
                         "\n  ".join(capture.shape_env.guard_lines()) or "(none)")
+            logs.guards(self.name, capture)
             if self.mode == "reduce-overhead" and compiled is not None:
                 from kiln.runtime import cudagraphs
                 compiled = cudagraphs.wrap(compiled, capture.graph, self.name, self,

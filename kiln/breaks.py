@@ -34,17 +34,32 @@ def retrace_at_break(cf, cache, err, args, kwargs):
     except (CannotResume, Unsupported) as why:
         cache.eager_reason = f"graph break: {err}; it cannot be resumed: {why}"
         log.log("graph_breaks", "%s runs eagerly: %s", cf.name, cache.eager_reason)
+        _record(err, [], True, cache.eager_reason)
         return None
     except Exception as e:  # noqa: BLE001 - an internal error while building the resume path
         from kiln.pipeline import StageError
         return cf._internal_error(cache, StageError("capture", f"graph break at {err.filename}:"
                                                     f"{err.lineno}: {type(e).__name__}: {e}"), e)
     capture.glue = glue
+    names = [getattr(c, "co_qualname", c.co_name) for c in codes]
+    _record(err, names, plan.eager_rest, None)
+    state = capture.break_state
+    log.detail("graph_breaks", "%s: at %s (instruction %d); live values passed on: stack %s, locals %s",
+               cf.name, getattr(state.instructions[state.index], "opname", "?"), state.index,
+               [type(v).__name__ for v in state.stack], sorted(state.locals))
     what = "runs eagerly" if plan.eager_rest else "resumes compiled"
     log.log("graph_breaks", "%s: graph break at %s:%s (%s); the prefix graph has %d outputs; "
             "the rest %s in %s", cf.name, err.filename, err.lineno, err.reason,
             len(capture.break_state.outputs), what, ", ".join(c.co_name for c in codes))
     return capture
+
+
+def _record(err, resume_names, eager_rest, eager_reason):
+    """The break as an event of the compile (the debug dump and the report read it)."""
+    ctx = context.current()
+    if ctx is not None:
+        ctx.events.append({"kind": "graph_break", "lineno": err.lineno, "resume": resume_names,
+                           "eager_rest": bool(eager_rest), "eager_reason": eager_reason})
 
 
 def _opts(cf):

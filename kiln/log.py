@@ -1,7 +1,12 @@
 """KILN_LOGS: one logger per channel, plus structured events the report reads.
 
 ``KILN_LOGS=graph,guards`` turns channels on; ``+graph`` makes one verbose; ``all`` turns on
-everything; ``help`` lists the channels.
+everything (``+all``: everything, verbose); ``help`` lists the channels with what each prints
+at both levels. A line logged while a compile runs carries its compile id (``[kiln:graph #3]``),
+the number of the ``KILN_DEBUG`` dump folder that holds the same compile's artifacts.
+
+Call sites use ``log(channel, ...)`` for what a channel prints by default and
+``detail(channel, ...)`` for what only ``+channel`` adds.
 """
 from __future__ import annotations
 
@@ -9,23 +14,34 @@ import logging
 import os
 import sys
 
+# channel -> (what it prints by default, what +channel adds)
 CHANNELS = {
-    "graph": "the captured graph of each compile, as Python",
-    "guards": "the guard function of each cache entry",
-    "graph_breaks": "each graph break, with its reason and source line",
-    "recompiles": "each recompile, with the guard that failed; fallbacks to eager",
-    "bytecode": "the bytecode that capture interpreted",
-    "dynamic": "symbolic sizes: symbols created, shape guards",
-    "aot": "the forward and backward graphs, saved tensors",
-    "decomp": "the prims graph after decomposition",
-    "ir": "the loop IR before and after fusion",
-    "schedule": "why each candidate pair was or wasn't fused",
-    "kernels": "each kernel generated and built, with timings",
-    "output_code": "the wrapper and every kernel's source",
-    "perf": "time per stage of each compile",
-    "cache": "disk cache hits, misses and rebuilt entries",
-    "autotune": "each Triton kernel's tuning: configs tried, their times, the choice",
-    "cudagraphs": "mode='reduce-overhead': each graph recorded, or why it was not",
+    "graph": ("the captured graph of each compile, as Python",
+              "each input's source (L['x'], a parameter) and the graph after meta propagation"),
+    "guards": ("the guard function of each cache entry (shape guards included)",
+               "the checks as a list, and the symbols the shape guards read"),
+    "graph_breaks": ("each graph break, with its reason and source line, and how it resumes",
+                     "the live values handed to the resume function and the breaking instruction"),
+    "recompiles": ("each recompile, with the guard that failed in plain words; fallbacks to eager",
+                   "every cache entry's failing check, newest first"),
+    "bytecode": ("the disassembly of each code object capture interprets",
+                 "the instructions capture executed, in order"),
+    "dynamic": ("symbolic sizes: symbols created, automatic-dynamic decisions, each compile's "
+                "shape guards", "each shape guard as it is recorded, with the sizes it was decided on"),
+    "aot": ("the forward and backward graphs, the saved-tensor total, each backward compile",
+            "the joint graph, and each saved tensor with its size"),
+    "decomp": ("the prims graph after decomposition", "the prims graph after every decomp pass"),
+    "ir": ("the loop IR after fusion", "the loop IR before fusion too"),
+    "schedule": ("why each candidate pair was or wasn't fused; kernels per graph",
+                 "the buffers each kernel computes"),
+    "kernels": ("each kernel generated: language, size, the Python lines it came from",
+                "each kernel's buffer arguments, and each build with its time and binary"),
+    "output_code": ("the wrapper and every kernel's source", "each kernel's launch configuration"),
+    "perf": ("time per stage of each compile", "time of every pass"),
+    "cache": ("disk cache hits, misses and rebuilt entries", "the cache paths"),
+    "autotune": ("each Triton kernel's tuning choice", "every config tried, with its time"),
+    "cudagraphs": ("mode='reduce-overhead': each graph recorded, or why it was not",
+                   "each graph recorded, with its inputs copied in and read in place"),
 }
 
 _enabled: dict[str, bool] = {}  # channel -> verbose?
@@ -44,7 +60,9 @@ class _StderrHandler(logging.Handler):
 
 class _Formatter(logging.Formatter):
     def format(self, record):
-        return f"[kiln:{record.name.split('.')[-1]}] {record.getMessage()}"
+        cid = getattr(record, "compile_id", None)
+        tag = record.name.split(".")[-1] + ("" if cid is None else f" #{cid}")
+        return f"[kiln:{tag}] {record.getMessage()}"
 
 
 def configure(spec: str | None = None):
@@ -76,8 +94,10 @@ def configure(spec: str | None = None):
 
 def help_text() -> str:
     width = max(map(len, CHANNELS))
-    lines = ["KILN_LOGS channels (comma separated; +name for verbose, 'all' for every channel):"]
-    lines += [f"  {name.ljust(width)}  {desc}" for name, desc in CHANNELS.items()]
+    lines = ["KILN_LOGS channels (comma separated; +name for verbose, 'all' or '+all' for every channel):"]
+    for name, (concise, more) in CHANNELS.items():
+        lines.append(f"  {name.ljust(width)}  {concise}")
+        lines.append(f"  {'+'.rjust(width)}  {more}")
     return "\n".join(lines)
 
 
@@ -91,11 +111,28 @@ def verbose(channel: str) -> bool:
     return enabled(channel) and _enabled[channel]
 
 
+def _emit(channel, msg, args):
+    from kiln import context
+
+    ctx = context.current()
+    logging.getLogger(f"kiln.{channel}").info(
+        msg, *args, extra={"compile_id": None if ctx is None else ctx.compile_id})
+
+
 def log(channel: str, msg, *args):
+    """What ``channel`` prints when it is on (concise and verbose)."""
     if channel not in CHANNELS:
         raise KeyError(f"unknown log channel {channel!r}")
     if enabled(channel):
-        logging.getLogger(f"kiln.{channel}").info(msg, *args)
+        _emit(channel, msg, args)
+
+
+def detail(channel: str, msg, *args):
+    """What only ``+channel`` (verbose) prints."""
+    if channel not in CHANNELS:
+        raise KeyError(f"unknown log channel {channel!r}")
+    if verbose(channel):
+        _emit(channel, msg, args)
 
 
 def warn(msg, *args):
@@ -104,12 +141,11 @@ def warn(msg, *args):
     logging.getLogger("kiln").warning(msg, *args)
 
 
-_PASS_CHANNELS = {"decomp": "decomp", "lowering": "ir", "scheduling": "ir"}
-
-
 def pass_done(stage: str, name: str, seconds: float, out):
-    if enabled("perf"):
-        log("perf", "%s/%s took %.2f ms", stage, name, seconds * 1e3)
-    channel = _PASS_CHANNELS.get(stage)
-    if channel and enabled(channel) and (verbose(channel) or stage != "lowering"):
-        log(channel, "after %s/%s:\n%s", stage, name, out)
+    """Called by ``context.run_pass`` after every pass: the per-pass lines of the channels
+    (kiln/observe/logs.py formats them)."""
+    if not _configured:
+        configure()
+    if _enabled:
+        from kiln.observe import logs
+        logs.pass_done(stage, name, seconds, out)

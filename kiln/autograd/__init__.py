@@ -63,8 +63,9 @@ def log_partition(name, part: Partition):
              for n, i in zip(part.saved, part.saved_inputs)]
     log.log("aot", "forward graph of %s:\n%s", name, part.forward.python())
     log.log("aot", "backward graph of %s:\n%s", name, part.backward.python())
-    log.log("aot", "saved for backward (%s partitioner): %d tensors, %d bytes\n  %s", part.strategy,
-            len(part.saved), part.saved_bytes, "\n  ".join(lines) or "(none)")
+    log.log("aot", "saved for backward (%s partitioner): %d tensors, %d bytes", part.strategy,
+            len(part.saved), part.saved_bytes)
+    log.detail("aot", "saved tensors of %s:\n  %s", name, "\n  ".join(lines) or "(none)")
 
 
 class _ForwardOnly:

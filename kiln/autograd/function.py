@@ -43,6 +43,8 @@ class CompiledAutograd:
         self.symbolic = bool(free_symbols(self.forward_metas))
         self._backward: dict = {}
         self._lock = threading.Lock()
+        ctx = context.current()  # the forward's compile: the backward's dump points back to it
+        self.compile_id = None if ctx is None else ctx.compile_id
         # explain / the debug dump read these like any compiled graph's
         self.kernel_count = getattr(forward, "kernel_count", 0)
         self.extern_count = getattr(forward, "extern_count", 0)
@@ -95,6 +97,7 @@ class CompiledAutograd:
             from kiln.api import _RECORDERS  # kiln.explain around a training step sees the backward too
             for rec in _RECORDERS:
                 rec.append(ctx)
+            ctx.events.append({"kind": "backward_of", "compile_id": self.compile_id})
             try:
                 with torch.no_grad():
                     compiled = compile_graph(graph, self.backend)

@@ -139,7 +139,8 @@ def build_joint(graph: Graph) -> JointGraph:
             rule = VJP_RULES[node.target]
             args = map_args(node.args, Proxy)
             kwargs = map_args(node.kwargs, Proxy)
-            with joint.inherit(vjp_of=node.name):
+            # the gradient's nodes carry the source line of the node they differentiate
+            with joint.inherit(vjp_of=node.name, source=node.meta.get("source")):
                 try:
                     result = rule(g, out, *args, **kwargs)
                 except Exception as e:

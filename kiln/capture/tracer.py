@@ -625,8 +625,6 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
     if break_state is None and tx.grad_enabled != grad_at_entry:
         # the frame leaves grad mode changed (a resume function that exits a no_grad block)
         result.rebuild = _set_grad_after(result.rebuild, tx.grad_enabled)
-    log.log("bytecode", "%s", result.bytecode)
-    log.log("guards", "%s", guard_source)
     return result
 
 

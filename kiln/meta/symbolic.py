@@ -244,7 +244,7 @@ class ShapeEnv:
         elif isinstance(guard, (sympy.Le, sympy.Lt)) and guard.rhs in self.hints and guard.lhs.is_Integer:
             lb = int(guard.lhs) + (1 if isinstance(guard, sympy.Lt) else 0)
             self.lower[guard.rhs] = max(self.lower[guard.rhs], lb)
-        log.log("dynamic", "guard %s  (hints %s)%s", py(guard), self._hint_text(guard),
+        log.detail("dynamic", "guard %s  (hints %s)%s", py(guard), self._hint_text(guard),
                 f"  at {where}" if where else "")
 
     def _hint_text(self, expr):

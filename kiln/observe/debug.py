@@ -1,19 +1,27 @@
 """KILN_DEBUG=1: one folder per compile with every stage's artifact, in pipeline order.
 
     kiln_debug/run_<time>_<pid>/<compile_id>/
-        00_bytecode.txt  01_guards.py  02_captured_graph.py  02a_forward_graph.py
+        00_bytecode.txt  01_guards.py  01a_shape_env.txt (symbolic sizes)  02_captured_graph.py
+        02a_forward_graph.py
         02b_backward_graph.py (training only)  03_prims_graph.py
         04_loop_ir.txt  05_loop_ir_fused.txt  06_kernel_<name>.{py,cpp}  07_wrapper.py
         metrics.json
 
 Graph files are runnable: ``python 02_captured_graph.py`` runs the graph on random inputs of
-the recorded shapes.
+the recorded shapes (symbolic sizes at the values they were traced at).
+
+A function with a graph break has one folder per graph: the function's own compile (the graph
+up to the break) and one per resume function (``001_f_resume_at_24``). A backward graph is
+compiled at the first ``backward()`` and gets its own folder (``002_f_backward``), whose
+``metrics.json`` names the forward's compile id (``backward_of``).
 """
 from __future__ import annotations
 
 import json
 import os
 import time
+
+import re
 
 from kiln.config import config
 from kiln.graph.node import PLACEHOLDER
@@ -30,24 +38,94 @@ def run_dir() -> str:
     return _run_dir
 
 
+def graph_symbols(graph) -> dict:
+    """{symbol name: traced value} of every symbolic size or stride the graph's metas hold."""
+    out: dict = {}
+
+    def visit(v):
+        if isinstance(v, (tuple, list)):
+            for x in v:
+                visit(x)
+            return
+        for attr in ("shape", "stride"):
+            for d in getattr(v, attr, ()) if hasattr(v, "dtype") else ():
+                env, expr = getattr(d, "env", None), getattr(d, "expr", None)
+                if expr is None:
+                    continue
+                for sym in expr.free_symbols:
+                    hint = getattr(env, "hints", {}).get(sym)
+                    out.setdefault(str(sym), None if hint is None else int(hint))
+    for n in graph.nodes:
+        visit(n.meta.get("val"))
+    return out
+
+
+_RANDOM_INPUT = """def random_input(shape, stride, dtype, device):
+    # random values of the recorded shape and strides; integers in [0, 2): valid indices
+    size = 1 + sum((s - 1) * st for s, st in zip(shape, stride)) if all(shape) else 0
+    if dtype.is_floating_point or dtype.is_complex:
+        base = torch.randn(size, dtype=dtype if dtype.is_complex else torch.float32).to(dtype)
+    elif dtype == torch.bool:
+        base = torch.rand(size) > 0.5
+    else:
+        base = torch.randint(0, 2, (size,)).to(dtype)
+    return torch.as_strided(base.to(device), shape, stride)
+"""
+
+
 def runnable_graph_source(graph) -> str:
-    lines = ["import torch", "from kiln.meta import TensorMeta",
-             "from kiln.ops import core, prims", "from kiln.graph import graph", "",
-             "inf, nan = float('inf'), float('nan')", "constants = {}", "", graph.python(), "",
-             'if __name__ == "__main__":', "    inputs = ["]
+    """The graph as a script: ``python FILE`` runs it on random inputs of the recorded shapes.
+    Symbolic sizes (``s0``) are module globals holding the sizes the graph was traced at."""
+    symbols = graph_symbols(graph)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    lines = ["import sys", "", "import torch", "", "try:", "    import kiln  # noqa: F401",
+             "except ImportError:  # run from anywhere: the kiln that wrote this file",
+             f"    sys.path.insert(0, {root!r})",
+             "import kiln  # noqa: E402,F811  (registers every op)",
+             "from kiln.graph import graph  # noqa: E402", "from kiln.ops.registry import lookup  # noqa: E402", "",
+             "",
+             "class _Ops:  # core.<name> / prims.<name>: every registered op, whichever file defines it",
+             "    def __init__(self, namespace):",
+             "        self.namespace = namespace",
+             "",
+             "    def __getattr__(self, name):",
+             "        return lookup(self.namespace, name)",
+             "",
+             "",
+             "core, prims = _Ops('core'), _Ops('prims')",
+             "inf, nan = float('inf'), float('nan')", "constants = {}"]
+    if symbols:
+        lines += ["import math  # noqa: E402", "",
+                  "# how size expressions print (s0 // 2 is floor(s0/2)), on plain ints",
+                  "floor, ceiling, Max, Min = math.floor, math.ceil, max, min",
+                  "Mod = lambda a, b: a % b  # noqa: E731",
+                  "FloorDiv = lambda a, b: a // b  # noqa: E731", ""]
+        lines.append("# symbolic sizes, at the values they had when the graph was traced")
+        for name, hint in sorted(symbols.items()):
+            lines.append(f"{name} = {8 if hint is None else hint}" +
+                         ("  # no traced value recorded: any size >= 2" if hint is None else ""))
+    lines += ["", _RANDOM_INPUT, "", graph.python(), "", 'if __name__ == "__main__":',
+              "    inputs = ["]
     for n in graph.nodes:
         if n.op == PLACEHOLDER:
             m = n.meta["val"]
-            lines.append(f"        TensorMeta({tuple(m.shape)}, {tuple(m.stride)}, {m.dtype}, "
-                         f"{str(m.device)!r}).random(),")
+            lines.append(f"        random_input({_tuple(m.shape)}, {_tuple(m.stride)}, {m.dtype}, "
+                         f"{str(m.device)!r}),")
     lines += ["    ]", f"    for out in {graph.name}(*inputs):",
               "        print(getattr(out, 'shape', out), getattr(out, 'dtype', ''))"]
     return "\n".join(lines) + "\n"
 
 
+def _tuple(seq) -> str:
+    """A shape or stride as Python source (symbolic entries by their expression: ``s0*4``)."""
+    items = [str(getattr(x, "expr", x)) for x in seq]
+    return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+
+
 _FILES = [
     ("capture", "bytecode", "00_bytecode.txt", str),
     ("capture", "guards", "01_guards.py", str),
+    ("capture", "shape_env", "01a_shape_env.txt", str),
     ("capture", "captured_graph", "02_captured_graph.py", runnable_graph_source),
     ("autograd", "forward_graph", "02a_forward_graph.py", runnable_graph_source),
     ("autograd", "backward_graph", "02b_backward_graph.py", runnable_graph_source),
@@ -74,7 +152,8 @@ def _break_record(b) -> dict:
 
 def folder_name(ctx) -> str:
     """The dump folder of a compile, relative to the run folder (the profiler keys on it)."""
-    return f"{ctx.compile_id:03d}_{ctx.name.replace('.', '_').replace('<', '').replace('>', '')}"
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", ctx.name.replace("<", "").replace(">", "")).strip("_")
+    return f"{ctx.compile_id:03d}_{name or 'graph'}"
 
 
 def write_dump(ctx, compiled) -> str:
@@ -94,9 +173,16 @@ def write_dump(ctx, compiled) -> str:
         with open(os.path.join(folder, filename), "w") as f:
             f.write(k.source)
         written.append(filename)
+    backward_of = next((e["compile_id"] for e in ctx.events if e.get("kind") == "backward_of"), None)
     metrics = {
         "compile_id": ctx.compile_id,
         "name": ctx.name,
+        # "function" (a compiled function's own frame), "resume" (a resume function after a
+        # graph break) or "backward" (compiled at the first backward of compile backward_of)
+        "kind": "backward" if backward_of is not None else "resume" if "<resume at" in ctx.name
+        else "function",
+        "backward_of": backward_of,
+        "has_graph": "captured_graph" in have or "backward_graph" in have and backward_of is not None,
         "stage_seconds": ctx.stage_times,
         "passes": [{"stage": s, "pass": p, "seconds": t} for s, p, t in ctx.pass_times],
         "kernel_count": ctx.kernel_count,

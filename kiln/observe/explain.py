@@ -18,6 +18,36 @@ class BreakReason:
 
 
 @dataclasses.dataclass
+class CompileSummary:
+    """One compile of the explained call: the function's own frame or a resume function."""
+    compile_id: int
+    name: str
+    graph: object            # the captured graph, or None (a prefix that computes nothing)
+    breaks: list             # BreakReason
+    guards: list
+    kernels: list            # the generated kernels (.name, .source, .origins)
+    extern_calls: int
+    compile_times: dict
+
+    def __str__(self):
+        from kiln.observe.logs import kernel_line
+        total = sum(self.compile_times.values())
+        ops = f"{self.graph.ops_count()} ops" if self.graph is not None else "no graph"
+        lines = [f"--- compile {self.compile_id}: {self.name} ({ops}, {len(self.kernels)} kernels, "
+                 f"{self.extern_calls} library calls, compiled in {total * 1e3:.1f} ms) ---"]
+        for b in self.breaks:
+            lines.append(f"  graph break: {b}")
+        if self.graph is not None:
+            lines += ["  " + ln for ln in self.graph.python().rstrip().splitlines()]
+        for k in self.kernels:
+            lines.append(f"  kernel {kernel_line(k)}")
+        if self.guards:
+            lines.append(f"  guards ({len(self.guards)}):")
+            lines += [f"    {g}" for g in self.guards]
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass
 class ExplainOutput:
     graphs: list
     graph_count: int
@@ -31,18 +61,23 @@ class ExplainOutput:
     kernels: list
     wrappers: list
     result: object = None
+    compiles: list = dataclasses.field(default_factory=list)  # CompileSummary, in compile order
+    kernels_per_graph: list = dataclasses.field(default_factory=list)  # kernel names per graph
 
     def __str__(self):
         lines = [f"Graphs: {self.graph_count}   Graph breaks: {self.graph_break_count}   "
                  f"Kernels: {self.kernel_count}   Library calls: {self.extern_calls}"]
         for i, b in enumerate(self.break_reasons):
             lines.append(f"Break {i + 1}: {b}")
-        for i, (g, n) in enumerate(zip(self.graphs, self.ops_per_graph)):
-            lines.append(f"--- graph {i} ({n} ops) ---")
-            lines.append(g.python().rstrip())
-        if self.guards:
-            lines.append(f"--- guards ({len(self.guards)}) ---")
-            lines += [f"  {g}" for g in self.guards]
+        if self.compiles:
+            lines += [str(c) for c in self.compiles]
+        else:  # built by hand, without per-compile records
+            for i, (g, n) in enumerate(zip(self.graphs, self.ops_per_graph)):
+                lines.append(f"--- graph {i} ({n} ops) ---")
+                lines.append(g.python().rstrip())
+            if self.guards:
+                lines.append(f"--- guards ({len(self.guards)}) ---")
+                lines += [f"  {g}" for g in self.guards]
         if self.compile_times:
             total = sum(self.compile_times.values())
             lines.append(f"--- compile time {total * 1e3:.1f} ms ---")
@@ -76,16 +111,19 @@ def explain(fn, backend="kiln", dynamic=None):
 
 
 def summarize(contexts, result=None) -> ExplainOutput:
-    graphs, ops, guards, breaks = [], [], [], []
+    graphs, ops, guards, breaks, compiles, per_graph = [], [], [], [], [], []
     times: dict = {}
     kernels, externs, kernel_list, wrappers = 0, 0, [], []
     for ctx in contexts:
+        graph = None
         for stage, name, ir in ctx.artifacts:
             if name == "captured_graph":
+                graph = ir
                 graphs.append(ir)
                 ops.append(ir.ops_count())
-        for b in ctx.graph_breaks:
-            breaks.append(BreakReason(b.reason, b.filename, b.lineno, b.source_line or ""))
+                per_graph.append([k.name for k in ctx.kernels])
+        mine = [BreakReason(b.reason, b.filename, b.lineno, b.source_line or "") for b in ctx.graph_breaks]
+        breaks.extend(mine)
         guards.extend(ctx.guards)
         for k, v in ctx.stage_times.items():
             times[k] = times.get(k, 0.0) + v
@@ -93,5 +131,7 @@ def summarize(contexts, result=None) -> ExplainOutput:
         externs += ctx.extern_calls
         kernel_list.extend(ctx.kernels)
         wrappers.extend(ir for _, name, ir in ctx.artifacts if name == "generate_wrapper")
+        compiles.append(CompileSummary(ctx.compile_id, ctx.name, graph, mine, list(ctx.guards),
+                                       list(ctx.kernels), ctx.extern_calls, dict(ctx.stage_times)))
     return ExplainOutput(graphs, len(graphs), len(breaks), breaks, guards, ops, times, kernels,
-                         externs, kernel_list, wrappers, result)
+                         externs, kernel_list, wrappers, result, compiles, per_graph)

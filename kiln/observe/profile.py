@@ -4,13 +4,20 @@ What is measured, and how:
 
 - **Kernel times.** While observing, every graph kiln builds has each kernel in its wrapper's
   namespace replaced by a timing shim (the wrapper source is unchanged; it looks kernels up by
-  name). A C++ kernel is a synchronous ctypes call, so the shim times it with
-  ``time.perf_counter`` (this includes the ctypes call overhead, about a microsecond). A Triton
-  kernel's time is the duration torch.profiler's CUDA activity measured for the GPU kernel
-  launched inside that range (a pair of CUDA events around the launch is the fallback; it also
-  counts launch latency while the GPU waits for the host). Each call is also wrapped in ``torch.profiler.record_function`` named
+  name). Each call is wrapped in ``torch.profiler.record_function`` named
   ``kiln kernel <compile folder>/<kernel>``, so it shows on the profiler timeline, as does each
   graph call (``kiln graph <compile folder>``).
+
+  * A C++ kernel is a synchronous ctypes call: the shim times it with ``time.perf_counter``
+    (this includes the ctypes call overhead, about a microsecond).
+  * A Triton kernel on CUDA is timed on the device, never host-side: its time is the duration
+    of the GPU kernel the profiler's CUDA activity recorded for that launch (device kernels are
+    matched to kiln's ranges by name, in launch order). Where the profiler has no device
+    activity for every call, the times come from an instrumented run instead: the shim puts a
+    pair of CUDA events around each launch, after a short ``torch.cuda._sleep`` that keeps the
+    GPU busy while the host enqueues the start event, the launch and the end event, so the
+    events measure the kernel's device time, not the host's launch latency.
+  * Under the Triton interpreter (no GPU) the kernel runs on the host: ``time.perf_counter``.
 - **Timeline.** ``torch.profiler`` (CPU activities, plus CUDA when available) records the run;
   the report draws kiln's ranges, the torch ops run outside kernels (eager code, library calls)
   and device kernels.
@@ -82,24 +89,32 @@ class _SyncRecorder(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+# cycles the GPU spins before each instrumented launch: ~0.1-0.5 ms on current GPUs, longer
+# than a Triton launch takes on the host, so the start event waits on the device, not the host
+SLEEP_CYCLES = 1_000_000
+
+
 class _TimedKernel:
     """Stands in for one kernel in a wrapper's namespace; times each launch, however the wrapper
     spells it: ``k(...)`` (C++ through ctypes), ``k[grid](...)`` or ``k.run(...)`` (Triton)."""
 
-    def __init__(self, fn, label: str, times: list, pending: list, on_cuda: bool):
-        self.fn, self.label, self.times, self.pending = fn, label, times, pending
+    def __init__(self, fn, label: str, times: list, obs: "Observer", on_cuda: bool):
+        self.fn, self.label, self.times, self.obs = fn, label, times, obs
         self.on_cuda = on_cuda
 
     def _timed(self, launch):
         def call(*args, **kwargs):
             with torch.profiler.record_function(self.label):
-                if self.on_cuda:  # asynchronous: CUDA events on the current stream, read later
+                if self.on_cuda:  # asynchronous: timed on the device (see the module docstring)
+                    if not self.obs.device_events:
+                        return launch(*args, **kwargs)
+                    torch.cuda._sleep(SLEEP_CYCLES)
                     start = torch.cuda.Event(enable_timing=True)
                     end = torch.cuda.Event(enable_timing=True)
                     start.record()
                     out = launch(*args, **kwargs)
                     end.record()
-                    self.pending.append((self.times, start, end))
+                    self.obs.pending.append((self.times, start, end))
                     return out
                 t0 = time.perf_counter()  # synchronous (C++ kernels, the Triton interpreter)
                 out = launch(*args, **kwargs)
@@ -126,16 +141,19 @@ class Observer:
         self.pending: list = []
         self.syncs = _SyncRecorder()
         self._build = None
+        self.device_events = False  # CUDA: time each launch with events (the instrumented run)
+        self.on_cuda = False
 
-    def _timed_build(self, wrapper, generated, target):
-        call = self._build(wrapper, generated, target)
+    def _timed_build(self, wrapper, generated, target, *rest, **kwargs):
+        call = self._build(wrapper, generated, target, *rest, **kwargs)
         ctx = context.current()
         folder = debug.folder_name(ctx) if ctx is not None else "unknown"
         namespace = call.__globals__
         on_cuda = target == "triton" and torch.cuda.is_available()
+        self.on_cuda = self.on_cuda or on_cuda
         for name in (k.name for k in generated.values()):
             namespace[name] = _TimedKernel(namespace[name], f"kiln kernel {folder}/{name}",
-                                           self.times[(folder, name)], self.pending, on_cuda)
+                                           self.times[(folder, name)], self, on_cuda)
         label = f"kiln graph {folder}"
 
         def timed_call(*inputs):
@@ -146,8 +164,8 @@ class Observer:
     def __enter__(self):
         self._build = pipeline.build
 
-        def build(wrapper, generated, target):  # same name: run_pass records passes by name
-            return self._timed_build(wrapper, generated, target)
+        def build(*args, **kwargs):  # same name: run_pass records passes by name
+            return self._timed_build(*args, **kwargs)
         pipeline.build = build
         self.syncs.__enter__()
         return self
@@ -170,16 +188,60 @@ class Observer:
         self.syncs.seen.clear()
 
 
-def _timeline(prof, limit=4000) -> list:
-    """kiln ranges, top-level torch ops and device kernels, in microseconds from the first."""
+def _is_device(e) -> bool:
+    return e.device_type != torch.autograd.DeviceType.CPU
+
+
+def _spin(name: str) -> bool:
+    """torch.cuda._sleep's kernel (the instrumented run's padding), not the program's work."""
+    return "spin_kernel" in name or "sleep" in name.lower()
+
+
+def match_device_kernels(events) -> dict:
+    """(folder, kernel) -> [(start_us, dur_us)] per call: each ``kiln kernel F/K`` range's GPU
+    kernel is the first device event named K that starts after the range began and that no
+    earlier range took (launches on one stream run in launch order). Unmatched calls are left
+    out, so a list shorter than the call count means the profiler missed some."""
+    ranges = sorted((e for e in events if e.name.startswith("kiln kernel ") and not _is_device(e)),
+                    key=lambda e: e.time_range.start)
+    device: dict = collections.defaultdict(list)  # kernel name -> device events, by start
+    for e in events:
+        if _is_device(e) and not _spin(e.name):
+            device[e.name].append(e)
+    for evs in device.values():
+        evs.sort(key=lambda e: e.time_range.start)
+    taken = collections.defaultdict(int)  # kernel name -> index of the first unclaimed event
+    out = collections.defaultdict(list)
+    for r in ranges:
+        folder, kernel = r.name.split(" ", 2)[2].split("/", 1)
+        evs, i = device.get(kernel, []), taken[kernel]
+        while i < len(evs) and evs[i].time_range.start < r.time_range.start:
+            i += 1
+        if i < len(evs):
+            e = evs[i]
+            out[(folder, kernel)].append((e.time_range.start, e.time_range.end - e.time_range.start))
+            i += 1
+        taken[kernel] = i
+    return out
+
+
+def _timeline(prof, limit=4000, matched=None) -> list:
+    """kiln ranges, top-level torch ops and device kernels, in microseconds from the first.
+    Device kernels matched to a kiln kernel are named ``kiln device <folder>/<kernel>``."""
     out = []
+    labels = {}
+    for (folder, kernel), calls in (matched or {}).items():
+        for start, dur in calls:
+            labels[(kernel, start)] = f"kiln device {folder}/{kernel}"
     for e in prof.events():
         name = e.name
-        on_device = e.device_type != torch.autograd.DeviceType.CPU
-        if name.startswith("kiln "):
-            lane = name.split(" ")[1]  # run | graph | kernel
-        elif on_device:
+        if _is_device(e):
+            if _spin(name):
+                continue
             lane = "device"
+            name = labels.get((name, e.time_range.start), name)
+        elif name.startswith("kiln "):
+            lane = name.split(" ")[1]  # run | graph | kernel
         elif name.startswith("aten::"):
             parent = e.cpu_parent
             while parent is not None and not parent.name.startswith(("kiln ", "aten::")):
@@ -199,35 +261,47 @@ def _timeline(prof, limit=4000) -> list:
     return out[:limit]
 
 
-def _device_times(prof) -> dict:
-    """(folder, kernel) -> device durations (s) of the GPU kernels launched inside each
-    ``kiln kernel`` range, as the profiler's CUDA activity measured them (empty on CPU)."""
-    out = collections.defaultdict(list)
+def kernel_times(obs: Observer, matched: dict, calls: dict) -> list:
+    """One record per kernel: its calls and times (s -> us), and where the times came from."""
+    obs.resolve()
+    rows = []
+    for key in sorted(set(obs.times) | set(matched)):
+        folder, name = key
+        device = [d / 1e6 for _, d in matched.get(key, ())]
+        if obs.on_cuda and device and len(device) >= calls.get(key, len(device)):
+            ts, source = device, "device (profiler CUDA activity)"
+        elif obs.on_cuda and obs.times.get(key):
+            ts, source = obs.times[key], "device (CUDA events, GPU kept busy before each launch)"
+        elif obs.times.get(key):
+            ts, source = obs.times[key], "host (time.perf_counter around the call)"
+        else:
+            continue
+        rows.append({"folder": folder, "kernel": name, "calls": len(ts), "total_us": sum(ts) * 1e6,
+                     "mean_us": sum(ts) / len(ts) * 1e6, "median_us": sorted(ts)[len(ts) // 2] * 1e6,
+                     "min_us": min(ts) * 1e6, "source": source})
+    return rows
+
+
+def _range_counts(prof) -> dict:
+    out = collections.Counter()
     for e in prof.events():
-        if e.name.startswith("kiln kernel ") and getattr(e, "kernels", None):
+        if e.name.startswith("kiln kernel ") and not _is_device(e):
             folder, kernel = e.name.split(" ", 2)[2].split("/", 1)
-            out[(folder, kernel)].append(sum(k.duration for k in e.kernels) / 1e6)
+            out[(folder, kernel)] += 1
     return out
 
 
 def _write(run: str, obs: Observer, prof, what: str, runs: int) -> str:
-    obs.resolve()
-    for key, ts in _device_times(prof).items():  # on GPU, prefer the device's own kernel times
-        if len(ts) == len(obs.times.get(key, ())):
-            obs.times[key][:] = ts
-    kernels = []
-    for (folder, name), ts in sorted(obs.times.items()):
-        if ts:
-            kernels.append({"folder": folder, "kernel": name, "calls": len(ts),
-                            "total_us": sum(ts) * 1e6, "mean_us": sum(ts) / len(ts) * 1e6,
-                            "median_us": sorted(ts)[len(ts) // 2] * 1e6, "min_us": min(ts) * 1e6})
+    events = list(prof.events())
+    matched = match_device_kernels(events) if obs.on_cuda else {}
+    kernels = kernel_times(obs, matched, _range_counts(prof))
     syncs = [{"filename": f, "lineno": ln, "call": c, "what": SYNC_CALLS[c], "count": n}
              for (f, ln, c), n in obs.syncs.seen.items()]
     data = {"program": what, "runs": runs, "device": "cuda" if torch.cuda.is_available() else "cpu",
-            "timing": "C++ kernels: time.perf_counter around the ctypes call; Triton kernels: the "
-                      "profiler's CUDA kernel duration (CUDA events around the launch when the "
-                      "profiler has none)",
-            "kernels": kernels, "syncs": syncs, "timeline": _timeline(prof)}
+            "timing": "C++ kernels: time.perf_counter around the ctypes call; Triton kernels on "
+                      "CUDA: device time (the profiler's CUDA activity, or CUDA events with the "
+                      "GPU kept busy before each launch, so launch latency is not counted)",
+            "kernels": kernels, "syncs": syncs, "timeline": _timeline(prof, matched=matched)}
     with open(os.path.join(run, "profile.json"), "w") as f:
         json.dump(data, f, indent=1)
     return run
@@ -242,9 +316,11 @@ def _activities():
 
 def profile(fn, *args, runs: int = 5, **kwargs) -> str:
     """Compile and run ``fn(*args, **kwargs)`` (a kiln-compiled function, or a plain one that
-    calls some), then run it ``runs`` times under the profiler. Clears kiln's in-memory caches
-    first (``kiln.reset()``; the disk cache stays) so every graph is compiled, and dumped,
-    under observation. Returns the run folder holding the dump and ``profile.json``."""
+    calls some), then run it ``runs`` times under the profiler (and, on CUDA, ``runs`` more
+    times with each kernel launch timed by CUDA events: the instrumented run). Clears kiln's
+    in-memory caches first (``kiln.reset()``; the disk cache stays) so every graph is
+    compiled, and dumped, under observation. Returns the run folder holding the dump and
+    ``profile.json``."""
     api.reset()
     with config.patch(debug=True):
         run = debug.new_run()
@@ -257,17 +333,25 @@ def profile(fn, *args, runs: int = 5, **kwargs) -> str:
                         fn(*args, **kwargs)
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
+            if obs.on_cuda:  # the instrumented run: device times from CUDA events
+                obs.device_events = True
+                for _ in range(runs):
+                    fn(*args, **kwargs)
+                obs.device_events = False
         return _write(run, obs, prof, getattr(fn, "__qualname__", repr(fn)), runs)
 
 
 def profile_script(path: str, argv=()) -> str:
-    """Run a script once under the profiler with KILN_DEBUG on; returns the run folder."""
+    """Run a script once under the profiler with KILN_DEBUG on; returns the run folder. On CUDA
+    the one run is also the instrumented one (CUDA events around each launch; the padding
+    kernels they need are left off the timeline)."""
     old_argv = sys.argv
     sys.argv = [path, *argv]
     with config.patch(debug=True):
         run = debug.new_run()
         try:
             with Observer() as obs, torch.profiler.profile(activities=_activities()) as prof:
+                obs.device_events = torch.cuda.is_available()
                 with torch.profiler.record_function("kiln run 0"):
                     try:
                         runpy.run_path(path, run_name="__main__")

@@ -26,7 +26,7 @@ import sys
 
 from kiln.observe.profile import SYNC_CALLS, profile, profile_script  # noqa: F401 (public API)
 
-STAGE_OF_FILE = [("00_", "capture: bytecode"), ("01_", "capture: guards"),
+STAGE_OF_FILE = [("00_", "capture: bytecode"), ("01a_", "capture: symbolic sizes"), ("01_", "capture: guards"),
                  ("02a_", "autograd: forward graph"), ("02b_", "autograd: backward graph"),
                  ("02_", "capture: captured graph"), ("03_", "decomp: prims graph"),
                  ("04_", "lowering: loop IR"), ("05_", "scheduling: fused loop IR"),
@@ -41,6 +41,8 @@ SYNC_BREAKS = [(re.compile(r"\bitem\b"), "Tensor.item()"),
                (re.compile(r"data-dependent branch|truth value"), "tensor used as a condition (if/while)"),
                (re.compile(r"call to print"), "print (of a tensor: reads its values)"),
                (re.compile(r"tolist|numpy"), "tensor converted to Python values"),
+               (re.compile(r"call to (int|float|bool|complex) on non-constant"),
+                "tensor converted to a Python number"),
                (re.compile(r"iterating over a tensor"), "iterating over a tensor")]
 LANES = ["run", "graph", "kernel", "torch op", "sync", "device"]
 
@@ -120,7 +122,9 @@ def load_compile(folder: str) -> dict:
     return {"folder": os.path.basename(folder), "id": metrics.get("compile_id"),
             "name": metrics.get("name", "?"), "metrics": metrics, "files": files, "texts": texts,
             "kernels": kernels, "breaks": breaks,
-            "recompiles": [e for e in metrics.get("events", []) if e.get("kind") == "recompile"]}
+            "recompiles": [e for e in metrics.get("events", []) if e.get("kind") == "recompile"],
+            "break_events": [e for e in metrics.get("events", []) if e.get("kind") == "graph_break"],
+            "kind": metrics.get("kind", "function"), "backward_of": metrics.get("backward_of")}
 
 
 def load_run(path: str) -> dict:
@@ -141,27 +145,45 @@ def sync_kind(reason: str) -> str | None:
 
 
 def host_syncs(run: dict) -> list[dict]:
-    """Graph breaks that read tensor values, joined by file:line with the syncs the profiler
-    run observed (which also finds those in code kiln never compiled)."""
+    """One row per source line where the program read a tensor's value on the host: the graph
+    breaks whose reason is such a read (each compile that broke there is listed: a recompile
+    breaks again at the same line), joined by file:line with the reads the profiler run
+    observed (which also finds those in code kiln never compiled). With a profile, a break
+    whose reason could be a read but where none was observed (``print("done")``) is left out."""
+    prof = run["profile"]
+    observed = {(s["filename"], s["lineno"]): s for s in (prof or {}).get("syncs", [])}
     rows, by_line = [], {}
     for c in run["compiles"]:
         for b in c["breaks"]:
             kind = sync_kind(b["reason"])
-            if kind:
-                row = {"filename": b["filename"], "lineno": b["lineno"], "source": b.get("source_line"),
-                       "what": kind, "break": b, "compile": c, "count": None}
+            key = (b["filename"], b["lineno"])
+            if not kind or (prof is not None and key not in observed):
+                continue
+            row = by_line.get(key)
+            if row is None:
+                row = by_line[key] = {"filename": b["filename"], "lineno": b["lineno"],
+                                      "source": b.get("source_line"), "what": kind, "breaks": [],
+                                      "count": None}
                 rows.append(row)
-                by_line.setdefault((b["filename"], b["lineno"]), row)
-    for s in (run["profile"] or {}).get("syncs", []):
-        row = by_line.get((s["filename"], s["lineno"]))
-        if row is not None:
-            row["count"] = (row["count"] or 0) + s["count"]
-            continue
-        row = {"filename": s["filename"], "lineno": s["lineno"], "source": None, "what": s["what"],
-               "break": None, "compile": None, "count": s["count"]}
-        rows.append(row)
-        by_line[(s["filename"], s["lineno"])] = row
+            row["breaks"].append((c, b))
+    for key, s in observed.items():
+        row = by_line.get(key)
+        if row is None:
+            row = by_line[key] = {"filename": s["filename"], "lineno": s["lineno"], "source": None,
+                                  "what": s["what"], "breaks": [], "count": None}
+            rows.append(row)
+        row["count"] = (row["count"] or 0) + s["count"]
     return rows
+
+
+def resumed_in(run: dict, c: dict, event: dict) -> list[dict]:
+    """The compiles of the resume functions a graph break of compile ``c`` handed over to."""
+    out = []
+    for name in event.get("resume", []):
+        later = [d for d in run["compiles"] if d["name"] == name and (d["id"] or 0) > (c["id"] or 0)]
+        if later:
+            out.append(later[0])
+    return out
 
 
 # ------------------------------------------------------------------ rendering
@@ -269,10 +291,9 @@ class Page:
             tag = f'<a class="tag t-sync" href="#sync-{i}">sync</a>'
             link = self.line_ref(r["filename"], r["lineno"], r["source"], tag)
             src = r["source"] or linecache.getline(r["filename"] or "", r["lineno"] or 0)
-            if r["break"]:
-                c = r["compile"]
-                brk = (f"<a href='#c-{esc(c['folder'])}'>compile {c['id']} ({esc(c['name'])})</a>: "
-                       f"{esc(r['break']['reason'])}")
+            if r["breaks"]:
+                brk = "<br>".join(f"<a href='#c-{esc(c['folder'])}'>compile {c['id']} ({esc(c['name'])})</a>: "
+                                  f"{esc(b['reason'])}" for c, b in r["breaks"])
             else:
                 brk = "<span class='muted'>none (not in compiled code)</span>"
             count = "—" if r["count"] is None else r["count"]
@@ -301,6 +322,9 @@ class Page:
                     if lane == "kernel":
                         folder, kernel = e["name"].split(" ", 2)[2].split("/", 1)
                         href = f" href='#k-{esc(folder)}-{esc(kernel)}'"
+                    elif lane == "device" and e["name"].startswith("kiln device "):
+                        folder, kernel = e["name"].split(" ", 2)[2].split("/", 1)
+                        href = f" href='#k-{esc(folder)}-{esc(kernel)}'"
                     elif lane == "graph":
                         href = f" href='#c-{esc(e['name'].split(' ', 2)[2])}'"
                     bars.append(f"<a class='bar l-{lane.replace(' ', '')}'{href} style='left:{left:.3f}%;"
@@ -313,7 +337,7 @@ class Page:
 
     def kernel_table(self) -> str:
         rows = ["<table class='kerneltimes'><tr><th>kernel</th><th>calls</th><th>median</th><th>min</th>"
-                "<th>bytes moved</th><th>bandwidth</th><th>source lines</th></tr>"]
+                "<th>bytes moved</th><th>bandwidth</th><th>source lines</th><th>timed on</th></tr>"]
         for c in self.run["compiles"]:
             for k in c["kernels"]:
                 t = self.timing.get((c["folder"], k["name"]))
@@ -321,7 +345,7 @@ class Page:
                                           for o in k["origins"] if o["filename"]}))
                 rows.append(f"<tr><td><a href='#k-{esc(c['folder'])}-{esc(k['name'])}'>{esc(c['folder'])}/"
                             f"{esc(k['name'])}</a></td>" + self.timing_cells(k, t) +
-                            f"<td>{esc(lines)}</td></tr>")
+                            f"<td>{esc(lines)}</td><td class='muted'>{esc((t or {}).get('source', '—'))}</td></tr>")
         return "".join(rows) + "</table>"
 
     @staticmethod
@@ -340,12 +364,18 @@ class Page:
         tags = "".join(f"<span class='tag t-break'>graph break</span>" for _ in c["breaks"])
         tags += "".join(f"<span class='tag t-recompile'>recompile</span>" for _ in c["recompiles"])
         out = [f"<h2 id='c-{fid}'>compile {c['id']}: {esc(c['name'])} {tags}</h2>"]
+        if c["kind"] == "backward":
+            fw = next((d for d in self.run["compiles"] if d["id"] == c["backward_of"]), None)
+            link = f"<a href='#c-{esc(fw['folder'])}'>compile {fw['id']} ({esc(fw['name'])})</a>" if fw else "?"
+            out.append(f"<div class='muted'>the backward of {link}, compiled at its first backward()</div>")
+        elif c["kind"] == "resume":
+            out.append("<div class='muted'>a resume function: the rest of a function after a graph break</div>")
         for i, b in enumerate(c["breaks"]):
             tag = f'<a class="tag t-break" href="#c-{fid}">break: compile {c["id"]}</a>'
             link = self.line_ref(b["filename"], b["lineno"], b.get("source_line"), tag)
             out.append(f"<div class='card break'><b>graph break</b>: {esc(b['reason'])}<br>at {link or '?'}: "
                        f"<code>{esc((b.get('source_line') or '').strip())}</code><div class='muted'>"
-                       f"the function ran eagerly from here</div></div>")
+                       f"{self.after_break(c, b)}</div></div>")
         for e in c["recompiles"]:
             out.append(f"<div class='card recompile'><b>recompile</b> of {esc(c['name'])}: "
                        f"<code>{esc(e['reason'])}</code></div>")
@@ -363,6 +393,21 @@ class Page:
                        f"<pre>{esc(c['texts'][f])}</pre></details>")
         out.append("</div>")
         return "".join(out)
+
+    def after_break(self, c: dict, b: dict) -> str:
+        """What ran after the break: the resume function's compile, or why it ran eagerly."""
+        event = next((e for e in c["break_events"] if e.get("lineno") in (b["lineno"], None)), None)
+        if event is None:
+            return "what ran after it was not recorded"
+        if event.get("eager_reason"):
+            return f"the function runs eagerly: {esc(event['eager_reason'])}"
+        if event.get("eager_rest"):
+            return ("the graph up to here ran compiled; the rest of the function (from the loop "
+                    "holding the break) runs eagerly")
+        later = resumed_in(self.run, c, event)
+        links = ", ".join(f"<a href='#c-{esc(d['folder'])}'>compile {d['id']} ({esc(d['name'])})</a>"
+                          for d in later) or esc(", ".join(event.get("resume", [])))
+        return f"the graph up to here ran compiled; the breaking line ran eagerly; the rest resumed in {links}"
 
     def kernel_card(self, c: dict, k: dict) -> str:
         kid = f"k-{esc(c['folder'])}-{esc(k['name'])}"

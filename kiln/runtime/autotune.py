@@ -94,6 +94,7 @@ class Autotuned:
                 try:
                     _launch(fn, cfg, args, self.spec.scalars[0])  # compile outside the timing
                     results.append((self._time(fn, cfg, args), v, cfg))
+                    log.detail("autotune", "%s: variant %d %s took %.3g", self.spec.name, v, cfg, results[-1][0])
                 except Exception as e:  # noqa: BLE001 - a config that does not compile or fit
                     log.log("autotune", "%s: config %s of variant %d failed: %s", self.spec.name, cfg, v, e)
         if not results:

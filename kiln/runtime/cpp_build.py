@@ -45,7 +45,7 @@ def _build(source: str, so_path: str):
         with open(out, "rb") as f:
             cache.write_atomic(so_path, f.read())
         cache.commit_entry(so_path)
-        log.log("kernels", "built %s in %.0f ms", os.path.basename(so_path), (time.perf_counter() - t0) * 1e3)
+        log.detail("kernels", "built %s in %.0f ms", so_path, (time.perf_counter() - t0) * 1e3)
     counters.bump("kernel_builds")
 
 
@@ -66,7 +66,10 @@ def load_cpp(source: str) -> ctypes.CDLL:
     if cache.valid_entry(so_path):
         counters.bump("disk_cache_hits")
         log.log("cache", "cpp kernel %s from disk", key[:12])
+        log.detail("cache", "  %s", so_path)
     else:
+        log.log("cache", "cpp kernel %s not cached: building it", key[:12])
+        log.detail("cache", "  -> %s", so_path)
         _build(source, so_path)
     lib = ctypes.CDLL(so_path)
     with _lock:

@@ -21,26 +21,14 @@ PROGRAM = textwrap.dedent("""\
 
 
     @kiln.compile
-    def scale(x, w):
-        return torch.relu(x) * 2 + w
-
-
-    @kiln.compile
-    def check(y):
-        total = y.sum()
-        print("total is", total)
-        return y * 3
-
-
-    @kiln.compile
-    def finish(y):
+    def step(x, w):
+        y = torch.relu(x) * 2 + w
+        print("total is", y.sum())
         return torch.sigmoid(y).sum(dim=1)
 
 
     def program(x, w):
-        y = scale(x, w)          # graph 1
-        y = check(y)             # graph break: print of a tensor (runs eagerly)
-        z = finish(y)            # graph 2
+        z = step(x, w)           # two graphs: before the print (a graph break) and after it
         if z.mean() > 0:         # host sync outside compiled code
             z = z + 1
         return z
@@ -50,8 +38,9 @@ PROGRAM = textwrap.dedent("""\
         x, w = torch.randn(64, 256), torch.randn(256)
         for _ in range(3):
             program(x, w)
-        scale(torch.randn(32, 256), w)  # a recompile: the shape guard fails
+        step(x.double(), w)  # a recompile of both graphs: the dtype guard fails
 """)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _chromium():
@@ -64,7 +53,8 @@ def profiled_run(tmp_path_factory):
     script = tmp / "two_graphs.py"
     script.write_text(PROGRAM)
     out = tmp / "report.html"
-    env = dict(os.environ, KILN_DEBUG_DIR=str(tmp / "kiln_debug"), KILN_CACHE_DIR=str(tmp / "cache"))
+    env = dict(os.environ, KILN_DEBUG_DIR=str(tmp / "kiln_debug"),
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-m", "kiln", "report", "-o", str(out), "--profile", str(script)],
                           cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -77,15 +67,23 @@ def test_dump_records_breaks_and_recompiles(profiled_run):
     metrics = [json.load(open(os.path.join(run, d, "metrics.json"))) for d in sorted(os.listdir(run))
                if os.path.isdir(os.path.join(run, d))]
     breaks = [b for m in metrics for b in m["graph_breaks"]]
-    assert len(breaks) == 1 and "print" in breaks[0]["reason"]
-    assert breaks[0]["lineno"] == 13 and breaks[0]["source_line"].strip() == 'print("total is", total)'
-    recompiles = [e for m in metrics for e in m["events"] if e["kind"] == "recompile"]
-    assert len(recompiles) == 1 and "shape" in recompiles[0]["reason"]
+    assert len(breaks) == 2 and all("print" in b["reason"] for b in breaks)  # first call, recompile
+    assert {b["lineno"] for b in breaks} == {8}
+    assert breaks[0]["source_line"].strip() == 'print("total is", y.sum())'
+    assert [m["kind"] for m in metrics].count("resume") == 2
+    recompiles = [e["reason"] for m in metrics for e in m["events"] if e["kind"] == "recompile"]
+    assert len(recompiles) == 2 and all("dtype changed" in r for r in recompiles), recompiles
     prof = json.load(open(os.path.join(run, "profile.json")))
-    assert {k["folder"].split("_", 1)[1] for k in prof["kernels"]} == {"scale", "finish"}
-    assert all(k["calls"] >= 1 and k["min_us"] > 0 for k in prof["kernels"])
+    folders = {k["folder"] for k in prof["kernels"]}
+    assert any(f.endswith("_step") for f in folders) and any("_step_resume_at_" in f for f in folders)
+    assert all(k["calls"] >= 1 and k["min_us"] > 0 and k["source"] for k in prof["kernels"])
     lines = {(os.path.basename(s["filename"]), s["lineno"]) for s in prof["syncs"]}
-    assert ("two_graphs.py", 13) in lines and ("two_graphs.py", 26) in lines
+    assert ("two_graphs.py", 8) in lines and ("two_graphs.py", 14) in lines
+    # the sync list joins the real breaks with what the profiler run observed
+    rows = report.host_syncs(report.load_run(run))
+    by_line = {r["lineno"]: r for r in rows}
+    assert len(by_line[8]["breaks"]) == 2 and by_line[8]["count"] >= 3
+    assert by_line[14]["breaks"] == [] and by_line[14]["count"] == 3
 
 
 def test_report_model():
@@ -121,16 +119,21 @@ def test_report_in_headless_chromium(profiled_run, tmp_path):
                          timeout=120).stdout
     assert "<table class=\"synclist\">" in dom  # the browser parsed and rendered the page
     words = html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom)))  # the text shown
-    # the break, with its reason, line and source text
+    # the breaks, with their reason, line and source text, and where the function resumed
     assert "graph break" in dom and "call to print is not supported" in dom
-    assert "two_graphs.py:13" in dom and 'print("total is", total)' in dom
-    # the recompile with the guard that failed
-    assert "recompile of scale" in words and "L['x'].shape == (64, 256)" in words
+    assert "two_graphs.py:8" in dom and 'print("total is", y.sum())' in dom
+    assert "the rest resumed in compile" in words
+    assert "step.<resume at" in words
+    # the recompiles with the guard that failed, in plain words
+    assert "recompile of step" in words and "x.dtype changed: was torch.float32, now torch.float64" in words
     # both graphs' kernels, their source and the Python lines they came from
-    for folder in ("scale", "finish"):
-        assert f"_{folder}-kiln_kernel0\"" in dom
-    assert "return torch.relu(x) * 2 + w" in dom and "return torch.sigmoid(y).sum(dim=1)" in dom
+    kernels = re.findall(r'id="k-(\d+_step[a-z_0-9]*)-kiln_kernel0"', dom)
+    assert any(k.endswith("_step") for k in kernels) and any("_resume_at_" in k for k in kernels), kernels
+    assert "y = torch.relu(x) * 2 + w" in dom and "return torch.sigmoid(y).sum(dim=1)" in dom
     assert "extern \"C\"" in dom or "@triton.jit" in dom
     # measured time and bandwidth, the timeline and the host syncs (print and the eager if)
     assert "GB/s" in dom and "class=\"lane\"" in dom
-    assert "two_graphs.py:26" in words and "if z.mean() > 0:" in words
+    assert "two_graphs.py:14" in words and "if z.mean() > 0:" in words
+    keep = os.environ.get("KILN_REPORT_SCREENSHOT")  # e.g. docs/report_example.png
+    if keep:
+        shutil.copy(shot, keep)
