@@ -136,6 +136,12 @@ _FILES = [
 ]
 
 
+def end_run():
+    """The next dump starts a new run folder (profile() ends its own run this way)."""
+    global _run_dir
+    _run_dir = None
+
+
 def new_run() -> str:
     """Start a fresh run folder (the next dump goes there)."""
     global _run_dir

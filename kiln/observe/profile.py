@@ -338,7 +338,10 @@ def profile(fn, *args, runs: int = 5, **kwargs) -> str:
                 for _ in range(runs):
                     fn(*args, **kwargs)
                 obs.device_events = False
-        return _write(run, obs, prof, getattr(fn, "__qualname__", repr(fn)), runs)
+        try:
+            return _write(run, obs, prof, getattr(fn, "__qualname__", repr(fn)), runs)
+        finally:
+            debug.end_run()
 
 
 def profile_script(path: str, argv=()) -> str:
@@ -361,4 +364,7 @@ def profile_script(path: str, argv=()) -> str:
                     torch.cuda.synchronize()
         finally:
             sys.argv = old_argv
-        return _write(run, obs, prof, path, 1)
+        try:
+            return _write(run, obs, prof, path, 1)
+        finally:
+            debug.end_run()
