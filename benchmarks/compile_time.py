@@ -1,0 +1,196 @@
+"""Compile time and warm start, kiln vs torch.compile; per-call overhead of reduce-overhead.
+
+    python -m benchmarks.compile_time                       # CUDA if available, else CPU
+    python -m benchmarks.compile_time --device cpu --no-torch-compile
+    python -m benchmarks.compile_time --out results/compile_time.jsonl
+
+**Cold compile**: a new process with empty caches (``KILN_CACHE_DIR``, ``TRITON_CACHE_DIR``,
+``TORCHINDUCTOR_CACHE_DIR`` in a fresh temporary directory) builds the model and times its
+first result (synchronized): GPT-2 small (``examples/gpt.py``: batch 8, sequence 1024, bf16
+autocast) on CUDA, the tiny config (batch 2) on CPU; inference (no_grad loss) and one training
+step (loss + backward) separately. **Warm start**: the same program in another new process with
+those caches filled; ``first_result_s`` is the time from the first call to its result,
+``process_s`` the child's whole life (imports and model construction included).
+
+**Per-call overhead**: the seed example (``relu(x + bias) * 2`` at 1024x1024 fp32), same inputs
+call after call, median per call over back-to-back runs (CUDA: timed with events after a
+synchronize; the GPU work is a few microseconds, so the host's cost shows): eager, kiln default,
+kiln ``mode="reduce-overhead"``, torch.compile default and ``mode="reduce-overhead"``.
+
+One JSON line per measurement to stdout (and ``--out``), a table to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------- child: one first call
+def _child(backend: str, phase: str, device: str):
+    t_start = time.perf_counter()
+    import torch
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    sys.path.insert(0, ROOT)
+    from gpt import GPT, GPT2_SMALL, TINY
+
+    cfg, batch = (GPT2_SMALL, 8) if device == "cuda" else (TINY, 2)
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device)
+    idx = torch.randint(0, cfg.vocab, (batch, cfg.seq), device=device)
+    targets = torch.randint(0, cfg.vocab, (batch, cfg.seq), device=device)
+    if backend == "kiln":
+        import kiln
+        compiled = kiln.compile(model)
+    else:
+        compiled = torch.compile(model)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else _null()
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+    sync()
+    t0 = time.perf_counter()
+    with amp:
+        if phase == "inference":
+            with torch.no_grad():
+                loss = compiled(idx, targets)
+        else:
+            loss = compiled(idx, targets)
+            loss.backward()
+    sync()
+    first = time.perf_counter() - t0
+    out = {"first_result_s": first, "process_s": time.perf_counter() - t_start, "loss": float(loss)}
+    if backend == "kiln":
+        import kiln
+        out["stats"] = kiln.stats()
+    print(json.dumps(out))
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _spawn(backend, phase, device, cache):
+    env = dict(os.environ, KILN_CACHE_DIR=os.path.join(cache, "kiln"),
+               TRITON_CACHE_DIR=os.path.join(cache, "triton"),
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.compile_time", "--child", backend, phase, device],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-2000:]}
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res["wall_s"] = wall
+    return res
+
+
+def compile_rows(device, backends):
+    rows = []
+    for phase in ("inference", "train"):
+        for backend in backends:
+            with tempfile.TemporaryDirectory(prefix="kiln-bench-") as cache:
+                cold = _spawn(backend, phase, device, cache)
+                warm = _spawn(backend, phase, device, cache)
+            rows.append({"case": "compile_time", "device": device, "phase": phase, "backend": backend,
+                         "cold": cold, "warm": warm})
+    return rows
+
+
+# ---------------------------------------------------------------------- per-call overhead
+def _per_call_us(fn, args, device, calls=200, samples=15):
+    import torch
+    for _ in range(10):
+        fn(*args)
+    times = []
+    for _ in range(samples):
+        if device == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn(*args)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / calls)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn(*args)
+            times.append((time.perf_counter() - t0) * 1e6 / calls)
+    return statistics.median(times)
+
+
+def overhead_rows(device, with_torch_compile):
+    import torch
+
+    import kiln
+
+    def transform(x, bias):
+        return torch.relu(x + bias) * 2
+
+    x = torch.randn(1024, 1024, device=device)
+    b = torch.randn(1024, device=device)
+    variants = [("eager", transform),
+                ("kiln", kiln.compile(transform)),
+                ("kiln reduce-overhead", kiln.compile(transform, mode="reduce-overhead"))]
+    if with_torch_compile:
+        variants += [("torch.compile", torch.compile(transform)),
+                     ("torch.compile reduce-overhead", torch.compile(transform, mode="reduce-overhead"))]
+    rows = []
+    want = transform(x, b)
+    for name, fn in variants:
+        torch.testing.assert_close(fn(x, b), want)
+        rows.append({"case": "per_call_overhead", "device": device, "program": "seed 1024x1024 fp32",
+                     "variant": name, "us_per_call": _per_call_us(fn, (x, b), device)})
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--skip-compile", action="store_true", help="only the per-call overhead")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--child", nargs=3, metavar=("BACKEND", "PHASE", "DEVICE"))
+    args = ap.parse_args(argv)
+    if args.child:
+        return _child(*args.child)
+    import torch
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    backends = ["kiln"] + ([] if args.no_torch_compile else ["torch.compile"])
+    rows = [] if args.skip_compile else compile_rows(device, backends)
+    rows += overhead_rows(device, not args.no_torch_compile)
+    out = open(args.out, "a") if args.out else None
+    for r in rows:
+        line = json.dumps(r)
+        print(line)
+        if out:
+            out.write(line + "\n")
+        if r["case"] == "compile_time":
+            c, w = r["cold"], r["warm"]
+            print(f"{r['phase']:<9} {r['backend']:<14} cold {c.get('first_result_s', float('nan')):7.2f} s   "
+                  f"warm {w.get('first_result_s', float('nan')):7.2f} s (process {w.get('process_s', float('nan')):.2f} s)"
+                  + (f"   ERROR {c.get('error', w.get('error'))[-300:]}" if "error" in c or "error" in w else ""),
+                  file=sys.stderr)
+        else:
+            print(f"overhead  {r['variant']:<30} {r['us_per_call']:8.1f} us/call", file=sys.stderr)
+    if out:
+        out.close()
+
+
+if __name__ == "__main__":
+    main()
