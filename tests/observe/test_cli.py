@@ -29,8 +29,10 @@ def test_demo_prints_every_stage_in_order():
 def test_explain_script_reports_graphs_and_breaks():
     proc = _run("explain", os.path.join("examples", "seed.py"))
     assert proc.returncode == 0, proc.stderr
-    assert "Graphs: 1   Graph breaks: 1   Kernels: 1" in proc.stderr
+    # transform, and with_a_break's two graphs: before the print and its resume function after it
+    assert "Graphs: 3   Graph breaks: 1   Kernels: 3" in proc.stderr
     assert "seed.py:21" in proc.stderr and "print" in proc.stderr
+    assert "with_a_break.<resume at" in proc.stderr and proc.stderr.count("kernel kiln_kernel0") == 3
 
 
 def test_help_and_unknown_command():

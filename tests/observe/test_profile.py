@@ -99,3 +99,26 @@ def test_explain_summarizes_each_graph_of_a_function_with_a_break():
     assert text.count("kernel kiln_kernel0") == 2 and "test_profile.py:" in text
     assert ">= 2" in text  # a shape guard of the symbolic sizes
     assert "compile time" in text and "capture" in text
+
+
+def _branchy(x):
+    y = x * 2
+    if y.sum() > 0:  # a tensor in an if: the host waits for the device here
+        y = y + 1
+    return y.relu()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_data_dependent_if_is_listed_as_a_host_sync_with_its_break(device, tmp_path):
+    from kiln.observe import report
+    line = _branchy.__code__.co_firstlineno + 2
+    with kiln.config.patch(debug_dir=str(tmp_path)):
+        run = prof_mod.profile(kiln.compile(_branchy), torch.randn(8, 8, device=device), runs=2)
+    rows = {(os.path.basename(r["filename"]), r["lineno"]): r for r in report.host_syncs(report.load_run(run))}
+    row = rows[("test_profile.py", line)]
+    assert "condition" in row["what"] and row["count"] == 2
+    [(c, b)] = row["breaks"]
+    assert "data-dependent branch" in b["reason"] and c["name"] == "_branchy"
+    page = report.render(run)
+    assert f"test_profile.py:{line}" in page and "if y.sum() &gt; 0:" in page
