@@ -249,7 +249,15 @@ class Extern(Buffer):
         self.origins = tuple(origins)
 
     def reads(self) -> set[str]:
-        return {r.buffer for r in self.inputs if isinstance(r, TensorRef)}
+        """Buffers read, also through tuples/lists of tensors and keyword arguments."""
+        out, todo = set(), list(self.inputs) + list(self.kwargs.values())
+        while todo:
+            r = todo.pop()
+            if isinstance(r, TensorRef):
+                out.add(r.buffer)
+            elif isinstance(r, (tuple, list)):
+                todo.extend(r)
+        return out
 
     def __repr__(self):
         args = ", ".join(repr(r) for r in self.inputs)

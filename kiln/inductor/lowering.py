@@ -123,7 +123,14 @@ def _is_contiguous(ref: ir.TensorRef) -> bool:
 
 def extern_rule(ctx, meta, *args, **kwargs):
     """Library ops (mm, bmm ...): realize the operands, call the library from the wrapper."""
-    refs = [ctx.realize(a) if isinstance(a, TValue) else a for a in args]
+    def realize(a):  # tensors inside tuples/lists (torch.index_put's indices) too
+        if isinstance(a, TValue):
+            return ctx.realize(a)
+        if isinstance(a, (tuple, list)):
+            return type(a)(realize(x) for x in a)
+        return a
+    refs = [realize(a) for a in args]
+    kwargs = {k: realize(v) for k, v in kwargs.items()}
     name = ctx.new_name("buf")
     node = ir.Extern(name, ctx.current_op, refs, kwargs, meta.shape, meta.stride, meta.dtype,
                      meta.device, ctx.current_origins)

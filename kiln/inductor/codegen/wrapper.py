@@ -35,15 +35,18 @@ def _ref_expr(ref: ir.TensorRef, buffers: dict) -> str:
     return f"as_strided({ref.buffer}, {py_tuple(ref.shape)}, {py_tuple(ref.stride)}, {offset})"
 
 
-def _value_text(v) -> str:
-    """A Python value as wrapper source; symbolic sizes print as expressions over s0, s1 ..."""
+def _value_text(v, buffers=None) -> str:
+    """A Python value as wrapper source; symbolic sizes print as expressions over s0, s1 ...,
+    tensors (also inside tuples and lists, e.g. index_put's indices) as buffer expressions."""
+    if isinstance(v, ir.TensorRef):
+        return _ref_expr(v, buffers)
     if isinstance(v, sympy.Basic):
         return py(v)
-    if isinstance(v, tuple) and any(isinstance(x, sympy.Basic) for x in v):
-        items = ", ".join(_value_text(x) for x in v)
+    if isinstance(v, tuple) and any(isinstance(x, (sympy.Basic, ir.TensorRef, tuple, list)) for x in v):
+        items = ", ".join(_value_text(x, buffers) for x in v)
         return f"({items},)" if len(v) == 1 else f"({items})"
-    if isinstance(v, list) and any(isinstance(x, sympy.Basic) for x in v):
-        return f"[{', '.join(_value_text(x) for x in v)}]"
+    if isinstance(v, list) and any(isinstance(x, (sympy.Basic, ir.TensorRef, tuple, list)) for x in v):
+        return f"[{', '.join(_value_text(x, buffers) for x in v)}]"
     return repr(v)
 
 
@@ -176,8 +179,8 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
                     lines.append(f"        raise IndexError('kiln: an index read by {gen.name} is out of "
                                  f"range for its dimension (gather/embedding/index_select)')")
         else:
-            args = [_ref_expr(r, buffers) if isinstance(r, ir.TensorRef) else _value_text(r) for r in step.inputs]
-            kwargs = [f"{k}={_value_text(v)}" for k, v in step.kwargs.items()]
+            args = [_value_text(r, buffers) for r in step.inputs]
+            kwargs = [f"{k}={_value_text(v, buffers)}" for k, v in step.kwargs.items()]
             lines.append(f"    {step.name} = extern_{step.op.name}({', '.join(args + kwargs)})")
             if step.op.name not in LAYOUT_GUARANTEED_EXTERNS:
                 # kernels index the result with the strides meta promised; a library may pick
