@@ -76,6 +76,8 @@ def _len(tx, obj):
         return ConstantVariable(len(obj.items))
     if isinstance(obj, ModuleVariable):
         return ConstantVariable(len(obj.iterate(tx)))
+    if hasattr(obj, "python_len"):  # a user object with a Python __len__ (values_python)
+        return obj.python_len(tx)
     return NotImplemented
 
 
@@ -348,3 +350,11 @@ for _fn in (getattr(torch.compiler, "is_compiling", None),
             getattr(torch.compiler, "is_dynamo_compiling", None)):
     if _fn is not None:
         BUILTIN_HANDLERS[_fn] = _is_compiling
+
+
+def _is_exporting(tx):
+    return ConstantVariable(False)  # kiln compiles; it never exports a program
+
+
+if getattr(torch.compiler, "is_exporting", None) is not None:
+    BUILTIN_HANDLERS[torch.compiler.is_exporting] = _is_exporting

@@ -10,7 +10,7 @@ import sys
 
 from kiln.capture.errors import Unsupported
 from kiln.capture.interpreter import handler
-from kiln.capture.values import (NULL, ConstantVariable, DictVariable, ListVariable, ModuleVariable,
+from kiln.capture.values import (NULL, ConstantVariable, FunctionVariable, DictVariable, ListVariable, ModuleVariable,
                                  TensorVariable, TupleVariable, _Sequence)
 from kiln.capture.values_python import SetVariable
 
@@ -62,6 +62,11 @@ def _identical(a, b) -> bool:
         return a.value is b.value
     if isinstance(a, ModuleVariable) and isinstance(b, ModuleVariable):
         return a.module is b.module
+    fns = [v for v in (a, b) if isinstance(v, FunctionVariable) and v.self_var is None and v.fn is not None]
+    if len(fns) == 2:  # functions known at compile time (their sources are guarded)
+        return fns[0].fn is fns[1].fn
+    if len(fns) == 1 and isinstance(b if fns[0] is a else a, ConstantVariable):
+        return False  # a function is no constant (None, a number, ...)
     kinds = (ConstantVariable, TensorVariable, _Sequence, DictVariable, ModuleVariable)
     if isinstance(a, kinds) and isinstance(b, kinds):
         return False  # different trackers of different kinds, or distinct tensors
@@ -73,6 +78,8 @@ def contains_op(frame, inst):
     container, item = frame.pop(), frame.pop()
     if isinstance(container, DictVariable):
         found = item.as_python() in container.items
+    elif hasattr(container, "contains"):  # a user object: its __contains__ (values_python)
+        found = container.contains(frame.tx, item)
     else:
         found = item.as_python() in container.as_python()
     frame.push(ConstantVariable(found != bool(inst.arg)))
@@ -198,6 +205,8 @@ def store_subscr(frame, inst):
     if isinstance(container, TensorVariable):  # functionalized (kiln/capture/mutation.py)
         frame.tx.setitem(container, key, value)
         return
+    if _python_override(frame, container, "__setitem__", [key, value]):
+        return
     if hasattr(container, "setitem"):  # a ModelOutput made during the trace
         container.setitem(key.as_python(), value)
         return
@@ -211,9 +220,21 @@ def store_subscr(frame, inst):
         container.items[k] = value
 
 
+def _python_override(frame, container, name, args) -> bool:
+    """A dict subclass's own ``__setitem__``/``__delitem__``: inlined (True when it ran)."""
+    lookup = getattr(container, "python_override", None)
+    fn = lookup(name) if lookup is not None else None
+    if fn is None:
+        return False
+    fn.call(frame.tx, args, {})
+    return True
+
+
 @handler("DELETE_SUBSCR")
 def delete_subscr(frame, inst):
     key, container = frame.pop(), frame.pop()
+    if _python_override(frame, container, "__delitem__", [key]):
+        return
     if not isinstance(container, (ListVariable, DictVariable)):
         raise Unsupported(f"item deletion on {container} is not supported")
     frame.tx.side_effects.mutate(container)

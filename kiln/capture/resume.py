@@ -688,7 +688,8 @@ def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
     for k, v in enumerate(operands):
         if isinstance(v, NullVariable):
             glue.emit(Instr("PUSH_NULL"))
-        elif k == 1 and inst.opname == "CALL" and wrap_callee is not None and isinstance(operands[0], NullVariable):
+        elif k == 1 and inst.opname in ("CALL", "CALL_FUNCTION_EX") and wrap_callee is not None \
+                and isinstance(operands[0], NullVariable):
             wrapped = wrap_callee(v)
             if wrapped is None:
                 glue.load(v)

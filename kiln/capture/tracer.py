@@ -7,6 +7,7 @@ specializing on it safe.
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import enum
 import inspect
@@ -25,8 +26,9 @@ from kiln.capture.instructions import listing
 from kiln.capture.interpreter import Frame
 from kiln.capture.resume import GradModeExit, SetGradModeVariable, set_grad_mode
 from kiln.capture.side_effects import SideEffects, build_extra, extra_spec, replay
-from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
-                                        is_structseq, is_user_object)
+from kiln.capture.values_python import (ContextVarVariable, NamedTupleVariable, ObjectVariable,
+                                        grad_mode_decorated, is_python_dict_subclass, is_structseq,
+                                        is_user_object, wrap_dict_subclass)
 from kiln.capture.values import (BuiltinVariable, CellVariable, ConstantVariable, DictVariable,
                                  FunctionVariable, IteratorVariable, LazyVariable, ListVariable,
                                  ModuleVariable,
@@ -169,6 +171,8 @@ class Tracer:
             return self.side_effects.remember(value, DictVariable(
                 {k: self.wrap(v, ItemSource(source, k) if source is not None else None, guard)
                  for k, v in value.items()}, source))
+        if is_python_dict_subclass(type(value)):  # dict's behaviour, the subclass's methods
+            return wrap_dict_subclass(self, value, source, guard)
         if isinstance(value, torch.nn.Module):
             if source is None:
                 raise Unsupported(f"{type(value).__name__} module created or reached without a source")
@@ -183,6 +187,8 @@ class Tracer:
             return FunctionVariable(value.__func__, self_var=owner)
         if guard:
             self.guards.identity(source, value)
+        if type(value) is contextvars.ContextVar:
+            return ContextVarVariable(value, source)
         if isinstance(value, types.ModuleType):
             return PythonModuleVariable(value, source)
         if _is_hashable(value) and value in torch_api.TORCH_FUNCTIONS:

@@ -17,6 +17,7 @@ functions).
 from __future__ import annotations
 
 import abc
+import collections.abc
 import contextlib
 import dataclasses
 import functools
@@ -26,6 +27,7 @@ import types
 import torch
 
 from kiln.capture.errors import Unsupported
+from kiln.capture.guards import Source
 from kiln.capture.values import (ConstantVariable, DictVariable, FunctionVariable,
                                  TupleVariable, Variable, _Sequence)
 
@@ -67,7 +69,40 @@ def attribute_of_class(tx, cls, name, self_var, source):
     return tx.wrap(value, tx.attr_source(source, name) if source is not None else None)
 
 
+def _custom_getattribute(cls) -> bool:
+    found, owner = _static_lookup(cls, "__getattribute__")
+    return owner is not object and isinstance(found, types.FunctionType)
+
+
+def _mapping_get(tx, obj, key, default=None):
+    keys = [k.as_python() for k in obj.iterate(tx)]
+    if key.as_python() in keys:
+        return obj.getitem(tx, key)
+    return default if default is not None else ConstantVariable(None)
+
+
+def _mapping_contains(tx, obj, key):
+    return ConstantVariable(key.as_python() in [k.as_python() for k in obj.iterate(tx)])
+
+
+# collections.abc mixins that catch KeyError (capture does not model exceptions), in terms of
+# the class's own __iter__ and __getitem__: a Mapping's keys are what iterating it yields
+MAPPING_MIXINS = {collections.abc.Mapping.get: _mapping_get,
+                  collections.abc.Mapping.__contains__: _mapping_contains}
+
+
+class _MixinCall(Variable):
+    def __init__(self, rule, obj):
+        self.rule, self.obj = rule, obj
+
+    def call(self, tx, args, kwargs):
+        return self.rule(tx, self.obj, *args, **kwargs)
+
+
 def _bind(tx, fn, self_var):
+    rule = MAPPING_MIXINS.get(fn)
+    if rule is not None and isinstance(self_var, ObjectVariable):
+        return _MixinCall(rule, self_var)
     if (fn.__module__ or "").startswith("torch"):
         raise Unsupported(f"calling torch's method {fn.__qualname__} on a user object")
     return FunctionVariable(fn, self_var=self_var)
@@ -88,16 +123,27 @@ class ObjectVariable(Variable):
         return self.cls
 
     def truth(self, tx):
-        if _static_lookup(self.cls, "__bool__")[0] is not _MISSING or \
-                _static_lookup(self.cls, "__len__")[0] is not _MISSING:
-            raise Unsupported(f"truth value of a {self.cls.__name__} object")
+        for name in ("__bool__", "__len__"):  # Python's order; Python methods are inlined
+            if _static_lookup(self.cls, name)[0] is not _MISSING:
+                out = self._call(tx, name, []).as_python()
+                if not isinstance(out, (bool, int)):
+                    raise Unsupported(f"truth value of a {self.cls.__name__} object")
+                return bool(out)
         return True
+
+    def getitem(self, tx, key):
+        """``obj[key]`` through the class's Python ``__getitem__``."""
+        return self._call(tx, "__getitem__", [key])
 
     def getattr(self, tx, name):
         written = tx.side_effects.load_attr(self, name)
         if written is not None:
             return written
         value, _ = _static_lookup(self.cls, name)
+        real = self.value is not None and self.source is not None
+        if real and _custom_getattribute(self.cls) and not isinstance(
+                value, (types.FunctionType, property, staticmethod, classmethod)):
+            return self._read_for_real(tx, name)  # e.g. transformers' config attribute_map
         data_descriptor = value is not _MISSING and hasattr(type(value), "__set__")
         if not data_descriptor:
             if self.value is None and name in self.attrs:
@@ -109,9 +155,57 @@ class ObjectVariable(Variable):
         if name == "__dict__" and self.value is None:
             return DictVariable(self.attrs)
         out = attribute_of_class(tx, self.cls, name, self, self.source)
+        if out is None and real and isinstance(_static_lookup(self.cls, "__getattr__")[0], types.FunctionType):
+            return self._read_for_real(tx, name)
         if out is None:
             raise Unsupported(f"{self.cls.__name__} object has no attribute {name!r}")
         return out
+
+    def _read_for_real(self, tx, name):
+        """A class that computes its attributes (``__getattribute__``/``__getattr__`` in Python):
+        the attribute is read from the real object and guarded through its source, which the
+        guard reads again the same way on every call."""
+        try:
+            got = getattr(self.value, name)
+        except AttributeError:
+            raise Unsupported(f"{self.cls.__name__} object has no attribute {name!r}") from None
+        return tx.wrap(got, tx.attr_source(self.source, name))
+
+    def iterate(self, tx):
+        """Iteration over a user sequence: ``collections.abc.Sequence``'s ``__iter__`` (which
+        reads ``self[i]`` until IndexError) is ``self[i] for i in range(len(self))``, with the
+        class's ``__len__``/``__getitem__`` inlined; a Python ``__iter__`` is called (a generator
+        runs to its end)."""
+        it, _ = _static_lookup(self.cls, "__iter__")
+        if it is collections.abc.Sequence.__iter__:
+            n = self._call(tx, "__len__", []).as_python()
+            if not isinstance(n, int):
+                raise Unsupported(f"len() of a {self.cls.__name__} is not an int")
+            return [self._call(tx, "__getitem__", [ConstantVariable(i)]) for i in range(n)]
+        if isinstance(it, types.FunctionType) and not (it.__module__ or "").startswith("torch"):
+            return _bind(tx, it, self).call(tx, [], {}).iterate(tx)
+        raise Unsupported(f"iterating over {self} is not supported")
+
+    def contains(self, tx, item) -> bool:
+        """``item in obj``: the class's ``__contains__`` (inlined, or a Mapping mixin's rule),
+        else membership in what iterating it yields."""
+        fn, _ = _static_lookup(self.cls, "__contains__")
+        out = _bind(tx, fn, self).call(tx, [item], {}) if isinstance(fn, types.FunctionType) \
+            else ConstantVariable(item.as_python() in [k.as_python() for k in self.iterate(tx)])
+        value = out.as_python()
+        if not isinstance(value, bool):
+            raise Unsupported(f"`in` on a {self.cls.__name__} gave {type(value).__name__}")
+        return value
+
+    def python_len(self, tx):
+        """``len(obj)`` through the class's Python ``__len__``."""
+        return self._call(tx, "__len__", [])
+
+    def _call(self, tx, name, args):
+        fn, _ = _static_lookup(self.cls, name)
+        if not isinstance(fn, types.FunctionType):
+            raise Unsupported(f"{self.cls.__name__}.{name} is not a Python function")
+        return _bind(tx, fn, self).call(tx, args, {})
 
     def enter(self, tx):
         """BEFORE_WITH on a user context manager (interpreter.py): ``__enter__`` is inlined now,
@@ -234,6 +328,158 @@ class SetVariable(_Sequence):
 
 
 # ====================================================================== super, partial
+# ====================================================================== context variables
+class MethodCallSource(Source):
+    """``<parent>.<method>()``: a value a call returns, read again by the guards on each call."""
+    __slots__ = ("parent", "method")
+
+    def __init__(self, parent, method):
+        self.parent, self.method = parent, method
+
+    def expr(self, base=None):
+        return f"{base or self.parent.expr()}.{self.method}()"
+
+
+class ContextVarVariable(Variable):
+    """A ``contextvars.ContextVar`` reached from the inputs or globals (guarded by identity):
+    ``.get()`` reads the current value for real and guards it (through ``var.get()``);
+    ``set``/``reset`` are graph breaks."""
+
+    def __init__(self, var, source):
+        self.var, self.source = var, source
+
+    def python_type(self):
+        return type(self.var)
+
+    def getattr(self, tx, name):
+        if name == "get":
+            return _ContextVarGet(self)
+        if name == "name":
+            return ConstantVariable(self.var.name)
+        raise Unsupported(f"ContextVar.{name} is not supported")
+
+    def get(self, tx):
+        if self.source is None:
+            raise Unsupported("ContextVar.get() on a context variable without a source")
+        try:
+            value = self.var.get()
+        except LookupError:
+            raise Unsupported(f"ContextVar {self.var.name!r} has no value") from None
+        return tx.wrap(value, MethodCallSource(self.source, "get"))
+
+
+class _ContextVarGet(Variable):
+    def __init__(self, cv):
+        self.cv = cv
+
+    def call(self, tx, args, kwargs):
+        # with a default: only when the variable has a value (the guard reads it with .get())
+        return self.cv.get(tx)
+
+
+# ====================================================================== dict subclasses
+# What capture reads of a dict implicitly (subscripts, `in`, iteration, len, the guards): a
+# subclass that overrides none of them keeps dict's reads, so its items are tracked as a dict's.
+_DICT_READS = ("__getitem__", "__iter__", "__len__", "__contains__", "keys", "items", "values",
+               "__eq__", "__missing__")
+
+
+def is_python_dict_subclass(cls) -> bool:
+    """A dict subclass defined in Python (heap types only between it and dict) whose implicit
+    reads are dict's; its own methods are inlined, dict's behave as a dict's."""
+    if not isinstance(cls, type) or cls is dict or not issubclass(cls, dict) or type(cls) is not type:
+        return False
+    if dataclasses.is_dataclass(cls):
+        return False  # transformers' ModelOutput and friends: DictDataclassVariable
+    heap = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+    if any(k not in (dict, object) and not k.__flags__ & heap for k in cls.__mro__):
+        return False
+    return all(_static_lookup(cls, name)[1] in (dict, object, None) for name in _DICT_READS)
+
+
+class DictSubclassVariable(DictVariable):
+    """An instance of a Python dict subclass (``is_python_dict_subclass``): items as a dict's,
+    methods the subclass defines inlined (``super().get`` reaches dict's), instance attributes
+    read from the real object (guarded)."""
+
+    def __init__(self, cls, items, source=None, value=None):
+        super().__init__(items, source)
+        self.cls = cls
+        self.value = value
+
+    def python_type(self):
+        return self.cls
+
+    def as_python(self):
+        if self.value is None:
+            raise Unsupported(f"a {self.cls.__name__} made during the trace as a constant")
+        return self.value
+
+    def getattr(self, tx, name):
+        if self.value is not None and name in getattr(self.value, "__dict__", {}):
+            return tx.wrap(self.value.__dict__[name], tx.attr_source(self.source, name))
+        found, owner = _static_lookup(self.cls, name)
+        if owner not in (None, dict, object):
+            return attribute_of_class(tx, self.cls, name, self, self.source)
+        return super().getattr(tx, name)
+
+    def python_override(self, name):
+        """The subclass's own ``name`` (a dunder an opcode would call), bound; None if dict's."""
+        found, owner = _static_lookup(self.cls, name)
+        if owner in (None, dict, object):
+            return None
+        if not isinstance(found, types.FunctionType):
+            raise Unsupported(f"{self.cls.__name__}.{name} is not a Python function")
+        return FunctionVariable(found, self_var=self)
+
+    def __repr__(self):
+        return f"{self.cls.__name__}({self.items!r})"
+
+
+def wrap_dict_subclass(tx, value, source, guard: bool):
+    """``tx.wrap`` of a Python dict subclass instance: one tracker per object, its class and
+    keys guarded, its items wrapped as a dict's."""
+    from kiln.capture.guards import ItemSource
+    seen = tx.side_effects.tracker_of(value)
+    if seen is not None:
+        if seen.source is not None and source is not None and seen.source != source:
+            tx.guards.same_object(source, seen.source)
+        return seen
+    keys = list(dict.keys(value))
+    if not all(isinstance(k, (str, int)) for k in keys):
+        raise Unsupported(f"a {type(value).__name__} with non-str/int keys is not supported")
+    if guard:
+        tx.guards.add(source, f"id(type({{}})) == {id(type(value))} and list(dict.keys({{}})) == {keys!r}")
+    items = {k: tx.wrap(dict.__getitem__(value, k), ItemSource(source, k) if source is not None else None,
+                        guard) for k in keys}
+    return tx.side_effects.remember(value, DictSubclassVariable(type(value), items, source, value))
+
+
+class _DictDunder(Variable):
+    """``super().__setitem__`` (and friends) reaching dict from a subclass's method."""
+
+    def __init__(self, obj, name):
+        self.obj, self.name = obj, name
+
+    def call(self, tx, args, kwargs):
+        obj, name = self.obj, self.name
+        if name == "__getitem__" and len(args) == 1:
+            return DictVariable.getitem(obj, tx, args[0])
+        if name == "__contains__" and len(args) == 1:
+            return ConstantVariable(args[0].as_python() in obj.items)
+        if name == "__len__" and not args:
+            return ConstantVariable(len(obj.items))
+        if name in ("__setitem__", "__delitem__") and len(args) == 2 - (name == "__delitem__"):
+            tx.side_effects.mutate(obj)
+            key = args[0].as_python()
+            if name == "__setitem__":
+                obj.items[key] = args[1]
+            elif obj.items.pop(key, None) is None:
+                raise Unsupported(f"del of missing key {key!r}")
+            return ConstantVariable(None)
+        raise Unsupported(f"dict.{name} from a {type(obj).__name__} is not supported")
+
+
 class SuperVariable(Variable):
     def __init__(self, cls, obj):
         self.cls = cls    # the class after which the MRO search starts
@@ -243,12 +489,18 @@ class SuperVariable(Variable):
         mro = self.obj.python_type().__mro__
         start = mro.index(self.cls) + 1
         for klass in mro[start:]:
+            if klass is dict and isinstance(self.obj, DictVariable):  # a dict subclass's super()
+                if name in ("__getitem__", "__setitem__", "__delitem__", "__contains__", "__len__"):
+                    return _DictDunder(self.obj, name)
+                return DictVariable.getattr(self.obj, tx, name)
             if name in vars(klass):
                 value = vars(klass)[name]
                 if isinstance(value, types.FunctionType):
                     if (value.__module__ or "").startswith("torch") and klass is not object:
                         if name == "__init__":
                             return _NoOp()
+                    if value in MAPPING_MIXINS and isinstance(self.obj, ObjectVariable):
+                        return _MixinCall(MAPPING_MIXINS[value], self.obj)
                     return FunctionVariable(value, self_var=self.obj)
                 if isinstance(value, (property, staticmethod, classmethod)):
                     return attribute_of_class(tx, klass, name, self.obj, None)
@@ -351,7 +603,7 @@ def call_class(tx, cls, args, kwargs):
         return make_dict_dataclass(tx, cls, args, kwargs)
     if issubclass(cls, torch.nn.Module):
         raise Unsupported(f"creating a {cls.__name__} module inside compiled code")
-    if (cls.__module__ or "").startswith("torch") or type(cls) not in (type, abc.ABCMeta) or \
+    if (cls.__module__ or "").startswith("torch") or not plain_metaclass(type(cls)) or \
             cls.__new__ is not object.__new__ or cls.__dict__.get("__slots__") is not None:
         raise Unsupported(f"creating a {cls.__qualname__} object is not supported")
     obj = ObjectVariable(cls)
@@ -390,23 +642,43 @@ def dataclass_replace(tx, obj, kwargs):
 
 
 __all__ = ["is_structseq", "tuple_fields", "make_named_tuple", "ObjectVariable",
+           "is_python_dict_subclass", "plain_metaclass", "ContextVarVariable", "MethodCallSource", "DictSubclassVariable", "wrap_dict_subclass",
            "NamedTupleVariable", "SetVariable", "SuperVariable",
            "PartialVariable", "GradModeVariable", "ContextExitVariable", "call_class",
            "attribute_of_class", "dataclass_replace"]
 
 
 # ====================================================================== hooks used by values.py
+_META_BEHAVIOUR = ("__getattribute__", "__getattr__", "__call__", "__instancecheck__",
+                   "__subclasscheck__", "__getitem__", "__iter__", "__len__", "__contains__",
+                   "__eq__", "__hash__", "__bool__")
+
+
+def plain_metaclass(meta) -> bool:
+    """``type``, ``abc.ABCMeta``, or a metaclass that changes none of how a class is looked up,
+    called or compared (transformers' ``_BCCacheNameMeta`` only renames ``__init__`` arguments)."""
+    if meta in (type, abc.ABCMeta):
+        return True
+    if not isinstance(meta, type) or not issubclass(meta, type):
+        return False
+    return not any(name in vars(k) for k in meta.__mro__ if k not in (type, abc.ABCMeta, object)
+                   for name in _META_BEHAVIOUR)
+
+
 def is_user_object(value) -> bool:
     """A plain instance of a user-defined class (attributes modeled by ObjectVariable)."""
     cls = type(value)
-    if type(cls) is not type or isinstance(value, (torch.nn.Module, torch.Tensor, type)):
+    if not plain_metaclass(type(cls)) or isinstance(value, (torch.nn.Module, torch.Tensor, type)):
         return False
     module = (cls.__module__ or "").split(".")[0]
     if module in ("builtins", "torch", "types", "functools", "typing", "collections", "math"):
         return False
-    if isinstance(value, (types.FunctionType, types.MethodType, tuple, list, dict, set)):
+    if isinstance(value, (types.FunctionType, types.MethodType, tuple, list, set)):
         return False
-    return hasattr(value, "__dict__") and not hasattr(cls, "__slots__")
+    if isinstance(value, dict) and not dataclasses.is_dataclass(value):
+        return False  # a dict dataclass (transformers' ModelOutput) is read by its attributes
+    # slots hold state ObjectVariable does not model (empty __slots__ of ABC mixins are fine)
+    return hasattr(value, "__dict__") and not any(vars(k).get("__slots__") for k in cls.__mro__)
 
 
 def user_class_attribute(tx, module_var, name):
