@@ -26,9 +26,10 @@ from kiln.capture.instructions import listing
 from kiln.capture.interpreter import Frame
 from kiln.capture.resume import GradModeExit, SetGradModeVariable, set_grad_mode
 from kiln.capture.side_effects import SideEffects, build_extra, extra_spec, replay
-from kiln.capture.values_python import (ContextVarVariable, NamedTupleVariable, ObjectVariable,
-                                        grad_mode_decorated, is_python_dict_subclass, is_structseq,
-                                        is_user_object, wrap_dict_subclass)
+from kiln.capture.values_dict import (ContextVarVariable, is_python_dict_subclass,
+                                      wrap_dict_subclass)
+from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
+                                        is_structseq, is_user_object)
 from kiln.capture.values import (BuiltinVariable, CellVariable, ConstantVariable, DictVariable,
                                  FunctionVariable, IteratorVariable, LazyVariable, ListVariable,
                                  ModuleVariable,
