@@ -26,6 +26,8 @@ def select_scatter_vjp(g, out, base, src, dim, index):
 
 @VJP_RULES.register(core.index_put)
 def index_put_vjp(g, out, base, dim, index, values, accumulate=False):
+    size = base.shape[dim]  # index_put takes negative indices, index_select does not
+    index = core.where(core.lt(index, 0), core.add(index, size), index)
     written = core.index_select(g, dim, index)
     gb = g if accumulate else core.index_put(g, dim, index, zeros_like(written))
     return gb, None, None, written, None

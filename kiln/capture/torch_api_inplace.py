@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
+from kiln.graph.node import flatten_args
 from kiln.ops import core
 
 
@@ -194,6 +195,45 @@ def masked_assign(self, dim, mask, value):
     return core.masked_fill(self, m, value)
 
 
+# ------------------------------------------------------------------ functional forms
+# torch.scatter / torch.index_put (and their methods) are the in-place adapters' new value,
+# without the write. Forms the core ops do not cover (a scatter reduce, several index tensors)
+# stay whole as fallback nodes when no gradient is needed, and are graph breaks otherwise.
+def _or_fallback(name, cover, *args, **kwargs):
+    try:
+        return cover()
+    except Unsupported as e:
+        if torch.is_grad_enabled() and any(a.meta.requires_grad for a in flatten_args((args, kwargs))
+                                           if _is_tensor(a)):
+            raise Unsupported(f"{name}: {e}; a fallback node cannot give the gradient it needs") from None
+        return core.fallback(name, *args, **kwargs)
+
+
+def _same_dtype(name, input, other, what):
+    if _is_tensor(other) and other.dtype != input.dtype:
+        raise RuntimeError(f"{name}(): Expected self.dtype to be equal to {what}.dtype "
+                           f"({input.dtype} vs {other.dtype})")
+
+
+def scatter(input, dim, index, src=None, value=None, *, reduce=None, out=None):
+    if out is not None:
+        raise Unsupported("scatter(out=...) is not supported")
+    src = value if src is None else src
+    _same_dtype("scatter", input, src, "src")
+    if reduce is not None:
+        def no_core():
+            raise Unsupported(f"scatter(reduce={reduce!r}) has no core op")
+        return _or_fallback("torch.scatter", no_core, input, dim, index, src, reduce=reduce)
+    return scatter_(input, dim, index, src).updates[0][1]
+
+
+def index_put(input, indices, values, accumulate=False):
+    _same_dtype("index_put", input, values, "values")
+    return _or_fallback("torch.index_put",
+                        lambda: index_put_(input, indices, values, accumulate).updates[0][1],
+                        input, tuple(indices), values, accumulate)
+
+
 # ------------------------------------------------------------------ F.*(inplace=True)
 def with_inplace_flag(fn, functional):
     """An adapter for ``fn(..., inplace=...)``: the functional adapter, plus a write into the
@@ -240,9 +280,10 @@ def build_tables(torch_functions: dict, tensor_methods: dict):
         "copy_": copy_, "fill_": fill_, "zero_": zero_, "index_put_": index_put_,
         "index_copy_": index_copy_, "index_add_": index_add_, "index_fill_": index_fill_,
         "scatter_": scatter_, "scatter_add_": scatter_add_, "clone": clone, "detach": detach,
-        "requires_grad_": requires_grad_,
+        "requires_grad_": requires_grad_, "scatter": scatter, "index_put": index_put,
     })
-    functions = {torch.clone: clone, torch.detach: detach, F.batch_norm: batch_norm}
+    functions = {torch.clone: clone, torch.detach: detach, F.batch_norm: batch_norm,
+                 torch.scatter: scatter, torch.index_put: index_put}
     for name in ("relu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "neg", "abs", "floor", "ceil",
                  "trunc", "round", "sin", "cos", "log", "reciprocal", "clamp", "clip"):
         fn = getattr(torch, name + "_", None)

@@ -29,6 +29,23 @@ def idx(dtype, device):
             (x.t(), torch.randint(0, 4, (6, 2), device=device), rand((6, 2), dtype, device))]
 
 
+def unique_idx(dtype, device):
+    """Distinct indices (some negative) along dim 0 of a (4, 6) and a transposed (6, 4) tensor:
+    with accumulate=False, eager leaves the value of a repeated index unspecified."""
+    x = rand((4, 6), dtype, device)
+    return [(x, torch.randperm(4, device=device)[:3] - 1, rand((3, 6), dtype, device)),
+            (x.t(), torch.randperm(6, device=device)[:4] - 2, rand((1,), dtype, device)),
+            (x, torch.randperm(4, device=device)[:2], rand((6,), dtype, device))]
+
+
+def unique_rows(dtype, device):
+    """scatter along dim 1 with distinct indices in each row (a permutation's first columns)."""
+    x = rand((4, 6), dtype, device)
+    i = torch.argsort(torch.rand(4, 6, device=device), dim=1)
+    j = torch.argsort(torch.rand(6, 4, device=device), dim=1)
+    return [(x, i[:, :3], rand((4, 3), dtype, device)), (x.t(), j[:5, :2], rand((5, 3), dtype, device))]
+
+
 def _each(parts):
     return tuple(p * 2 for p in parts)
 
@@ -77,11 +94,10 @@ ENTRIES = [
     S("tensor_index", lambda x, i, s: x[i[:, 0] % x.shape[0]] + x[:, i[0] % x.shape[1]].sum(), ALL, idx),
     OpEntry("scatter_add", lambda x, i, s: torch.scatter_add(x, 1, i % x.shape[1], s), idx,
             (torch.float32, torch.int64), differentiable=True),
-    OpEntry("scatter", lambda x, i, s: torch.scatter(x, 1, i[:, :1] % x.shape[1], s[:, :1]), idx, F32,
-            xfail={"core_eager": "no core scatter: a fallback node", "decomp": "no core scatter: a fallback node"}),
-    OpEntry("index_put", lambda x, i, s: torch.index_put(x, (i[:, 0] % x.shape[0],), s[:, :1]), idx, F32,
-            xfail={"core_eager": "no core index_put: a fallback node", "decomp": "no core index_put: a fallback node",
-                   "kiln": "the wrapper generated for a fallback taking a tuple of index tensors is a SyntaxError"}),
+    OpEntry("scatter", lambda x, i, s: torch.scatter(x, 1, i, s) * 2 + x.scatter(1, i, 0.5), unique_rows,
+            ALL, differentiable=True),
+    OpEntry("index_put", lambda x, i, s: torch.index_put(x, (i,), s) * 2 + x.index_put([i], s, accumulate=True),
+            unique_idx, ALL, differentiable=True),
 ]
 
 BAD = [
