@@ -101,3 +101,51 @@ def test_max_reduction_propagates_nan_from_any_lane():
     with on_target(CPP):
         out = kiln.compile(lambda x: x.amax(-1), dynamic=False)(x)
     assert out[0].isnan() and out[1].isnan() and out[2] == x[2].max()
+
+
+COLUMN = {  # reductions over outer dims, the contiguous last dim kept
+    "sum0": lambda x: x.sum(0),
+    "mean0_epilogue": lambda x: x.mean(0) * 2 + 1,
+    "amax0": lambda x: x.amax(0),
+    "amin0": lambda x: x.amin(0),
+    "sum_middle": lambda x: x.reshape(4, -1, x.shape[-1]).sum(1),
+    "bias_grad_like": lambda x: (x * x.sigmoid()).reshape(2, -1, x.shape[-1]).sum((0, 1)),
+    "sum_and_max": lambda x: (x.sum(0), x.amax(0)),
+}
+
+
+@pytest.mark.parametrize("name", list(COLUMN))
+@pytest.mark.parametrize("width", [8, 100, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_column_reductions(name, width, dtype):
+    fn = COLUMN[name]
+    with on_target(CPP):
+        x = randn((24, width), dtype, "cpu")
+        src = _source(fn, x)
+        assert "const int64_t xt = x0 %" in src  # the column plan
+        f = kiln.compile(fn, dynamic=False)
+        for _ in range(2):
+            x = randn((24, width), dtype, "cpu")
+            outs, refs = f(x), fn(x)
+            for out, ref in zip(outs, refs) if isinstance(refs, tuple) else [(outs, refs)]:
+                if dtype == torch.bfloat16 and ref.dtype == dtype and name != "amax0" and name != "amin0":
+                    torch.testing.assert_close(out, ref, rtol=2e-2, atol=5e-2)  # eager rounds per op
+                else:
+                    assert_close(out, ref)
+
+
+def test_column_reduction_of_transposed_input_stays_a_row_walk():
+    x = randn((64, 48), torch.float32, "cpu", layout="transposed")  # dim 0 is contiguous
+    src = _source(lambda x: x.sum(0), x)
+    assert "xt = x0 %" not in src
+    with on_target(CPP):
+        assert_close(kiln.compile(lambda x: x.sum(0), dynamic=False)(x), x.sum(0))
+
+
+def test_column_reduction_with_broadcast_and_nan():
+    x, b = torch.randn(33, 70), torch.randn(70)
+    x[7, 3] = float("nan")
+    fn = lambda x, b: (x + b).amax(0)  # noqa: E731
+    with on_target(CPP):
+        out = kiln.compile(fn, dynamic=False)(x, b)
+    assert_close(out, fn(x, b))

@@ -61,6 +61,9 @@ def _flat_reduced_index(kernel, rshape):
 
 
 def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
+    from kiln.inductor.codegen.cpp_column import column_plan, generate_cpp_column_reduction
+    if column_plan(kernel):
+        return generate_cpp_column_reduction(kernel, buffers)
     printer = IndexPrinter("/")
     name = f"kiln_{kernel.name}"
     ranges = ir.ranges_of(kernel.ranges)
