@@ -88,12 +88,12 @@ class AutocastState:
                 return region.enabled, region.dtype
         return self._ambient(device, need_dtype)
 
-    def finish(self, graph) -> tuple[str, ...]:
+    def finish(self, graph, at_break: bool = False) -> tuple[str, ...]:
         """At the end of the trace: device types whose ambient autocast is on, for which the
         compiled graph runs with torch's autocast off. Every device type the graph computes on
         is read (and guarded), even when all its ops ran inside traced regions: under ambient
         autocast, torch would otherwise cast the graph's own library calls again."""
-        if self.regions:
+        if self.regions and not at_break:  # (at a break, the glue enters open regions for real)
             raise Unsupported("a torch.autocast region is still open at the end of the trace")
         graph.call_hook = None  # later stages add nodes without autocast
         devices = {getattr(n.meta.get("val"), "device", None) for n in graph.nodes}

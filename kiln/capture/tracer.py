@@ -123,7 +123,9 @@ class Tracer:
             if guard:
                 self.guards.identity(source, value)
             from kiln.capture.values_python import ContextExitVariable
-            return ContextExitVariable(lambda: setattr(self, "grad_enabled", value.prev))
+            exit_var = ContextExitVariable(lambda: setattr(self, "grad_enabled", value.prev))
+            exit_var.grad_prev = value.prev  # a later break rebuilds it (resume._grad_prev)
+            return exit_var
         special = wrap_autocast(self, value, source, guard)  # torch.autocast and its queries
         if special is not None:
             return special
@@ -620,7 +622,9 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
 
     input_sources = [s.expr() for s in tx.input_sources]
     fetch_source, fetch = make_fetch(tx.input_sources, func.__globals__)
-    autocast_devices = tx.autocast.finish(tx.graph)  # guards the ambient autocast state
+    # guards the ambient autocast state; a region still open at a break is re-entered for real
+    # by the glue (resume.py), so the resume function sees it as ambient autocast
+    autocast_devices = tx.autocast.finish(tx.graph, at_break=break_state is not None)
     guard_source, guard_fn = tx.guards.compile()
     result = CaptureResult(
         graph=tx.graph, input_sources=input_sources, fetch=fetch, fetch_source=fetch_source,

@@ -198,3 +198,50 @@ def test_resume_recompiles_on_a_new_shape():
         torch.testing.assert_close(compiled(x), fn(x))
     stats = kiln.stats()
     assert stats["frames_compiled"] == 4 and stats["recompiles"] == 2, stats
+
+
+# ---------------------------------------------------------------- autocast regions
+def _break_in_autocast(x, w):
+    y = x + 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = y @ w
+        print("inside", torch.is_autocast_enabled("cpu"), z.dtype)
+        z = z @ w
+    return z.float() + y, z.dtype
+
+
+def _break_in_autocast_under_no_grad(x, w):
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            z = x @ w
+            kiln.graph_break()
+            z = torch.relu(z @ w)
+    return z, torch.is_autocast_enabled("cpu"), torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [_break_in_autocast, _break_in_autocast_under_no_grad])
+def test_break_inside_autocast_resumes_in_the_region(fn, backend, capsys):
+    """The glue enters the region for real before the breaking call (print sees autocast on)
+    and the resume function runs inside it (ambient autocast, guarded); the with-exit is
+    called for real (one more break), so autocast is off again after the call."""
+    compiled = kiln.compile(fn, backend=backend)
+    for _ in range(3):
+        x, w = randn(4, 8, grad=True), randn(8, 8)
+        capsys.readouterr()
+        expected = fn(x, w)
+        eager_text = capsys.readouterr().out
+        actual = compiled(x, w)
+        assert capsys.readouterr().out == eager_text
+        assert not torch.is_autocast_enabled("cpu") and torch.is_grad_enabled()
+        assert actual[0].dtype == expected[0].dtype
+        assert actual[0].requires_grad == expected[0].requires_grad
+        torch.testing.assert_close(actual[0], expected[0], rtol=2e-2, atol=2e-2)  # bf16 matmuls
+        assert actual[1:] == expected[1:]
+    stats = kiln.stats()
+    assert stats["recompiles"] == 0 and stats["fallbacks"] == 0, stats
+    eager = [c.eager_reason for c in kiln.api._CODE_CACHES.values() if c.eager_reason]
+    assert not eager, eager  # the function was resumed, not run eagerly as a whole
+    explained = kiln.explain(fn, backend="eager")(randn(4, 8), randn(8, 8))
+    capsys.readouterr()
+    assert (explained.graph_count, explained.graph_break_count) == (3, 2), explained
