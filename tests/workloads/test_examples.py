@@ -1,0 +1,78 @@
+"""examples/resnet.py and examples/hf_gpt2.py at tiny size on the CPU: transformers' ResNet and
+GPT-2 match eager in inference and after one training step (loss, gradients, parameters and
+batch-norm buffers), and report graph/break counts and kiln/eager speed ratios."""
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "examples"))
+import compare  # noqa: E402
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # a small shared CI machine: no thread pool spinning on busy cores
+    yield
+    torch.set_num_threads(n)
+
+
+def _check(results):
+    assert set(results) == {"inference", "train step"}
+    for name, r in results.items():
+        print(f"{name}: {r['graphs']} graphs of {r['ops']} ops, {r['graph_breaks']} breaks, largest "
+              f"difference {r['max_abs_diff']:.2e}, kiln/eager {r['speedup']:.2f}x")
+        assert r["match"], (name, r.get("mismatches"))
+        assert r["graphs"] >= 1 and len(r["break_reasons"]) == r["graph_breaks"]
+        assert r["eager_ms"] > 0 and r["kiln_ms"] > 0 and r["speedup"] > 0
+    return results["train step"]
+
+
+def test_resnet_example():
+    import resnet
+    results = resnet.run(arch="transformers", size="tiny", quiet=True)
+    train = _check(results)
+    assert results["inference"]["graph_breaks"] == 0 and train["graph_breaks"] == 0
+    assert results["inference"]["ops"] > 20 and train["ops"] > 20  # the model is in the graph
+    # loss, every gradient and parameter, and the batch norms' running stats were compared
+    n_params = sum(1 for _ in resnet.build("transformers", "tiny")[0].parameters())
+    assert train["checked"] >= 1 + 2 * n_params + 2
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_hf_gpt2_example(attn):
+    import hf_gpt2
+    results = hf_gpt2.run(size="tiny", attn=attn, quiet=True)
+    train = _check(results)
+    n_params = sum(1 for _ in hf_gpt2.build("tiny")[0].parameters())
+    assert train["checked"] >= 1 + 2 * n_params
+    for name, r in results.items():
+        # Known capture limitation (transformers 5): a break in the output-capturing wrapper
+        # around GPT2Model.forward leaves the transformer blocks running eagerly, so the
+        # comparison above then mostly proves that eager matches eager. Reported, not hidden.
+        if r["ops"] < 20:
+            pytest.xfail(f"{name}: kiln compiled only {r['ops']} ops of transformers' GPT-2 (the blocks "
+                         f"ran eagerly); breaks: {r['break_reasons'][:3]}")
+
+
+def test_compare_catches_a_wrong_step():
+    """The training-step comparison fails when the compiled model computes something else."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    ok = compare.compare_training_step(model, (x,), lambda out: out.square().mean(),
+                                       lambda ps: torch.optim.SGD(ps, lr=0.1), repeat=1)
+    assert ok["match"], ok["mismatches"]
+    calls = []
+
+    def loss_of(out):  # differs between the first (eager) and second (kiln) call
+        calls.append(1)
+        return out.square().mean() * (1.0 if len(calls) == 1 else 1.5)
+    bad = compare.compare_training_step(model, (x,), loss_of, lambda ps: torch.optim.SGD(ps, lr=0.1), repeat=1)
+    assert not bad["match"] and "loss" in bad["mismatches"]
+    assert any(m.startswith("grad ") for m in bad["mismatches"])
