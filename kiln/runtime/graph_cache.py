@@ -36,7 +36,12 @@ ENTRY_FORMAT = 1
 
 @functools.lru_cache(maxsize=None)
 def kiln_source_digest() -> str:
-    """A digest of every kiln source file: an edited compiler never reuses an old entry."""
+    """A digest of every kiln source file: an edited compiler never reuses an old entry.
+    (``_KILN_TEST_SOURCE_DIGEST`` pins it, for tests whose processes must agree while the
+    sources are being edited around them.)"""
+    pinned = os.environ.get("_KILN_TEST_SOURCE_DIGEST")
+    if pinned:
+        return pinned
     import kiln
     root = os.path.dirname(os.path.abspath(kiln.__file__))
     h = hashlib.sha256()
