@@ -94,7 +94,25 @@ class TritonOps(ScalarOps):
     LIBDEVICE = {"tanh": "libdevice.tanh({0})", "pow": "libdevice.pow({0}, {1})",
                  "expm1": "libdevice.expm1({0})", "log1p": "libdevice.log1p({0})"}
 
+    # The interpreter gives a comparison of 0-d values a float handle type, so broadcasting the
+    # bool result to a block makes it float and numpy's bitwise ops then reject it. There, bool
+    # bitwise ops run on int8 operands (Python bool constants print as 0/1), and pow's operands
+    # are made blocks before its formula compares and combines them.
+    BOOL_BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
+
+    @staticmethod
+    def _int8(x: str) -> str:
+        return {"True": "1", "False": "0"}.get(x, f"({x}).to(tl.int8)")
+
     def call(self, op, args, dtype, arg_dtypes):
+        if interpreting() and dtype == torch.bool and op in self.BOOL_BITWISE:
+            a, b = (self._int8(x) for x in args)
+            return f"(({a} {self.BOOL_BITWISE[op]} {b}) != 0)"
+        if interpreting() and dtype == torch.bool and op == "bitwise_not":
+            return f"({self._int8(args[0])} == 0)"
+        if interpreting() and op == "pow":
+            block = f"tl.zeros_like({args[0]} + {args[1]})"
+            args = [f"({args[0]} + {block})", f"({args[1]} + {block})"]
         if op == "tanh" and interpreting():
             return f"(2.0 * tl.sigmoid(2.0 * {args[0]}) - 1.0)"
         if op in self.LIBDEVICE and not interpreting() and dtype in (torch.float32, torch.float64,

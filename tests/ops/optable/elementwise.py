@@ -44,8 +44,6 @@ def masks(dtype, device):
             (rand((0, 10), dtype, device), rand((1, 10), torch.bool, device))]
 
 
-_TRI_BOOL = "Triton codegen: numpy bitwise_and/or on bool and float operands fails (interpreter)"
-_TRI_CONST = "Triton codegen: a Python bool constant reaches tl code ('bool' has no attribute 'type')"
 
 _POW = "GPU pow near overflow differs from eager's powf (inf vs finite): open bug"
 _ROUND = "GPU round(decimals) in half precision rounds one tie differently: open bug"
@@ -70,8 +68,7 @@ ENTRIES = [
     E("fmod", lambda a, b: torch.fmod(a, nz(b)), binary, differentiable=True),
     E("bitwise", lambda a, b: (a & b) | (a ^ b) | torch.bitwise_not(b), binary, INTS + BOOL),
     E("logical", lambda a, b: torch.logical_and(a > 0, b) | torch.logical_or(a, b)
-      ^ torch.logical_xor(a, b) | torch.logical_not(a), binary, ALL + BOOL,
-      known={"kiln_triton_interp": _TRI_BOOL}),
+      ^ torch.logical_xor(a, b) | torch.logical_not(a), binary, ALL + BOOL),
     # ---- Python scalars on either side, type promotion with them
     E("scalar_right", lambda a, s: a * s + 1, with_scalars(2.5, 3, -1), differentiable=True),
     E("scalar_left", lambda a, s: s - a, with_scalars(3, 0.5), differentiable=True),
@@ -113,10 +110,9 @@ ENTRIES = [
       differentiable=True),
     E("bitwise_not", lambda a: ~a, dtypes=INTS + BOOL),
     # ---- pow
-    E("pow_tensor", lambda a, b: torch.pow(a.abs() + 0.5, b), binary, FLOATS, differentiable=True,
-      known={"kiln_triton_interp": _TRI_CONST}),
+    E("pow_tensor", lambda a, b: torch.pow(a.abs() + 0.5, b), binary, FLOATS, differentiable=True),
     E("pow_neg_base_int_exp", lambda a, b: torch.pow(-a.abs(), torch.round(b * 2)), binary, FLOATS,
-      known={"kiln_triton_cuda": _POW, "kiln_triton_interp": _TRI_CONST}),
+      known={"kiln_triton_cuda": _POW}),
     E("pow_scalar_exp", lambda a: a ** 2 + a ** 3 + a.abs() ** 0.5 - (a.abs() + 0.5) ** -1.5,
       dtypes=FLOATS, differentiable=True),
     E("pow_float_scalar", lambda a: a.abs() ** 1.7 + torch.pow(a, 3.0), dtypes=FLOATS),

@@ -57,8 +57,7 @@ ENTRIES = [
     R("argmax", lambda x, d, k: x.argmax(d if isinstance(d, int) else None, keepdim=k), SMALL, ALL),
     R("argmin", lambda x, d, k: torch.argmin(x, d if isinstance(d, int) else 0), SMALL, ALL),
     R("any_all", lambda x, d, k: (x.any(d if isinstance(d, int) else 0, keepdim=k), torch.all(x > -2)),
-      dtypes=ALL + BOOL, known={"kiln_triton_interp": "Triton codegen: numpy bitwise ops on bool "
-                                                        "and float operands fail (interpreter)"}),
+      dtypes=ALL + BOOL),
     R("var", lambda x, d, k: x.var(d, keepdim=k), differentiable=True),
     R("var_correction", lambda x, d, k: torch.var(x, d, correction=0, keepdim=k) + x.var(d, correction=2, keepdim=k),
       differentiable=True),
