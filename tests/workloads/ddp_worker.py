@@ -21,16 +21,20 @@ import torch.nn.functional as F
 from torch import nn
 
 STEPS = 3
-SMALL_CAP_MB = 3000 / 2**20  # one hidden Linear (4224 bytes) fills a bucket
+WIDTH = 512
+# One hidden Linear (1 MiB + 2 KiB) fills a bucket. Wide enough that DDP's own first bucket
+# (1 MiB in torch versions that always use a small first bucket) holds only the last layers.
+SMALL_CAP_MB = 1.0
+SMALL_CAP_BYTES = int(SMALL_CAP_MB * 2**20)
 
 
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.inp = nn.Linear(16, 32)
-        self.norm = nn.LayerNorm(32)
-        self.hidden = nn.ModuleList([nn.Linear(32, 32) for _ in range(3)])
-        self.out = nn.Linear(32, 8)
+        self.inp = nn.Linear(16, WIDTH)
+        self.norm = nn.LayerNorm(WIDTH)
+        self.hidden = nn.ModuleList([nn.Linear(WIDTH, WIDTH) for _ in range(3)])
+        self.out = nn.Linear(WIDTH, 8)
 
     def forward(self, x):
         h = self.norm(F.gelu(self.inp(x)))

@@ -95,13 +95,14 @@ def test_bucket_assignment_is_monotone_and_fills_buckets():
     torch.manual_seed(0)
     model = ddp_worker.Net()
     graph = _captured(model, torch.randn(4, 16))
-    assign, param_bytes = bucket_assignment(graph, 3000)
+    cap = ddp_worker.SMALL_CAP_BYTES
+    assign, param_bytes = bucket_assignment(graph, cap)
     order = [assign[n] for n in graph.nodes if n in assign]
     assert order == sorted(order)  # inputs always come from the same or an earlier piece
     assert sum(param_bytes) == sum(p.numel() * 4 for p in model.parameters())
     assert len(param_bytes) == 4
     # every piece after the first holds at least the cap (it is filled from the end)
-    assert all(b >= 3000 for b in param_bytes[1:])
+    assert all(b >= cap for b in param_bytes[1:])
     _, one = bucket_assignment(graph, 10**9)
     assert len(one) == 1
     assert split_at_buckets(graph, 10**9) is None
@@ -114,7 +115,7 @@ def test_split_graph_trains_like_eager(backend):
     x = torch.randn(16, 8).t()  # a non-contiguous input
     capture = trace(model.forward, (x,), {})
     with kiln.config.patch(strict=True):
-        split = compile_split(capture.graph, backend, 3000)
+        split = compile_split(capture.graph, backend, ddp_worker.SMALL_CAP_BYTES)
     assert isinstance(split, SplitGraph) and split.graph_count == 4
     y = torch.randn(8, 8)
     (out,) = split(*capture.fetch({"self": model, "x": x}))
@@ -134,7 +135,7 @@ def test_split_graph_without_grad_is_one_graph():
     x = torch.randn(4, 16)
     capture = trace(model.forward, (x,), {})
     with torch.no_grad():
-        compiled = compile_split(capture.graph, "aot_eager", 3000)
+        compiled = compile_split(capture.graph, "aot_eager", ddp_worker.SMALL_CAP_BYTES)
         assert not isinstance(compiled, SplitGraph)  # nothing to overlap without a backward
         assert_close(compiled(*capture.fetch({"self": model, "x": x}))[0], model(x))
 
@@ -144,4 +145,4 @@ def test_symbolic_graph_stays_whole():
     model = ddp_worker.Net()
     x = torch.randn(6, 16)
     graph = trace(model.forward, (x,), {}, dynamic=True).graph
-    assert split_at_buckets(graph, 3000) is None
+    assert split_at_buckets(graph, ddp_worker.SMALL_CAP_BYTES) is None
