@@ -95,6 +95,8 @@ def permute_rule(ctx, meta, x, dims):
 
 
 def _unravel(flat, shape):
+    if any(size == 0 for size in shape):  # an empty source is never read: any index will do
+        return [sympy.Integer(0)] * len(shape)
     out = []
     for size in reversed(shape):
         out.append(flat % size if size != 1 else sympy.Integer(0))

@@ -312,6 +312,8 @@ def _logsumexp_decomp(x, dims, keepdim=False):
     dims = _reduce_dims(x, dims, "logsumexp")
     out_dtype = x.dtype if x.dtype.is_floating_point else torch.get_default_dtype()
     xa = to_dtype(x, _accum_dtype(out_dtype))
+    if 0 in [x.shape[d] for d in dims]:  # an empty reduction: log(0) = -inf, no max to take
+        return to_dtype(prims.log(_reduce(prims.sum, prims.exp(xa), dims, keepdim)), out_dtype)
     m = _reduce(prims.amax, xa, dims, True)
     # an infinite max (all -inf, or any +inf) must not turn into inf - inf = nan
     m = prims.where(prims.eq(prims.abs(m), float("inf")), 0.0, m)
