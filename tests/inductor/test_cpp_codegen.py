@@ -149,3 +149,26 @@ def test_column_reduction_with_broadcast_and_nan():
     with on_target(CPP):
         out = kiln.compile(fn, dynamic=False)(x, b)
     assert_close(out, fn(x, b))
+
+
+def test_softmax_keeps_exp_in_a_row_scratch_instead_of_recomputing():
+    src = _source(lambda x: torch.softmax(x, -1), torch.randn(4, 100))
+    body = src.split('extern "C"')[-1]
+    assert "scr0[r0] = " in body and "= scr0[r0];" in body
+    # computed in the sum pass (main loop and remainder), loaded in the output pass
+    assert body.count("kiln_expf(") == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fn", [lambda x: torch.softmax(x, -1), lambda x: torch.log_softmax(x.float(), -1).to(x.dtype),
+                                lambda x: (x * 3).to(x.dtype) + 1], ids=["softmax", "log_softmax_cast", "pointwise"])
+def test_half_results_are_rounded_once_when_stored(fn, dtype):
+    x = randn((5, 70), dtype, "cpu", layout="transposed")
+    src = _source(fn, x)
+    stored = re.findall(r"out_ptr\d+\[[^\]]*\] = (?:kiln_float_to_bf16|static_cast<_Float16>)\((tmp\d+)\)", src)
+    assert stored
+    for reg in stored:
+        decl = re.search(rf"float {reg} = (.*);", src).group(1)
+        assert not decl.startswith(("kiln_round_bf16", "(float)(_Float16)")), decl
+    with on_target(CPP):
+        assert_close(kiln.compile(fn, dynamic=False)(x), fn(x))

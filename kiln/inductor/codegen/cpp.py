@@ -233,6 +233,22 @@ class CppKernel:
         self.sizes = list(sizes)  # symbolic sizes passed after the pointers (int64_t s0 ...)
 
 
+def cpp_store_value(writer, value: str, dtype) -> str:
+    """The C++ expression that stores register ``value`` as ``dtype``. A value that is itself
+    a rounding to that half type (``cast`` right before the store) is stored from its input:
+    rounding twice to the same type gives the same bits, and skips a conversion per element."""
+    if dtype in (torch.bfloat16, torch.float16):
+        prefix = "kiln_round_bf16((float)(" if dtype == torch.bfloat16 else "(float)(_Float16)("
+        suffix = "))" if dtype == torch.bfloat16 else ")"
+        for text, reg in writer.cache.items():
+            if reg == value and isinstance(text, str) and text.startswith(prefix) and text.endswith(suffix):
+                value = text[len(prefix):-len(suffix)]
+                break
+    if dtype == torch.bfloat16:
+        return f"kiln_float_to_bf16({value})"
+    return f"static_cast<{C_TYPES[dtype]}>({value})"
+
+
 def cpp_bounds_check(reg: str, bound: int) -> list[str]:
     return [f"if ({reg} < 0 || {reg} >= {bound}) {{ kiln_index_error = 1; {reg} = 0; }}"]
 
@@ -286,10 +302,7 @@ def generate_cpp(kernel, buffers: dict) -> CppKernel:
         writer.in_registers[(node.name, writer.canon(index))] = value
         if node.name in stores:
             out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
-            if node.dtype == torch.bfloat16:
-                stored = f"kiln_float_to_bf16({value})"
-            else:
-                stored = f"static_cast<{C_TYPES[node.dtype]}>({value})"
+            stored = cpp_store_value(writer, value, node.dtype)
             writer.lines.append(f"{out}[{index_text(index)}] = {stored};")
 
     params = [f"const {C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]

@@ -18,7 +18,7 @@ from kiln.inductor import ir
 from kiln.inductor.codegen.common import (IDENTITY, IndexPrinter, KernelWriter, compute_dtype,
                                           decompose_index, plan_phases)
 from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for,
-                                       cpp_bounds_check, cpp_cast, cpp_const, ctype,
+                                       cpp_bounds_check, cpp_cast, cpp_const, cpp_store_value, ctype,
                                        index_check_support)
 
 TILE = 64  # kept elements per tile: 4 AVX-512 vectors of float accumulators
@@ -100,8 +100,7 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
         if node.name not in kernel.stores:
             return
         out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
-        stored = f"kiln_float_to_bf16({value})" if node.dtype == torch.bfloat16 \
-            else f"static_cast<{C_TYPES[node.dtype]}>({value})"
+        stored = cpp_store_value(writer, value, node.dtype)
         lines.append(f"{out}[{index_text(kernel.store_index(node))}] = {stored};")
 
     _, (phase,) = plan_phases(kernel)

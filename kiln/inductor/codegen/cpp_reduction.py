@@ -16,7 +16,7 @@ from kiln.inductor.codegen.common import (IDENTITY, IndexPrinter, KernelWriter, 
                                           decompose_index, is_symbolic, plan_phases, size_params,
                                           size_text)
 from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for,
-                                       cpp_bounds_check, cpp_cast, cpp_const, ctype,
+                                       cpp_bounds_check, cpp_cast, cpp_const, cpp_store_value, ctype,
                                        index_check_support)
 
 
@@ -60,10 +60,66 @@ def _flat_reduced_index(kernel, rshape):
     return flat
 
 
+# Ops worth keeping per element in a row scratch array rather than recomputing in a later pass.
+EXPENSIVE = frozenset({"exp", "log", "tanh", "sigmoid", "erf", "pow", "sin", "cos", "exp2", "log2",
+                       "log10", "expm1", "log1p"})
+SCRATCH_MAX_ROW = 16384  # elements: the scratch rows live on each thread's stack
+
+
+class RowScratchWriter(KernelWriter):
+    """Remembers, per pass over a row, the expensive per-element subexpressions it emits. Given
+    a plan (those that several passes compute: softmax's exp(x - max) in the sum pass and the
+    output pass), the first pass stores the value in a row scratch array and later passes load
+    it instead of recomputing."""
+
+    def __init__(self, *args, reduced_syms=(), plan=()):
+        super().__init__(*args)
+        self.phase = None  # the pass being emitted (None outside the row loops)
+        self.reduced_syms = set(reduced_syms)
+        self.seen: dict = {}  # key -> set of passes that computed it
+        self.plan = {key: f"scr{k}" for k, key in enumerate(plan)}
+        self.saved: dict = {}  # key -> the pass that stored it
+
+    def _expensive(self, expr) -> bool:
+        per_element = cheap = False
+        for e in ir.walk(expr):
+            if isinstance(e, ir.Call) and e.op in EXPENSIVE:
+                cheap = True
+            if isinstance(e, (ir.Load, ir.IndexValue)) and e.index.free_symbols & self.reduced_syms:
+                per_element = True
+            if isinstance(e, ir.Let):
+                return False
+        return per_element and cheap
+
+    def emit(self, expr):
+        if self.phase is None or not isinstance(expr, ir.Call) or expr.op == "cast":
+            return super().emit(expr)
+        key = (repr(expr), expr.dtype)
+        scr = self.plan.get(key)
+        if scr is not None and key in self.saved and self.saved[key] < self.phase:
+            return self._tmp(f"{scr}[r0]", expr.dtype)
+        value = super().emit(expr)
+        if scr is not None and key not in self.saved:
+            self.lines.append(f"{scr}[r0] = {value};")
+            self.saved[key] = self.phase
+        elif scr is None and self._expensive(expr):
+            self.seen.setdefault(key, set()).add(self.phase)
+        return value
+
+
 def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
     from kiln.inductor.codegen.cpp_column import column_plan, generate_cpp_column_reduction
     if column_plan(kernel):
         return generate_cpp_column_reduction(kernel, buffers)
+    gen, seen = _generate_rows(kernel, buffers, ())
+    rnumel = math.prod(kernel.rshape)
+    plan = [key for key, phases in seen.items() if len(phases) > 1]
+    if plan and isinstance(rnumel, int) and rnumel <= SCRATCH_MAX_ROW:
+        gen, _ = _generate_rows(kernel, buffers, plan)
+    return gen
+
+
+def _generate_rows(kernel, buffers: dict, plan) -> tuple:
     printer = IndexPrinter("/")
     name = f"kiln_{kernel.name}"
     ranges = ir.ranges_of(kernel.ranges)
@@ -88,8 +144,11 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
             return f"(float)({text})"
         return text
 
-    writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast,
-                          lambda n, text, dtype: f"{ctype(dtype)} {n} = {text};")
+    writer = RowScratchWriter(CppOps(), load, cpp_const, cpp_cast,
+                              lambda n, text, dtype: f"{ctype(dtype)} {n} = {text};",
+                              reduced_syms=[ir.index_symbol(d) for d in kernel.reduced_dims], plan=plan)
+    for key, scr in writer.plan.items():
+        writer.lines.append(f"{ctype(key[1])} {scr}[{math.prod(kernel.rshape)}];")
 
     writer.canon = ir.canonical_index_fn(ranges)
     writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({printer.doprint(ir.simplify_index(e.index, ranges))})"
@@ -104,8 +163,7 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
             return
         out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
         index = index_text(kernel.store_index(node))
-        stored = f"kiln_float_to_bf16({value})" if node.dtype == torch.bfloat16 \
-            else f"static_cast<{C_TYPES[node.dtype]}>({value})"
+        stored = cpp_store_value(writer, value, node.dtype)
         lines.append(f"{out}[{index}] = {stored};")
 
     def acc_type(node):
@@ -144,6 +202,7 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
                 lines.append(f"bool {acc}_seen = false;")
             accs[node.name] = (acc, idx, dt)
         writer.push_scope()
+        writer.phase = pnum
         body_start = len(lines)
         lines += rdecomp
         for node in phase.reductions:
@@ -166,6 +225,7 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
         body = lines[body_start:]
         del lines[body_start:]
         writer.pop_scope()
+        writer.phase = None
         rtext = size_text(rnumel, printer)
         if lanes:
             rmain = f"rmain{pnum}"
@@ -216,4 +276,4 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
     header = "\n".join(f"// from: {o}" for o in kernel.origins)
     source = header + PRELUDE + _helpers_for(code_text) + "\n" + index_check_support(name, code_text) + "\n" + code_text + "\n"
     return CppKernel(name, source, list(in_names) + list(out_names), xnumel * rnumel, list(kernel.origins),
-                     sizes)
+                     sizes), writer.seen
