@@ -129,6 +129,30 @@ def test_split_graph_trains_like_eager(backend):
         assert_close(g, p.grad)
 
 
+def test_split_gpt_with_tied_weights_trains_like_eager():
+    """Views, sdpa, a split into q/k/v (tuple elements) and a weight used by the first piece
+    and the last (tied embedding and LM head)."""
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from gpt import GPT, GPTConfig, counting_batches
+    cfg = GPTConfig(vocab=64, seq=16, layers=2, heads=4, dim=32)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    x, y = counting_batches(1, 3, cfg)[0]
+    capture = trace(model.forward, (x, y), {})
+    with kiln.config.patch(strict=True):
+        split = compile_split(capture.graph, "aot_eager", 20000)
+    assert isinstance(split, SplitGraph) and split.graph_count >= 4
+    (loss,) = split(*capture.fetch({"self": model, "idx": x, "targets": y}))
+    loss.backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want = model(x, y)
+    want.backward()
+    assert_close(loss, want)
+    for (name, p), g in zip(model.named_parameters(), got):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
 def test_split_graph_without_grad_is_one_graph():
     torch.manual_seed(0)
     model = ddp_worker.Net()
