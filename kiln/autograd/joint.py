@@ -26,7 +26,7 @@ from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import core
 from kiln.ops.registry import VJP_RULES
 from kiln.autograd import rules  # noqa: F401  (registers the VJP rules)
-from kiln.autograd.rules import sum_to_shape
+from kiln.autograd.rules import broadcasts_to, sum_to_shape
 
 
 class AutogradError(RuntimeError):
@@ -58,10 +58,10 @@ def _fit(g: Proxy, meta: TensorMeta) -> Proxy:
     """Reduce or broadcast a rule's gradient to the input's shape and cast it to its dtype."""
     shape = tuple(meta.shape)
     if not same_shape(g.shape, shape):  # no guard: fitting an equal shape is a no-op
-        if g.numel() >= meta.numel() and g.ndim >= len(shape):
-            g = sum_to_shape(g, shape)
-        else:
+        if broadcasts_to(g.shape, shape) and not broadcasts_to(shape, g.shape):
             g = core.expand(g, shape)
+        else:  # summed over broadcast dims (also from an empty gradient), or reshaped
+            g = sum_to_shape(g, shape)
     if g.dtype != meta.dtype:
         g = core.to_dtype(g, meta.dtype)
     return g

@@ -52,6 +52,16 @@ def sum_to_shape(g, shape):
     return core.reshape(g, shape) if not same_shape(g.shape, shape) else g
 
 
+def broadcasts_to(shape, target) -> bool:
+    """A tensor of ``shape`` broadcasts to ``target`` (so a gradient of ``target`` sums down to
+    ``shape``). Decided by shapes, not element counts: an empty target has fewer elements."""
+    shape, target = tuple(shape), tuple(target)
+    if len(target) < len(shape):
+        return False
+    lead = len(target) - len(shape)
+    return all(s == 1 or s == t for s, t in zip(shape, target[lead:]))
+
+
 def reduce_dims(x, dims):
     """Normalized, sorted reduction dims (None or () means every dim, as the core ops do)."""
     if dims is None or (isinstance(dims, (tuple, list)) and len(dims) == 0):

@@ -20,6 +20,7 @@ import torch
 from kiln.config import config
 from kiln.ops import core
 from kiln.ops.core_views import normalize_dim
+from kiln.ops.core_einsum import letter_sizes, parse_einsum
 from kiln.ops.registry import VJP_RULES
 from kiln.autograd.rules import (_one_minus, in_backward, is_tensor, restore_reduced,
                                  sum_to_shape, zeros_like)
@@ -390,3 +391,26 @@ def conv_vjp(g, out, x, weight, bias=None, stride=(1,), padding=(0,), dilation=(
     if is_tensor(bias):
         gb = _channel_sum(g)
     return gx, gw, gb, None, None, None, None
+
+
+@VJP_RULES.register(core.einsum)
+def einsum_vjp(g, out, equation, *operands):
+    """Each operand's gradient is an einsum of g with the other operands into its subscripts;
+    its size-1 (broadcast) dims are summed back and letters only it had are expanded back."""
+    subs, o = parse_einsum(equation, [x.ndim for x in operands])
+    sizes = letter_sizes(subs, [x.shape for x in operands], equation)
+    grads = [None]
+    for i, (x, s) in enumerate(zip(operands, subs)):
+        others = [(y, t) for j, (y, t) in enumerate(zip(operands, subs)) if j != i]
+        have = "".join(c for c in s if c in set(o).union(*(set(t) for _, t in others)))
+        gx = core.einsum(",".join([o] + [t for _, t in others]) + "->" + have, g, *[y for y, _ in others])
+        dims = [k for k, c in enumerate(have) if x.shape[s.index(c)] == 1 and sizes[c] != 1]
+        if dims:
+            gx = core.sum(gx, dims, True)
+        if have != s:
+            for k, c in enumerate(s):
+                if c not in have:
+                    gx = core.unsqueeze(gx, k)
+            gx = core.expand(gx, tuple(x.shape))
+        grads.append(gx)
+    return tuple(grads)

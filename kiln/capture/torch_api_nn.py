@@ -185,3 +185,7 @@ METHODS = {
 }
 
 BINARY_OPERATORS = {"@": matmul}
+
+from kiln.capture import torch_api_einsum as _einsum  # noqa: E402
+
+FUNCTIONS.update(_einsum.FUNCTIONS)

@@ -1,5 +1,5 @@
 """Neural-network entries: matmul family and einsum, normalizations, softmax/log_softmax,
-dropout (eval), activations, embedding, losses, sdpa, convolution, pooling and interpolate."""
+dropout (eval and training: masks checked by their statistics), activations, embedding, losses, sdpa, convolution, pooling and interpolate."""
 from __future__ import annotations
 
 import torch
@@ -35,6 +35,52 @@ def _bn(dtype, device):
              rand((4,), dtype, device), rand((4,), dtype, device))]
 
 
+def _einsum_patterns(a, b):
+    """Contractions over both batch and row letters, implicit output, ellipsis with broadcast,
+    transposed operand letters, three operands, outer product, full contraction, transpose."""
+    c = b.transpose(1, 2)
+    return (torch.einsum("bij,bjk->ik", a, b), torch.einsum("bij,bjk", a, b),
+            torch.einsum("...ij,...jk->...ik", a[:1], b), torch.einsum("bij,bkj->bik", a, c),
+            torch.einsum("bij,bjk,bkl->bil", a, b, c), torch.einsum("i,j->ij", a[0, 0], b[1, :, 2]),
+            torch.einsum("ij,ij->", a[0], a[1]), torch.einsum("bij->jbi", a) * 2,
+            torch.einsum("bij,bj->bi", a, b[:, :, 0]), torch.einsum("bi,bj->bij", a[:, 0], b[:, 0]))
+
+
+def _bn_running(x, m, v, w, b):
+    """Training batch norm updating running statistics (copies: eager runs first on the same
+    arguments, so it must not change them)."""
+    m, v = m.clone(), v.clone()
+    return F.batch_norm(x, m, v, w, b, training=True, momentum=0.2), m, v
+
+
+def _dropout_samples(dtype, device):
+    big = tr((64, 64), dtype, device)
+    return [(rand((6, 10), dtype, device), 0.0), (big, 1.0), (big, 0.3), (rand((64, 64), dtype, device), 0.75),
+            (rand((0, 4), dtype, device), 0.5)]
+
+
+def _dropout_compare(actual, expected):
+    """Masks are random: p=0 keeps x and p=1 zeroes it exactly; otherwise every output is 0 or
+    x / (1 - p) (in x's dtype, as eager scales), and the dropped fraction is within 6 standard
+    deviations of p."""
+    out, x, p = actual
+    assert p == expected[2] and torch.equal(x, expected[1])
+    assert out.dtype == expected[0].dtype and out.shape == expected[0].shape
+    if p == 0:
+        assert torch.equal(out, x)
+        return
+    if p == 1:
+        assert torch.equal(out, torch.zeros_like(x))
+        return
+    scaled = x * (1.0 / (1.0 - p))
+    kept = out != 0
+    torch.testing.assert_close(out[kept], scaled[kept], rtol=1e-2 if x.dtype != torch.float32 else 1e-6, atol=0)
+    n = int((x != 0).sum())
+    if n:
+        dropped = float(((out == 0) & (x != 0)).sum()) / n
+        assert abs(dropped - p) <= 6 * (p * (1 - p) / n) ** 0.5, f"dropped {dropped:.3f} of {n}, p={p}"
+
+
 ACT = lambda dtype, device: [(tr((6, 10), dtype, device) * 3,), (rand((0, 4), dtype, device),)]  # noqa: E731
 IMG = lambda dtype, device: [(rand((2, 3, 7, 9), dtype, device),), (tr((1, 2, 8, 6), dtype, device),)]  # noqa: E731
 
@@ -50,8 +96,9 @@ ENTRIES = [
       differentiable=True),
     N("linear", lambda x, w, b: F.linear(x, w, b) + F.linear(x, w), mk((2, 3, 4), (5, 4), (5,)), differentiable=True),
     N("einsum", lambda a, b: torch.einsum("bij,bjk->bik", a, b) + torch.einsum("bij->bj", a).sum(),
-      mk((2, 3, 4), (2, 4, 5)), xfail={"core_eager": "einsum is a fallback node (no core op)",
-                                       "decomp": "einsum is a fallback node (no core op)"}),
+      mk((2, 3, 4), (2, 4, 5)), FLOATS[:1] + FLOATS[2:], tol=LIB_TOL, differentiable=True),
+    N("einsum_patterns", _einsum_patterns, mk((2, 3, 4), (2, 4, 5)), FLOATS[:1] + FLOATS[2:], tol=LIB_TOL,
+      differentiable=True),
     # ---- normalizations
     N("layer_norm", lambda x, w, b: F.layer_norm(x, (12,), w, b), mk((5, 12), (12,), (12,)), FLOATS, differentiable=True),
     N("layer_norm_2d", lambda x: F.layer_norm(x, (3, 4)), mk((2, 3, 4)), FLOATS, differentiable=True),
@@ -60,11 +107,14 @@ ENTRIES = [
     N("batch_norm_eval", lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b), _bn, differentiable=True,
       nograd=(1, 2)),
     N("batch_norm_train", lambda x, m, v, w, b: F.batch_norm(x, None, None, w, b, training=True), _bn, differentiable=True),
+    N("batch_norm_running_stats", _bn_running, _bn, FLOATS[:1] + FLOATS[2:], differentiable=True, nograd=(1, 2)),
     # ---- softmax, dropout, activations
     N("softmax", lambda x: torch.softmax(x, -1) + x.softmax(0), ACT, FLOATS, differentiable=True),
     N("log_softmax", lambda x: F.log_softmax(x, dim=-1), ACT, FLOATS, differentiable=True),
     N("softmax_dtype", lambda x: torch.softmax(x, -1, dtype=torch.float32), ACT, (torch.float16,)),
     N("dropout_eval", lambda x: F.dropout(x, 0.5, training=False) * 2, ACT, FLOATS),
+    N("dropout_train", lambda x, p: (F.dropout(x, p, training=True), x * 1, p), _dropout_samples, FLOATS,
+      compare=_dropout_compare),
     N("gelu", lambda x: F.gelu(x) + F.gelu(x, approximate="tanh"), ACT, FLOATS, differentiable=True),
     N("silu_mish", lambda x: F.silu(x) + F.mish(x), ACT, FLOATS, differentiable=True),
     N("relu_relu6", lambda x: F.relu(x) + F.relu6(x * 4) + F.hardtanh(x, -0.5, 0.75), ACT, FLOATS, differentiable=True),
