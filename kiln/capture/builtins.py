@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import math
+import sys
 
 import torch
 
@@ -358,3 +359,28 @@ def _is_exporting(tx):
 
 if getattr(torch.compiler, "is_exporting", None) is not None:
     BUILTIN_HANDLERS[torch.compiler.is_exporting] = _is_exporting
+
+
+def _not_traced(tx):
+    return ConstantVariable(False)  # under kiln no other tracer or scripting compiler is running
+
+
+def _torch_tracing_queries():
+    """torch's "is another tracer / script compiler running?" queries (model code asks before
+    taking a path such a tracer needs), found by name in torch's loaded modules."""
+    found = []
+    for name, mod in list(sys.modules.items()):
+        if mod is None or name.split(".")[0] != "torch":
+            continue
+        for attr in ("is_tracing", "is_scripting"):
+            fn = vars(mod).get(attr) if hasattr(mod, "__dict__") else None
+            if callable(fn) and getattr(fn, "__module__", "").split(".")[0] == "torch":
+                found.append(fn)
+    return found
+
+
+for _fn in _torch_tracing_queries():
+    try:
+        BUILTIN_HANDLERS.setdefault(_fn, _not_traced)
+    except TypeError:
+        pass

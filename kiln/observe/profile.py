@@ -335,9 +335,12 @@ def profile(fn, *args, runs: int = 5, **kwargs) -> str:
                     torch.cuda.synchronize()
             if obs.on_cuda:  # the instrumented run: device times from CUDA events
                 obs.device_events = True
+                seen = dict(obs.syncs.seen)  # its syncs repeat the profiled runs': not counted
                 for _ in range(runs):
                     fn(*args, **kwargs)
                 obs.device_events = False
+                obs.syncs.seen.clear()
+                obs.syncs.seen.update(seen)
         try:
             return _write(run, obs, prof, getattr(fn, "__qualname__", repr(fn)), runs)
         finally:

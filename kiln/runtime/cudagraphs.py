@@ -9,8 +9,8 @@ moving inputs in (only where the data pointer differs from the static buffer), r
 return **clones** of the graph's outputs: a result never changes under the caller when the
 function runs again, as in eager. (The copy costs one device copy per output; returning the
 static outputs instead would be cheaper but unlike eager.) An in-place input that moves (a
-parameter replaced) makes the runner record again, up to ``MAX_RECORDINGS`` times, then run
-normally.
+parameter replaced) makes the function run without CUDA graphs from then on (recording again
+is not done: see ``_replay``).
 
 All graphs recorded for one compiled function share one memory pool: they replay one after the
 other on the capturing stream, and outputs are cloned before the next replay, so no recorded
@@ -27,7 +27,6 @@ import torch
 
 from kiln import log
 
-MAX_RECORDINGS = 3
 
 
 def refusal(compiled, graph, dynamic=False) -> str | None:
@@ -135,17 +134,12 @@ class CudaGraphRunner:
     def _replay(self, inputs):
         static = self.static_inputs
         for i, ptr in self.in_place:
-            if inputs[i].data_ptr() != ptr:  # a parameter was replaced: record again, copying it in
-                if self.recordings >= MAX_RECORDINGS:
-                    self._refuse(f"in-place inputs moved; recorded {self.recordings} times")
-                    return self.compiled(*inputs)
-                self.graph = None
-                try:
-                    self._record(inputs, set(self.moving) | {i})
-                except Exception as e:  # noqa: BLE001
-                    self._refuse(f"recording failed: {type(e).__name__}: {e}")
-                    return self.compiled(*inputs)
-                return self._replay(inputs)
+            if inputs[i].data_ptr() != ptr:
+                # a parameter was replaced. Recording again was tried and, on the H200, a later
+                # capture could leave torch's CUDA generator in capture mode; until that is
+                # understood the function runs without CUDA graphs from here on
+                self._refuse("an input read in place moved (a parameter was replaced)")
+                return self.compiled(*inputs)
         for i in self.moving:
             src, dst = inputs[i], static[i]
             if src.data_ptr() != dst.data_ptr():

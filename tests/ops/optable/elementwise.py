@@ -113,8 +113,11 @@ ENTRIES = [
     E("pow_tensor", lambda a, b: torch.pow(a.abs() + 0.5, b), binary, FLOATS, differentiable=True),
     E("pow_neg_base_int_exp", lambda a, b: torch.pow(-a.abs(), torch.round(b * 2)), binary, FLOATS,
       known={"kiln_triton_cuda": _POW}),
+    # eager rounds each term (up to ~20 for a ** 3) to the half type before the sums; the fused
+    # kernel rounds once, so half-precision results differ by a few ulps of the largest term
     E("pow_scalar_exp", lambda a: a ** 2 + a ** 3 + a.abs() ** 0.5 - (a.abs() + 0.5) ** -1.5,
-      dtypes=FLOATS, differentiable=True),
+      dtypes=FLOATS, differentiable=True,
+      tol={torch.float16: (4e-3, 2e-2), torch.bfloat16: (1.6e-2, 1.5e-1)}),
     E("pow_float_scalar", lambda a: a.abs() ** 1.7 + torch.pow(a, 3.0), dtypes=FLOATS),
     E("pow_int", lambda a: a ** 2 + a.pow(3) + a ** 0, dtypes=INTS),
     E("rpow", lambda a: 2 ** a + 0.5 ** a, dtypes=FLOATS, differentiable=True),
