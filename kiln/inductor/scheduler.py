@@ -198,6 +198,10 @@ def placement(node, kernel):
         if ranges is not None:  # the mapping is into the space the kernel takes on
             return "p", reshape_mapping(node.shape, ranges)
     if kernel.reduced_dims:
+        # a reshaped view of the full space (a norm's output flattened to [rows, dim] for a
+        # matmul): linear index maps when the kernel's space refines the node's shape
+        if isinstance(node, ir.Pointwise) and _refines(kernel.ranges, node.shape):
+            return "r", reshape_mapping(node.shape, kernel.ranges)
         # per-row values, with or without the reduced dims kept as size 1 (keepdim)
         mine = [k for k, s in enumerate(node.shape) if s != 1]
         kept = [d for d in kernel.kept_dims if kernel.ranges[d] != 1]
@@ -205,7 +209,25 @@ def placement(node, kernel):
             mapping = {ir.index_symbol(k): sympy.Integer(0) for k, s in enumerate(node.shape) if s == 1}
             mapping.update({ir.index_symbol(k): ir.index_symbol(d) for k, d in zip(mine, kept)})
             return "x", mapping  # xreplace substitutes simultaneously, so shifts are safe
+        kept_sizes = [kernel.ranges[d] for d in kept]
+        if kept and isinstance(node, ir.Pointwise) and _refines(kept_sizes, [node.shape[k] for k in mine]):
+            # per-row values of a reshaped row space ([2, 128] rows read as [256])
+            inner = reshape_mapping([node.shape[k] for k in mine], kept_sizes)
+            rename = {ir.index_symbol(j): ir.index_symbol(d) for j, d in enumerate(kept)}
+            mapping = {ir.index_symbol(k): sympy.Integer(0) for k, s in enumerate(node.shape) if s == 1}
+            mapping.update({ir.index_symbol(k): inner[ir.index_symbol(j)].xreplace(rename)
+                            for j, k in enumerate(mine)})
+            return "x", mapping
     return None
+
+
+def _refines(ranges, shape) -> bool:
+    """``ranges`` cuts the flat index everywhere ``shape`` does (same numel, static sizes), so
+    every index of ``shape`` is a linear combination of ``ranges``' indices."""
+    ranges, shape = tuple(ranges), tuple(shape)
+    if ranges == shape or not (_static(ranges) and _static(shape)) or math.prod(ranges) != math.prod(shape):
+        return False
+    return math.prod(ranges) > 0 and common_ranges(ranges, shape) == tuple(int(r) for r in ranges)
 
 
 class ScatterStep:

@@ -171,3 +171,34 @@ def test_cat_feeding_a_pointwise_consumer_is_not_materialized(target):
         assert e.kernel_count == 1
         out = kiln.compile(f, dynamic=False)(a, b, c)
         assert_close(out, f(a, b, c))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_norm_flattened_for_a_matmul_stays_in_the_norm_kernel(target):
+    """A transformer block's residual add + layer norm whose output is viewed as [rows, dim]
+    for the next matmul: the [rows, dim] buffer is a linear re-indexing of the norm kernel's
+    [batch, seq, dim] space, so it fuses there (one kernel, one library call)."""
+    def block(x, r, w, b, W):
+        h = x + r
+        y = torch.nn.functional.layer_norm(h, (16,), w, b)
+        return y.reshape(-1, 16) @ W
+    with on_target(target) as device, torch.no_grad():
+        args = lambda: (randn((2, 5, 16), torch.float32, device), randn((2, 5, 16), torch.float32, device),  # noqa: E731
+                        randn((16,), torch.float32, device), randn((16,), torch.float32, device),
+                        randn((16, 8), torch.float32, device))
+        e = kiln.explain(block, dynamic=False)(*args())
+        assert (e.kernel_count, e.extern_calls) == (1, 1)
+        f = kiln.compile(block, dynamic=False)
+        for _ in range(2):
+            a = args()
+            torch.testing.assert_close(f(*a), block(*a), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_per_row_values_of_a_reshaped_row_space_fuse(target):
+    def f(x):
+        return torch.logsumexp(x, -1).reshape(-1) * 2  # [2, 6] rows read as [12]
+    with on_target(target) as device:
+        x = randn((2, 6, 10), torch.float32, device)
+        assert kiln.explain(f, dynamic=False)(x).kernel_count == 1
+        assert_close(kiln.compile(f, dynamic=False)(x), f(x))
