@@ -60,6 +60,17 @@ def _whole(equation, operands, why):
     return core.fallback("torch.einsum", equation, *operands)
 
 
+def _autocast_composite(operand) -> bool:
+    """Under an autocast whose policy does not name einsum (CPU), torch autocasts only the bmm
+    inside its composite, depending on the pattern: such a call is left to eager torch."""
+    from kiln.ops import autocast as policy_table
+    device = operand.device.type
+    if device not in policy_table.DEVICE_TYPES or policy_table.policy(device, "einsum") is not None:
+        return False
+    state = getattr(getattr(operand.graph_builder, "call_hook", None), "__self__", None)
+    return state is not None and hasattr(state, "current") and state.current(device)[0]
+
+
 def einsum(equation, *operands):
     if not isinstance(equation, str):
         raise Unsupported("einsum in the sublist form is not supported")
@@ -67,6 +78,9 @@ def einsum(equation, *operands):
         operands = tuple(operands[0])
     if not operands or not all(isinstance(o, Proxy) for o in flatten_args(operands)):
         raise Unsupported("einsum expects tensor operands")
+    if _autocast_composite(operands[0]):
+        raise Unsupported("torch.einsum under torch.autocast on a device whose policy leaves it "
+                          "composite: eager autocasts the ops inside it")
     subs, out = normalize(equation, [o.ndim for o in operands])
     if any(len(set(s)) != len(s) for s in subs) or len(set(out)) != len(out):
         return _whole(equation, operands, "a repeated letter (diagonal or trace)")
