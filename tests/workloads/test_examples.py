@@ -10,16 +10,22 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "examples"))
 import compare  # noqa: E402
+from testing import CUDA  # noqa: E402
 
 pytest.importorskip("transformers")
+
+DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
 
 
 @pytest.fixture(autouse=True)
 def one_thread():
     n = torch.get_num_threads()
     torch.set_num_threads(1)  # a small shared CI machine: no thread pool spinning on busy cores
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # fp32 convolutions on CUDA held to fp32 tolerances
     yield
     torch.set_num_threads(n)
+    torch.backends.cudnn.allow_tf32 = tf32
 
 
 def _check(results):
@@ -33,9 +39,10 @@ def _check(results):
     return results["train step"]
 
 
-def test_resnet_example():
+@pytest.mark.parametrize("device", DEVICES)
+def test_resnet_example(device):
     import resnet
-    results = resnet.run(arch="transformers", size="tiny", quiet=True)
+    results = resnet.run(arch="transformers", size="tiny", device=device, quiet=True)
     train = _check(results)
     assert results["inference"]["graph_breaks"] == 0 and train["graph_breaks"] == 0
     assert results["inference"]["ops"] > 20 and train["ops"] > 20  # the model is in the graph
@@ -44,10 +51,11 @@ def test_resnet_example():
     assert train["checked"] >= 1 + 2 * n_params + 2
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_hf_gpt2_example(attn):
+def test_hf_gpt2_example(attn, device):
     import hf_gpt2
-    results = hf_gpt2.run(size="tiny", attn=attn, quiet=True)
+    results = hf_gpt2.run(size="tiny", attn=attn, device=device, quiet=True)
     train = _check(results)
     n_params = sum(1 for _ in hf_gpt2.build("tiny")[0].parameters())
     assert train["checked"] >= 1 + 2 * n_params

@@ -7,8 +7,11 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "examples"))
+from testing import CUDA  # noqa: E402
 import lineplot  # noqa: E402
 import train_gpt  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
 
 
 @pytest.fixture
@@ -22,9 +25,11 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def test_train_gpt_example_matches_eager(tmp_path, one_thread):
+@pytest.mark.parametrize("device", DEVICES)
+def test_train_gpt_example_matches_eager(tmp_path, one_thread, device):
     out = tmp_path / "loss.png"
-    s = train_gpt.run(device="cpu", size="tiny", steps=50, out=str(out), quiet=True)
+    # float32 on CUDA too, so both devices are held to the same tight loss tolerance
+    s = train_gpt.run(device=device, size="tiny", steps=50, out=str(out), quiet=True, dtype="float32")
     eager, kiln = s["eager"]["losses"], s["kiln"]["losses"]
     print(f"eager {eager[0]:.4f} -> {eager[-1]:.4f}; kiln {kiln[0]:.4f} -> {kiln[-1]:.4f}; "
           f"largest difference {s['max_loss_diff']:.2e}; kiln/eager {s['speedup']:.2f}x")
@@ -34,7 +39,7 @@ def test_train_gpt_example_matches_eager(tmp_path, one_thread):
     assert s["kernels"] > 0 and s["fallbacks"] == 0 and s["graph_breaks"] == 0
     # it learns: the mean of the last ten losses is well below the first loss
     assert kiln[-1] < kiln[0]
-    assert sum(kiln[-10:]) / 10 < kiln[0] - 0.5
+    assert sum(kiln[-10:]) / 10 < kiln[0] - 1.0
     assert out.exists() and lineplot.read_png_size(str(out))[0] > 100
 
 
