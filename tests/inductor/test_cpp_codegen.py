@@ -172,3 +172,15 @@ def test_half_results_are_rounded_once_when_stored(fn, dtype):
         assert not decl.startswith(("kiln_round_bf16", "(float)(_Float16)")), decl
     with on_target(CPP):
         assert_close(kiln.compile(fn, dynamic=False)(x), fn(x))
+
+
+@pytest.mark.parametrize("n", [5, 40, 130])
+def test_any_all_rows_and_columns(n):
+    fns = [lambda x: (x > 0.5).any(-1), lambda x: (x > -2).all(-1), lambda x: (x > 1).any(0),
+           lambda x: (x > -1).all(0)]
+    with on_target(CPP):
+        for fn in fns:
+            f = kiln.compile(fn, dynamic=False)
+            for _ in range(2):
+                x = torch.randn(9, n)
+                assert torch.equal(f(x), fn(x))

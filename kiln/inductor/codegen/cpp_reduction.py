@@ -63,7 +63,7 @@ def _flat_reduced_index(kernel, rshape):
 # Ops worth keeping per element in a row scratch array rather than recomputing in a later pass.
 EXPENSIVE = frozenset({"exp", "log", "tanh", "sigmoid", "erf", "pow", "sin", "cos", "exp2", "log2",
                        "log10", "expm1", "log1p"})
-SCRATCH_MAX_ROW = 16384  # elements: the scratch rows live on each thread's stack
+SCRATCH_MAX_ROW = 16384  # elements of all scratch rows together: they live on each thread's stack
 
 
 class RowScratchWriter(KernelWriter):
@@ -114,7 +114,7 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
     gen, seen = _generate_rows(kernel, buffers, ())
     rnumel = math.prod(kernel.rshape)
     plan = [key for key, phases in seen.items() if len(phases) > 1]
-    if plan and isinstance(rnumel, int) and rnumel <= SCRATCH_MAX_ROW:
+    if plan and isinstance(rnumel, int) and len(plan) * rnumel <= SCRATCH_MAX_ROW:
         gen, _ = _generate_rows(kernel, buffers, plan)
     return gen
 
