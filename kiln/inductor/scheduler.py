@@ -110,6 +110,11 @@ class Kernel:
         return f"{self.name}: Kernel[{', '.join(map(str, self.ranges))}]{red}({names}) stores {self.stores}"
 
 
+def remap(expr: ir.Expr, mapping: dict) -> ir.Expr:
+    """expr with its index symbols substituted (simultaneously) by ``mapping``."""
+    return _remap(expr, mapping)
+
+
 def _remap(expr: ir.Expr, mapping: dict) -> ir.Expr:
     if not mapping:
         return expr

@@ -184,3 +184,25 @@ def test_any_all_rows_and_columns(n):
             for _ in range(2):
                 x = torch.randn(9, n)
                 assert torch.equal(f(x), fn(x))
+
+
+def test_contiguous_trailing_dims_collapse_into_one_inner_loop():
+    fn = lambda a, b: (a.exp() * 2, torch.sigmoid(b) + 1)  # noqa: E731
+    a, b = torch.randn(64, 12), torch.randn(192, 4)  # horizontal fusion over [64, 3, 4]
+    src = _source(fn, a, b)
+    assert "i0 < 768" in src and "i1" not in src.split('extern "C"')[-1]
+    with on_target(CPP):
+        for o, r in zip(kiln.compile(fn, dynamic=False)(a, b), fn(a, b)):
+            assert_close(o, r)
+
+
+def test_broadcast_and_transposed_operands_keep_their_dims():
+    fn = lambda x, bias, y: x + bias + y  # noqa: E731
+    x, bias = torch.randn(6, 3, 8), torch.randn(8)
+    y = randn((6, 8, 3), torch.float32, "cpu").transpose(1, 2)
+    src = _source(fn, x, bias, y).split('extern "C"')[-1]
+    assert "i2" in src  # the bias and the transposed operand need the last dim on its own
+    with on_target(CPP):
+        assert_close(kiln.compile(fn, dynamic=False)(x, bias, y), fn(x, bias, y))
+    src = _source(lambda x, s: x * s, x, torch.randn(6, 1, 1)).split('extern "C"')[-1]
+    assert "x0 < 6;" in src and "i1 < 24;" in src and "i2" not in src  # [6, 3, 8] -> [6, 24]
