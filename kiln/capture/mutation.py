@@ -22,8 +22,11 @@ from kiln's meta; results of fallback nodes), the step is *uncertain*: reading s
 its storage changed, or reading any other alias after writing through such a view, is a graph
 break, never a guess.
 
+Inputs that share memory with each other are one storage (``mutation_alias.GroupStorage``:
+a synthetic flat base, each input a view chain of it), formed in ``storage_of``.
+
 At the end of capture (``finalize``), each mutated storage whose root is a graph input adds its
-final value as an extra graph output, and ``graph.input_mutations`` lists (input index, output
+final value as an extra graph output (a group: each root member's), and ``graph.input_mutations`` lists (input index, output
 index) pairs. ``WritebackGraph`` (wrapped around every compiled graph by
 ``pipeline.compile_graph``) copies those outputs into the inputs after the graph runs.
 """
@@ -40,7 +43,7 @@ from kiln.ops.core_views import _view_strides
 
 
 class Storage:
-    __slots__ = ("value", "version", "from_input", "root", "root_node", "poisoned")
+    __slots__ = ("value", "version", "from_input", "root", "root_node", "poisoned", "refused")
 
     def __init__(self, value: Proxy, root, from_input: bool):
         self.value = value          # the whole storage's current value
@@ -49,6 +52,15 @@ class Storage:
         self.root = root            # the TensorVariable that is the whole storage
         self.root_node = value.node  # its first value (the placeholder, for an input)
         self.poisoned = None        # reason string once the aliasing is no longer known
+        self.refused = None         # why a write into this input is refused (it shares memory)
+
+    def root_layout(self):
+        """The eager TensorMeta of the whole storage, or None where it is not known."""
+        return eager_layout(self.root_node)
+
+    def input_tensors(self, tx):
+        """The input tensors whose memory this is."""
+        return [t for v, _, t in tx._tensor_inputs.values() if v is self.root]
 
 
 class Alias:
@@ -126,7 +138,7 @@ def eager_meta(var):
         return eager_layout(var.proxy.node)
     if any(s.uncertain or s.op is None for s in a.chain):
         return None
-    meta = eager_layout(a.storage.root_node)
+    meta = a.storage.root_layout()
     for s in a.chain:
         if meta is None:
             return None
@@ -217,7 +229,15 @@ def refresh(var):
 def storage_of(tx, var) -> Alias:
     if var.alias is None:
         node = var._proxy.node
-        st = Storage(var._proxy, var, node.op == PLACEHOLDER and var.source is not None)
+        from_input = node.op == PLACEHOLDER and var.source is not None
+        refused = None
+        if from_input:  # an input sharing memory with other inputs: one storage for them all
+            from kiln.capture.mutation_alias import input_alias
+            refused = input_alias(tx, var)
+            if isinstance(refused, Alias):
+                return refused
+        st = Storage(var._proxy, var, from_input)
+        st.refused = refused
         tx.storages.append(st)
         var.alias = Alias(st, ())
         var._seen = 0
@@ -384,20 +404,25 @@ def mutate(tx, var, new: Proxy, what: str):
     for step, base in zip(reversed(alias.chain), reversed(values)):
         cur = step.scatter(base, cur)
     _remember_layout(new, eager_meta(var))
-    _remember_layout(cur, eager_layout(st.root_node))
+    _remember_layout(cur, st.root_layout())
     st.value = cur
     st.version += 1
     var._proxy, var._seen = new, st.version
 
 
 def _check_input_write(tx, st: Storage, what: str):
+    if st.refused:
+        raise Unsupported(f"{what}: in-place update of an input that shares memory with another "
+                          f"input: {st.refused}")
     if not st.from_input:
         return
+    for t in st.input_tensors(tx):
+        if getattr(tx, "grad_enabled", True) and t.requires_grad and t.is_leaf:
+            raise Unsupported(f"{what}: in-place update of a leaf tensor that requires grad, or of "
+                              "memory it shares (eager raises RuntimeError)")
+    if st.root_node is None:
+        return
     meta = st.root_node.meta["val"]
-    t = next((t for v, _, t in tx._tensor_inputs.values() if v is st.root), None)
-    if t is not None and getattr(tx, "grad_enabled", True) and t.requires_grad and t.is_leaf:
-        raise Unsupported(f"{what}: in-place update of a leaf tensor that requires grad "
-                          "(eager raises RuntimeError)")
     if st.version == 0 and any(s == 0 and n > 1 for n, s in zip(meta.shape, meta.stride)):
         raise Unsupported(f"{what}: in-place update of an input with overlapping memory (stride 0; "
                           "eager raises)")
@@ -463,12 +488,16 @@ def setitem(tx, target, key, value):
 # ---------------------------------------------------------------- end of capture
 def finalize(tx, ret, proxies: list, at_break: bool = False):
     """Add each mutated input's final value to the graph outputs; return the write-back plan:
-    (input_mutations: [(input index, output index)], returned_inputs: [(output index, input index)]),
-    or None. ``ret`` is what the function returns, or the tensors live at a graph break (a list):
-    there, a view would reach the resume function as a separate tensor, so it is refused."""
+    (input_mutations: [(input index, output index)], returned_inputs: [(output index, input index)],
+    copied: [input index]: inputs the backward must not see written), or None. ``ret`` is what
+    the function returns, or the tensors live at a graph break (a list): there, a view would
+    reach the resume function as a separate tensor, so it is refused. Inputs sharing memory
+    (``mutation_alias.GroupStorage``) write back each root member."""
+    from kiln.capture.mutation_alias import GroupStorage, check_and_guard, member_alias
+
     if at_break:
         for var in _output_vars(ret):
-            if var.alias is not None and var.alias.chain:
+            if var.alias is not None and var.alias.chain and not member_alias(var):
                 raise Unsupported("a view of another tensor is live across a graph break (the resume "
                                   "function would get a copy, not a view)")
     placeholders = [n for n in tx.graph.nodes if n.op == PLACEHOLDER]
@@ -476,20 +505,31 @@ def finalize(tx, ret, proxies: list, at_break: bool = False):
     if not mutated:
         return None
     index_of = {n: i for i, n in enumerate(placeholders)}
-    mutations = []
     for st in mutated:
         if st.poisoned:
             raise Unsupported(st.poisoned)
+    plain = [st for st in mutated if not isinstance(st, GroupStorage)]
+    groups = [st for st in mutated if isinstance(st, GroupStorage)]
+    check_and_guard(tx, plain, groups)
+    mutations, copied = [], []
+    for st in plain:
         mutations.append((index_of[st.root_node], len(proxies)))
         proxies.append(st.value)
+        copied.append(index_of[st.root_node])
+    for g in groups:
+        mutations += g.writeback(index_of, proxies)
+        copied += [index_of[m.placeholder.node] for m in g.members]
     returned = []
-    roots = {id(st.root): st for st in mutated}
+    roots = {id(st.root): st for st in plain}
     for i, var in enumerate(_output_vars(ret)):
         st = roots.get(id(var))
         if st is not None and var.alias.storage is st and var.alias.chain == ():
             returned.append((i, index_of[st.root_node]))
-    _guard_disjoint(tx, mutated)
-    return mutations, returned
+        elif var.alias is not None and var.alias.storage in groups:
+            m = var.alias.storage.member_of(var)
+            if m is not None:  # an input in a written group, returned as itself
+                returned.append((i, index_of[m.placeholder.node]))
+    return mutations, returned, copied
 
 
 def _output_vars(v):
@@ -508,45 +548,19 @@ def _output_vars(v):
             yield from _output_vars(x)
 
 
-def _guard_disjoint(tx, mutated):
-    """A mutated input must not share memory with another input (guarded: a later call that
-    passes aliased tensors recompiles, and capture then refuses it)."""
-    sources = {id(var): src for var, src, _ in tx._tensor_inputs.values()}
-    tensors = {id(var): t for var, _, t in tx._tensor_inputs.values()}
-    mut_ids = [id(st.root) for st in mutated]
-    for mid in mut_ids:
-        ptr = _storage_ptr(tensors[mid])
-        for oid, t in tensors.items():
-            if oid != mid and _storage_ptr(t) == ptr:
-                raise Unsupported(f"in-place update of input {sources[mid].expr()}, which shares memory "
-                                  f"with input {sources[oid].expr()}, is not supported")
-    if len(tensors) < 2:
-        return
-    m = ", ".join(sources[i].expr() for i in mut_ids)
-    o = ", ".join(sources[i].expr() for i in tensors if i not in mut_ids)
-    check = (f"len({{t.untyped_storage().data_ptr() for t in ({m},)}}) == {len(mut_ids)}"
-             if not o else
-             f"not ({{t.untyped_storage().data_ptr() for t in ({m},)}} & "
-             f"{{t.untyped_storage().data_ptr() for t in ({o},)}})")
-    first = sources[mut_ids[0]]
-    tx.guards.add(first, check)
-
-
-def _storage_ptr(t):
-    return t.untyped_storage().data_ptr()
-
-
 # ---------------------------------------------------------------- after the graph runs
 class WritebackGraph:
     """A compiled graph plus its input write-backs: calls the graph, copies each mutated input's
     new value into the input tensor, and returns the user's outputs (a returned mutated input is
     the input tensor itself, as in eager)."""
 
-    def __init__(self, inner, input_mutations, returned_inputs, num_user_outputs):
+    def __init__(self, inner, input_mutations, returned_inputs, num_user_outputs, copied=None):
         self.inner = inner
         self.input_mutations = list(input_mutations)
         self.returned_inputs = list(returned_inputs)
         self.num_user_outputs = num_user_outputs
+        # inputs whose memory the write-back changes (those sharing it with a written one too)
+        self.copied = list(copied if copied is not None else (i for i, _ in self.input_mutations))
 
     def __getattr__(self, name):  # kernel_count, wrapper_source, ... of the compiled graph
         return getattr(self.__dict__["inner"], name)
@@ -561,7 +575,7 @@ class WritebackGraph:
             saved = getattr(self.inner, "saved_inputs", None)
             records = hasattr(self.inner, "graph")  # EagerGraph: torch ops record autograd
             saved = set(i for i in saved or () if i is not None)
-            for i, _ in self.input_mutations:
+            for i in self.copied:
                 if records or i in saved:
                     inputs[i] = inputs[i].clone()
         outs = self.inner(*inputs)
@@ -582,10 +596,11 @@ def with_writeback(compiled, graph):
     plan = getattr(graph, "input_mutations", None)
     if not plan:
         return compiled
-    mutations, returned = plan
+    mutations, returned = plan[:2]
+    copied = plan[2] if len(plan) > 2 else None
     n_out = len(graph.output_node.args[0]) if hasattr(graph, "output_node") else None
     n_user = (n_out if n_out is not None else _num_outputs(graph)) - len(mutations)
-    return WritebackGraph(compiled, mutations, returned, n_user)
+    return WritebackGraph(compiled, mutations, returned, n_user, copied)
 
 
 def _num_outputs(graph):
