@@ -15,6 +15,34 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
+def view_strides(old_shape, old_stride, new_shape):
+    """Strides of a view of (old_shape, old_stride) as new_shape, or None if it needs a copy
+    (torch's rule: the old dims form runs laid out one after another in memory; each run must
+    be re-split into whole runs of new dims). Sizes may be symbolic (compared structurally)."""
+    old_shape, old_stride, new_shape = tuple(old_shape), tuple(old_stride), tuple(new_shape)
+    if 0 in old_shape:
+        return contiguous_strides(new_shape)
+    new_stride = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base = old_stride[-1] if old_stride else 1
+    tensor_numel, view_numel = 1, 1
+    for d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[d]
+        if d == 0 or (old_shape[d - 1] != 1 and old_stride[d - 1] != tensor_numel * chunk_base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_stride[view_d] = view_numel * chunk_base
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base = old_stride[d - 1]
+                tensor_numel, view_numel = 1, 1
+    if view_d != -1:
+        return None
+    return tuple(new_stride)
+
+
 class TensorMeta:
     __slots__ = ("shape", "stride", "dtype", "device", "requires_grad")
 

@@ -80,8 +80,14 @@ def _einsum_meta(equation, *operands):
     if len(dtypes) != 1:
         raise EinsumError(f"[meta] core.einsum: operands have different dtypes {sorted(map(str, dtypes))}")
     sizes = letter_sizes(subs, [o.shape for o in operands], equation)
-    return TensorMeta.contiguous(tuple(sizes[c] for c in out), operands[0].dtype, operands[0].device,
-                                 any(o.requires_grad for o in operands))
+    grad = any(o.requires_grad for o in operands)
+    shape = tuple(sizes[c] for c in out)
+    if len(operands) == 1 and sorted(subs[0]) == sorted(out) and len(set(out)) == len(out):
+        # one operand, every letter kept once: torch returns a permuted view of it
+        x = operands[0]
+        stride = tuple(x.stride[subs[0].index(c)] for c in out)
+        return TensorMeta(shape, stride, x.dtype, x.device, grad)
+    return TensorMeta.contiguous(shape, operands[0].dtype, operands[0].device, grad)
 
 
 def _sum_letters(x, s, drop):

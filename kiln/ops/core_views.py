@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from kiln.meta.symbolic import same_shape
-from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
+from kiln.meta.tensor_meta import TensorMeta, contiguous_strides, view_strides
 from kiln.ops import prims
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
 
@@ -48,30 +48,7 @@ def infer_shape(shape, numel: int, op="reshape") -> tuple:
     return tuple(shape)
 
 
-def _view_strides(old_shape, old_stride, new_shape):
-    """Strides of a view of (old_shape, old_stride) as new_shape, or None if it needs a copy
-    (the same chunking rule torch's view uses)."""
-    if 0 in old_shape:
-        return contiguous_strides(new_shape)
-    new_stride = [0] * len(new_shape)
-    view_d = len(new_shape) - 1
-    chunk_base = old_stride[-1] if old_stride else 1
-    tensor_numel, view_numel = 1, 1
-    for d in range(len(old_shape) - 1, -1, -1):
-        tensor_numel *= old_shape[d]
-        if d == 0 or (old_shape[d - 1] != 1 and old_stride[d - 1] != tensor_numel * chunk_base):
-            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
-                new_stride[view_d] = view_numel * chunk_base
-                view_numel *= new_shape[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if d > 0:
-                chunk_base = old_stride[d - 1]
-                tensor_numel, view_numel = 1, 1
-    if view_d != -1:
-        return None
-    return tuple(new_stride)
+_view_strides = view_strides  # torch's view rule (kiln/meta/tensor_meta.py)
 
 
 # ------------------------------------------------------------------ reshape / view

@@ -14,7 +14,7 @@ import builtins  # core and prims define ops named sum, any, all, abs: use built
 import torch
 
 from kiln.inductor import lowering as L
-from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
+from kiln.meta.tensor_meta import TensorMeta, contiguous_strides, view_strides
 from kiln.ops.registry import LOWERINGS, META_RULES, define
 
 
@@ -177,7 +177,12 @@ def _reshape_meta(x, shape):
         shape[shape.index(-1)] = x.numel() // known if known else 0
     if x.numel() != TensorMeta.contiguous(shape, x.dtype, x.device).numel():
         raise PrimError(f"[meta] prims.reshape: cannot reshape {list(x.shape)} to {shape}")
-    return TensorMeta.contiguous(shape, x.dtype, x.device, x.requires_grad)
+    # torch's reshape is a view whenever the strides allow one (then later views index with
+    # its strides), else a contiguous copy
+    stride = view_strides(x.shape, x.stride, shape)
+    if stride is None:
+        return TensorMeta.contiguous(shape, x.dtype, x.device, x.requires_grad)
+    return TensorMeta(tuple(shape), stride, x.dtype, x.device, x.requires_grad)
 
 
 LOWERINGS[reshape] = L.reshape_rule

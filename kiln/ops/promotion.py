@@ -33,7 +33,7 @@ def _category(dtype: torch.dtype) -> int:
 def _scalar_dtype(x) -> torch.dtype:
     if isinstance(x, bool):
         return torch.bool
-    if isinstance(x, int):
+    if isinstance(x, int) or _is_symint(x):
         return torch.int64
     if isinstance(x, float):
         return torch.get_default_dtype()
@@ -115,8 +115,14 @@ def broadcast_shapes(*shapes) -> tuple:
     return tuple(out)
 
 
+def _is_symint(x) -> bool:
+    from kiln.meta.symbolic import SymInt
+    return isinstance(x, SymInt)
+
+
 def is_number(x) -> bool:
-    return isinstance(x, (bool, int, float, complex))
+    """A Python scalar operand: bool, int, float, complex, or a symbolic size (an int)."""
+    return isinstance(x, (bool, int, float, complex)) or _is_symint(x)
 
 
 def scalar_for(value, dtype: torch.dtype):
