@@ -303,7 +303,18 @@ def collapse_inner_dims(kernel):
         return shape, {}
     mapping = {syms[k]: sympy.Integer(0) for k in range(g, n - 1)}
     mapping[syms[n - 1]] = syms[g]
-    return shape[:g] + (math.prod(int(s) for s in shape[g:]),), mapping
+    new_shape = shape[:g] + (math.prod(int(s) for s in shape[g:]),)
+    # an in-kernel value is read from a register only when the read's index equals its store
+    # index: keep that true in the collapsed symbols, else do not collapse
+    canon = ir.canonical_index_fn(ir.ranges_of(new_shape))
+    inside = {node.name: node for node in kernel.nodes}
+    for node in kernel.nodes:
+        for ld in ir.walk(kernel.body(node)):
+            if isinstance(ld, ir.Load) and ld.buffer in inside:
+                store = kernel.store_index(inside[ld.buffer]).xreplace(mapping)
+                if canon(ld.index.xreplace(mapping)) != canon(store):
+                    return shape, {}
+    return new_shape, mapping
 
 
 def generate_cpp(kernel, buffers: dict) -> CppKernel:
