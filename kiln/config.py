@@ -57,6 +57,7 @@ class Config:
                                                 if os.environ.get("KILN_COMPILE_THREADS") else None)
     # "kernels built k/n" on a terminal for compiles with at least this many kernels
     progress_min: int = 8
+    aot_min_kernels: int = 4          # fewer Triton kernels compile lazily in-process
     # Triton kernels launched through their compiled launcher (kiln/runtime/launch.py)
     triton_fast_launch: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_FAST_LAUNCH", True))
     # observe

@@ -2,12 +2,15 @@
 
 - C++: each kernel's shared object from memory, the disk cache, or gcc; gcc runs in the build
   pool's threads (it is a subprocess), ``k/n`` progress on a terminal.
-- Triton: with a real GPU and a pool, every kernel is compiled ahead of time in the pool's
-  worker processes (``triton_aot.py``); then each kernel's module is imported and wrapped in a
+- Triton: with a real GPU and a pool, and at least ``config.aot_min_kernels`` kernels, every
+  kernel is compiled ahead of time in the pool's worker processes (``triton_aot.py``; fewer
+  kernels compile lazily in-process at first launch, which is faster than a round trip through
+  a worker for one or two kernels); then each kernel's module is imported and wrapped in a
   ``launch.FastLauncher``, whose first launch finds the binary in Triton's disk cache.
 """
 from __future__ import annotations
 
+from kiln.config import config
 from kiln.runtime import pool
 
 
@@ -38,7 +41,7 @@ def _load_triton(kernels, launches: dict) -> list:
     from kiln.runtime import launch
     from kiln.runtime.triton_load import load_triton
 
-    if launches:
+    if launches and len(kernels) >= config.aot_min_kernels:
         p = pool.get_pool()
         if p is not None:
             from kiln.runtime.triton_aot import build_ahead
