@@ -1,0 +1,49 @@
+"""GPU time per training step, kernel by kernel: eager, torch.compile and kiln side by side
+(torch.profiler over 3 steps after 4 warm-up steps), for the 4-layer GPT of
+benchmarks/train_gpt.py's "medium" config (bf16, batch 8, seq 512, vocab 8192).
+
+    python -m benchmarks.profile_train_step        # CUDA only
+
+Prints each compiler's GPU time per step and its 22 most expensive kernels, and kiln's compile
+time by stage. Session 12 used it to find kiln's slow backward kernels (column reductions and
+the decomposed attention backward).
+"""
+import os, sys, copy, time, torch, collections
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+import kiln
+from kiln import api
+from gpt import GPT, GPTConfig, counting_batches
+from torch.profiler import profile, ProfilerActivity
+torch.manual_seed(0)
+cfg = GPTConfig(vocab=8192, seq=512, layers=4, heads=8, dim=512)
+base = GPT(cfg).cuda().to(torch.bfloat16)
+data = counting_batches(8, 8, cfg, device="cuda")
+
+def top(name, model):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    def step(x, y):
+        loss = model(x, y); loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    for x, y in data[:4]: step(x, y)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for x, y in data[4:7]: step(x, y)
+        torch.cuda.synchronize()
+    agg = collections.defaultdict(lambda: [0, 0.0])
+    for e in p.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            agg[e.name][0] += 1; agg[e.name][1] += e.device_time
+    tot = sum(v[1] for v in agg.values()) / 3
+    print(f"== {name}: GPU time per step {tot/1e3:.2f} ms, kernels/step {sum(v[0] for v in agg.values())/3:.0f}")
+    for k, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:22]:
+        print(f"  {t/3/1e3:7.3f} ms  x{n//3:3d}  {k[:110]}")
+
+rec = []
+api._RECORDERS.append(rec)
+t = time.time()
+top("kiln", kiln.compile(copy.deepcopy(base)))
+times = collections.Counter()
+for c in rec:
+    for k, v in c.stage_times.items(): times[k] += v
+print("kiln compile stage times (s):", {k: round(v, 2) for k, v in times.items()}, "contexts", len(rec))
+top("torch.compile", torch.compile(copy.deepcopy(base)))
+top("eager", copy.deepcopy(base))
