@@ -141,6 +141,7 @@ class GuardSet:
     def __init__(self):
         self.entries: list[tuple[Source, str]] = []
         self._seen: set[tuple[str, str]] = set()
+        self._kept: list = []  # objects whose id() a guard compares (kept alive: ids stay unique)
         # symbolic sizes: where each symbol is read, checks over symbols, the ShapeEnv's guards
         self.shape_env = None
         self.symbol_reads: dict = {}              # symbol -> (source, "size(0)" | "stride(1)")
@@ -186,6 +187,9 @@ class GuardSet:
 
     def identity(self, source, obj):
         self.add(source, f"id({{}}) == {id(obj)}")
+
+    def keep_alive(self, obj):
+        self._kept.append(obj)
 
     def same_object(self, source, other: Source):
         self.add(source, f"{{}} is {other.expr()}")

@@ -51,11 +51,13 @@ def unary_not(frame, inst):
 @handler("IS_OP")
 def is_op(frame, inst):
     b, a = frame.pop(), frame.pop()
-    result = _identical(a, b)
+    result = _identical(a, b, frame.tx)
     frame.push(ConstantVariable(result != bool(inst.arg)))
 
 
-def _identical(a, b) -> bool:
+def _identical(a, b, tx=None) -> bool:
+    if isinstance(a, FunctionVariable) and a.by_code or isinstance(b, FunctionVariable) and b.by_code:
+        return _identical_made_functions(a, b, tx)
     if a is b:
         return True
     if isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable):
@@ -71,6 +73,20 @@ def _identical(a, b) -> bool:
     if isinstance(a, kinds) and isinstance(b, kinds):
         return False  # different trackers of different kinds, or distinct tensors
     raise Unsupported(f"`is` between {a} and {b} is not supported")
+
+
+def _identical_made_functions(a, b, tx) -> bool:
+    """``is`` with a function guarded by code (a new object per call): whether both sources
+    hold the same object becomes a guard; a constant is never such a function."""
+    if isinstance(a, ConstantVariable) or isinstance(b, ConstantVariable):
+        return False
+    if a is b:
+        return True
+    if tx is None or a.source is None or b.source is None:
+        raise Unsupported(f"`is` between {a} and {b} is not supported")
+    same = getattr(a, "fn", None) is getattr(b, "fn", None)
+    tx.guards.add(a.source, f"{{}} {'is' if same else 'is not'} {b.source.expr()}")
+    return same
 
 
 @handler("CONTAINS_OP")

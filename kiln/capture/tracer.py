@@ -188,6 +188,8 @@ class Tracer:
                 self.guards.identity(self.attr_source(source, "__func__"), value.__func__)
             owner = self.wrap(value.__self__, self.attr_source(source, "__self__"), guard)
             return FunctionVariable(value.__func__, self_var=owner)
+        if guard and _guarded_by_code(value):
+            return self._wrap_made_function(value, source)
         if guard:
             self.guards.identity(source, value)
         if type(value) is contextvars.ContextVar:
@@ -213,6 +215,27 @@ class Tracer:
             self.guards.discard(source, f"id({{}}) == {id(value)}")  # its type is what was used
             self.guards.add(source, _type_check(type(value)))
         return OpaqueVariable(value, source)
+
+    def _wrap_made_function(self, fn: types.FunctionType, source: Source) -> FunctionVariable:
+        """A lambda or nested function (a new object per call of its maker), guarded by what
+        inlining it relies on rather than by identity: its code and globals (by identity), no
+        function attributes, and the layout of its defaults. Default values and closure cells
+        are read through their sources (``f.__defaults__[i]``,
+        ``f.__closure__[i].cell_contents``) when used, so they get the guards of any input."""
+        g = self.guards
+        g.add(source, _type_check(types.FunctionType))
+        g.add(source, "not {}.__dict__")
+        g.identity(AttrSource(source, "__code__"), fn.__code__)
+        g.keep_alive(fn.__code__)  # its id stays unique while the guard lives
+        g.identity(AttrSource(source, "__globals__"), fn.__globals__)
+        d, k = fn.__defaults__, fn.__kwdefaults__
+        g.add(AttrSource(source, "__defaults__"),
+              "{} is None" if d is None else f"type({{}}) is tuple and len({{}}) == {len(d)}")
+        g.add(AttrSource(source, "__kwdefaults__"),
+              "{} is None" if k is None else f"type({{}}) is dict and list({{}}) == {list(k)!r}")
+        var = FunctionVariable(fn, source=source)
+        var.by_code = True
+        return var
 
     def _wrap_tensor(self, t: torch.Tensor, source: Source | None) -> TensorVariable:
         if source is None:
@@ -435,6 +458,17 @@ class ModuleGlobalsSource(Source):
 
     def expr(self, base=None):
         return f"__import__('sys').modules[{self.module!r}].__dict__"
+
+
+def _guarded_by_code(value) -> bool:
+    """A plain function made at run time (``<lambda>``/``<locals>`` in its qualified name), without
+    function attributes (a decorator's ``__wrapped__``, ``kiln.disable``'s mark): these are
+    guarded by code, defaults and cells; module-level functions stay guarded by identity."""
+    if not isinstance(value, types.FunctionType) or value.__dict__:
+        return False
+    if (value.__module__ or "").startswith("torch"):
+        return False
+    return "<lambda>" in value.__qualname__ or "<locals>" in value.__qualname__
 
 
 def _type_check(cls) -> str:

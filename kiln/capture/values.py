@@ -509,6 +509,8 @@ class FunctionVariable(Variable):
         self.closure = closure
         self.qualname = fn.__qualname__ if fn is not None else (qualname or self.code.co_name)
 
+    by_code = False  # guarded by code, globals and defaults' layout, not identity (tracer.wrap)
+
     def python_type(self):
         return types.MethodType if self.self_var is not None else types.FunctionType
 
@@ -519,6 +521,8 @@ class FunctionVariable(Variable):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             value = getattr(self.fn, name) if self.fn is not None else \
                 {"__name__": self.code.co_name, "__qualname__": self.qualname}.get(name)
+            if self.by_code and isinstance(value, (str, type(None))):  # not implied by its code
+                tx.guards.constant(tx.attr_source(self.source, name), value)
             return ConstantVariable(value)
         if name in ("__wrapped__", "__func__") and self.fn is not None and hasattr(self.fn, name):
             return tx.wrap(getattr(self.fn, name), tx.attr_source(self.source, name))

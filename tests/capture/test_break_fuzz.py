@@ -202,11 +202,7 @@ def object_made_before_a_break(x):
     return box.t + 1
 
 
-# A function made in traced code and live across the break reaches the resume function as an
-# argument guarded by identity: a new lambda each call recompiles unless CPython reuses the
-# freed address (so the recompile count is not asserted; the result always is). Known gap:
-# guard a function argument by its code, defaults and cells instead.
-@case(specializes=True)
+@case()
 def lambda_made_before_a_break(x):
     f = lambda t, k=2: t * k  # noqa: E731
     kiln.graph_break()
