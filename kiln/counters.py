@@ -5,7 +5,7 @@ import collections
 
 COUNTER_NAMES = ("frames_compiled", "recompiles", "graph_breaks", "kernels_generated",
                  "cache_hits", "disk_cache_hits", "fallbacks", "eager_runs", "graphs_compiled",
-                 "kernel_builds", "graph_cache_hits")
+                 "kernel_builds", "graph_cache_hits", "partition_cache_hits")
 
 counters: collections.Counter = collections.Counter()
 

@@ -44,7 +44,27 @@ def compile_autograd(graph, backend: str = "kiln", strategy: str | None = None):
 
 
 def _partition_named(joint, strategy, name):
-    return partition(joint, strategy, name)
+    """The partition, with the strategy's answer from the partition cache when an earlier
+    process already cut this joint graph (runtime/graph_cache.py: ``partition_key``)."""
+    from kiln import counters
+    from kiln.runtime import graph_cache
+
+    if not graph_cache.enabled():
+        return partition(joint, strategy, name)
+    key = graph_cache.partition_key(joint, strategy)
+    saved = graph_cache.load_plan(key, joint)
+    if saved is not None:
+        try:
+            part = partition(joint, strategy, name, saved=saved)
+        except AssertionError as e:  # the saved set does not cover what the backward reads
+            graph_cache.drop_plan(key, str(e))
+        else:
+            counters.bump("partition_cache_hits")
+            log.log("cache", "partition of %s from disk (%d saved)", name, len(saved))
+            return part
+    part = partition(joint, strategy, name)
+    graph_cache.store_plan(key, part.saved)
+    return part
 
 
 # The partitioner's strategy: "min_cut" (rematerialize cheap pointwise work) or "save_all".

@@ -31,8 +31,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import networkx as nx
-
 from kiln.autograd.joint import JointGraph, nbytes, strip_requires_grad
 from kiln.graph.graph import Graph
 from kiln.graph.node import CALL, GET_ATTR, PLACEHOLDER, Node, map_args
@@ -136,6 +134,8 @@ def min_cut(joint: JointGraph, bw_nodes: set) -> list:
     frontier = _backward_frontier(joint, bw_nodes)
     if not frontier:
         return []
+    import networkx as nx  # imported here: a cached partition (runtime/graph_cache.py) never needs it
+
     candidates = _ancestors(frontier) - bw_nodes
     g = nx.DiGraph()
     for n in joint.graph.nodes:
@@ -187,9 +187,10 @@ def _copy_nodes(dst: Graph, src: Graph, nodes, env: dict):
         env[n] = new
 
 
-def partition(joint: JointGraph, strategy: str = "min_cut", name: str = "graph") -> Partition:
-    bw_nodes = _tangent_dependent(joint)
-    saved = STRATEGIES[strategy](joint, bw_nodes)
+def partition(joint: JointGraph, strategy: str = "min_cut", name: str = "graph", saved=None) -> Partition:
+    """``saved``: the strategy's answer for this joint graph, if known (the partition cache)."""
+    if saved is None:
+        saved = STRATEGIES[strategy](joint, _tangent_dependent(joint))
     saved_set = set(saved)
     primal_index = {p: i for i, p in enumerate(joint.primals)}
 

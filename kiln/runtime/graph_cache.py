@@ -11,6 +11,11 @@ caches (``cpp/``, Triton's own), so nothing is built either.
 Entries are written atomically with a digest sidecar (``cache.py``). A corrupt, truncated or
 unreadable entry is logged on the ``cache`` channel, removed and rebuilt.
 
+A second, smaller record under ``<cache>/partitions`` keeps the min-cut partitioner's answer
+(the names of the saved nodes) for a joint graph, keyed by the joint graph's text, every node's
+meta, its primal/output/tangent/grad nodes and the strategy (``partition_key``): a warm start
+then builds the forward and backward graphs without the max-flow (nor importing networkx).
+
 The cache is skipped while something watches the compile's artifacts (``KILN_DEBUG`` dumps,
 ``kiln.explain``): a hit has no loop IR or schedule to show.
 """
@@ -218,3 +223,75 @@ def store(key: str, wrapper, generated: dict, extern_count: int, launches: dict)
         cache.commit_entry(path)
     except OSError as e:  # a full or read-only disk costs the cache, not the compile
         log.log("cache", "could not write graph cache entry %s: %s", path, e)
+
+
+# ---------------------------------------------------------------------- partition plans
+def _val_text(v) -> str:
+    from kiln.meta.tensor_meta import TensorMeta
+    if isinstance(v, TensorMeta):
+        return _meta_text(v) + f"/{bool(v.requires_grad)}"
+    if isinstance(v, (tuple, list)):
+        return "(" + ",".join(_val_text(x) for x in v) + ")"
+    return repr(v)
+
+
+def partition_key(joint, strategy: str) -> str:
+    """Everything the partitioner reads: the joint graph's text, every node's meta (sizes,
+    strides, dtype, device, requires_grad), which nodes are primals, forward outputs, tangents
+    and grads, and the strategy (plus kiln's sources, torch and the settings, as for graphs)."""
+    from kiln.meta.symbolic import shape_env_of
+    from kiln.meta.tensor_meta import TensorMeta
+
+    g = joint.graph
+    vals = [n.meta.get("val") for n in g.nodes]
+    env = shape_env_of([v for v in vals if isinstance(v, TensorMeta)])
+    env_text = "\n".join(env.describe()) if env is not None else ""
+
+    def names(nodes):
+        return ",".join("-" if n is None else n.name for n in nodes)
+    settings = {k: v for k, v in sorted(vars(config).items()) if k not in _IRRELEVANT_SETTINGS}
+    return cache.content_key("partition", ENTRY_FORMAT, kiln_source_digest(), torch.__version__, strategy,
+                             g.python(), "\n".join(f"{n.name}:{_val_text(v)}" for n, v in zip(g.nodes, vals)),
+                             env_text, names(joint.primals), names(joint.fw_outputs), names(joint.tangents),
+                             names(joint.grads), repr(settings))
+
+
+def _plan_path(key: str) -> str:
+    return os.path.join(cache.subdir("partitions"), key[:2], key + ".json")
+
+
+def load_plan(key: str, joint) -> list | None:
+    """The saved nodes of an earlier partition of this joint graph, or None (no entry, or one
+    that is corrupt or names nodes the graph lacks: logged, removed, recomputed)."""
+    path = _plan_path(key)
+    if not cache.valid_entry(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            rec = json.load(f)
+        if rec.get("format") != ENTRY_FORMAT:
+            raise ValueError(f"entry format {rec.get('format')!r}, expected {ENTRY_FORMAT}")
+        by_name = {n.name: n for n in joint.graph.nodes}
+        return [by_name[name] for name in rec["saved"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        drop_plan(key, f"{type(e).__name__}: {e}")
+        return None
+
+
+def drop_plan(key: str, why: str):
+    path = _plan_path(key)
+    log.log("cache", "unusable partition cache entry %s (%s); rebuilding it", path, why)
+    for p in (path, path + ".sha256"):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+def store_plan(key: str, saved: list):
+    path = _plan_path(key)
+    try:
+        cache.write_atomic(path, json.dumps({"format": ENTRY_FORMAT, "saved": [n.name for n in saved]}).encode())
+        cache.commit_entry(path)
+    except OSError as e:
+        log.log("cache", "could not write partition cache entry %s: %s", path, e)

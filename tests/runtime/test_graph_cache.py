@@ -41,16 +41,20 @@ def _run(cache_dir, seed=0, extra_env=None):
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-def _entries(cache_dir):
-    return sorted(glob.glob(str(cache_dir / "graphs" / "*" / "*.json")))
+def _entries(cache_dir, kind="graphs"):
+    return sorted(glob.glob(str(cache_dir / kind / "*" / "*.json")))
 
 
 def test_second_process_hits_the_graph_cache_and_builds_nothing(tmp_path):
     first, _ = _run(tmp_path, seed=0)
     assert first["graph_cache_hits"] == 0 and first["kernel_builds"] >= 2
+    assert first["partition_cache_hits"] == 0
     assert len(_entries(tmp_path)) == 2  # forward and backward
+    assert len(_entries(tmp_path, "partitions")) == 1
     second, err = _run(tmp_path, seed=1, extra_env={"KILN_LOGS": "cache"})
     assert second["graph_cache_hits"] == 2, err
+    assert second["partition_cache_hits"] == 1, err  # no min-cut: the saved set came from disk
+    assert "partition of" in err
     assert second["kernel_builds"] == 0
     assert "compiled graph" in err and "from disk" in err
 
@@ -127,3 +131,60 @@ def test_cached_graph_matches_eager_per_dtype(tmp_path, dtype):
             y = torch.randn(7, dtype=dt)          # broadcast
             assert_close(kiln.compile(f)(x, y), f(x, y), dt)
             assert kiln.stats()["graph_cache_hits"] == i
+
+
+def _rewrite(entry, rec):
+    data = json.dumps(rec).encode()
+    with open(entry, "wb") as f:
+        f.write(data)
+    with open(entry + ".sha256", "w") as f:
+        f.write(hashlib.sha256(data).hexdigest())
+
+
+@pytest.mark.parametrize("saved", [["no_such_node"], [], None])
+def test_bad_partition_entry_is_rebuilt_and_correct(tmp_path, saved):
+    """An entry naming a node the joint graph lacks, one whose saved set leaves the backward
+    reading an unsaved value, and a torn one: each is logged, recomputed (the training step
+    still matches eager: SCRIPT checks it) and rewritten."""
+    _run(tmp_path)
+    [entry] = _entries(tmp_path, "partitions")
+    with open(entry) as f:
+        good = json.load(f)
+    assert good["saved"], "the test needs a graph that saves something"
+    if saved is None:
+        with open(entry, "r+b") as f:
+            f.truncate(5)
+    else:
+        _rewrite(entry, {"format": 1, "saved": saved})
+    stats, err = _run(tmp_path, seed=6, extra_env={"KILN_LOGS": "cache"})
+    assert stats["partition_cache_hits"] == 0
+    assert ("corrupt cache entry" if saved is None else "unusable partition cache entry") in err
+    with open(entry) as f:
+        assert json.load(f) == good  # recomputed and stored again
+    again, _ = _run(tmp_path, seed=7)
+    assert again["partition_cache_hits"] == 1
+
+
+def test_partition_key_follows_shapes_and_dtypes(tmp_path):
+    import torch
+
+    import kiln
+
+    def f(x, w):
+        return torch.tanh(x @ w).sum()
+
+    with kiln.config.patch(cache_dir=str(tmp_path), graph_cache=True):
+        for i, (n, dtype, hits) in enumerate([(4, torch.float32, 0), (4, torch.float32, 1),
+                                               (6, torch.float32, 0), (4, torch.float64, 0)]):
+            kiln.reset()
+            x = torch.randn(n, 3, dtype=dtype, requires_grad=True)
+            w = torch.randn(3, 5, dtype=dtype, requires_grad=True)
+            out = kiln.compile(f)(x, w)
+            out.backward()
+            gx, gw = x.grad, w.grad
+            x.grad = w.grad = None
+            ref = f(x, w)
+            ref.backward()
+            torch.testing.assert_close(out, ref)
+            torch.testing.assert_close((gx, gw), (x.grad, w.grad))
+            assert kiln.stats()["partition_cache_hits"] == hits, (i, n, dtype)
