@@ -28,6 +28,8 @@ import traceback
 
 
 def _write_atomic(path, data):
+    # kiln/runtime/cache.py's write_atomic, repeated: workers import neither kiln nor torch
+    # (importing kiln would import torch and cost each worker's start a second)
     d = os.path.dirname(path)
     os.makedirs(d, mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")

@@ -176,15 +176,21 @@ class GraphEntry:
         return self.source
 
 
+def _read_record(path: str) -> dict:
+    """A JSON entry of this format (ValueError on another format, OSError/JSON errors raised)."""
+    with open(path, encoding="utf-8") as f:
+        rec = json.load(f)
+    if rec.get("format") != ENTRY_FORMAT:
+        raise ValueError(f"entry format {rec.get('format')!r}, expected {ENTRY_FORMAT}")
+    return rec
+
+
 def load(key: str) -> GraphEntry | None:
     path = _path(key)
     if not cache.valid_entry(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            rec = json.load(f)
-        if rec.get("format") != ENTRY_FORMAT:
-            raise ValueError(f"entry format {rec.get('format')!r}, expected {ENTRY_FORMAT}")
+        rec = _read_record(path)
         from kiln.ops.registry import lookup
         externs = [lookup(ns, name) for ns, name in rec["externs"]]
         kernels = [_kernel_from_record(r) for r in rec["kernels"]]
@@ -267,10 +273,7 @@ def load_plan(key: str, joint) -> list | None:
     if not cache.valid_entry(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            rec = json.load(f)
-        if rec.get("format") != ENTRY_FORMAT:
-            raise ValueError(f"entry format {rec.get('format')!r}, expected {ENTRY_FORMAT}")
+        rec = _read_record(path)
         by_name = {n.name: n for n in joint.graph.nodes}
         return [by_name[name] for name in rec["saved"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
