@@ -317,6 +317,20 @@ def collapse_inner_dims(kernel):
     return new_shape, mapping
 
 
+def cpp_load(ptr: str, index: str, dtype) -> str:
+    """An element read as the float (or native) value kernels compute with."""
+    text = f"{ptr}[{index}]"
+    if dtype == torch.bfloat16:
+        return f"kiln_bf16_to_float({text})"
+    if dtype == torch.float16:
+        return f"(float)({text})"
+    return text
+
+
+def cpp_declare(name: str, text: str, dtype) -> str:
+    return f"{ctype(dtype)} {name} = {text};"
+
+
 def generate_cpp(kernel, buffers: dict) -> CppKernel:
     if kernel.is_reduction:
         from kiln.inductor.codegen.cpp_reduction import generate_cpp_reduction
@@ -339,15 +353,9 @@ def generate_cpp(kernel, buffers: dict) -> CppKernel:
         return in_names[buf]
 
     def load(ld: ir.Load):
-        text = f"{ptr(ld.buffer)}[{index_text(ld.index)}]"
-        if ld.dtype == torch.bfloat16:
-            return f"kiln_bf16_to_float({text})"
-        if ld.dtype == torch.float16:
-            return f"(float)({text})"
-        return text
+        return cpp_load(ptr(ld.buffer), index_text(ld.index), ld.dtype)
 
-    writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast,
-                          lambda n, text, dtype: f"{ctype(dtype)} {n} = {text};")
+    writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast, cpp_declare)
 
     writer.canon = ir.canonical_index_fn(ranges)
     writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({printer.doprint(ir.simplify_index(e.index, ranges))})"

@@ -18,8 +18,8 @@ from kiln.inductor import ir
 from kiln.inductor.codegen.common import (IDENTITY, IndexPrinter, KernelWriter, compute_dtype,
                                           decompose_index, plan_phases)
 from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for,
-                                       cpp_bounds_check, cpp_cast, cpp_const, cpp_store_value, ctype,
-                                       index_check_support)
+                                       cpp_bounds_check, cpp_cast, cpp_const, cpp_declare, cpp_load,
+                                       cpp_store_value, ctype, index_check_support)
 
 TILE = 64  # kept elements per tile: 4 AVX-512 vectors of float accumulators
 COLUMN_REDUCTIONS = ("sum", "prod", "max", "min")
@@ -80,16 +80,10 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
         return printer.doprint(ir.simplify_index(expr, ranges))
 
     def load(ld: ir.Load):
-        buf = in_names.setdefault(ld.buffer, f"in_ptr{len(in_names)}")
-        text = f"{buf}[{index_text(ld.index)}]"
-        if ld.dtype == torch.bfloat16:
-            return f"kiln_bf16_to_float({text})"
-        if ld.dtype == torch.float16:
-            return f"(float)({text})"
-        return text
+        return cpp_load(in_names.setdefault(ld.buffer, f"in_ptr{len(in_names)}"), index_text(ld.index),
+                        ld.dtype)
 
-    writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast,
-                          lambda n, text, dtype: f"{ctype(dtype)} {n} = {text};")
+    writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast, cpp_declare)
     writer.canon = ir.canonical_index_fn(ranges)
     writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({index_text(e.index)})"
     writer.recompute_from(kernel)

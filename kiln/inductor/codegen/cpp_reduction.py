@@ -16,8 +16,8 @@ from kiln.inductor.codegen.common import (IDENTITY, IndexPrinter, KernelWriter, 
                                           decompose_index, is_symbolic, plan_phases, size_params,
                                           size_text)
 from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for,
-                                       cpp_bounds_check, cpp_cast, cpp_const, cpp_store_value, ctype,
-                                       index_check_support)
+                                       cpp_bounds_check, cpp_cast, cpp_const, cpp_declare, cpp_load,
+                                       cpp_store_value, ctype, index_check_support)
 
 
 # Partial accumulators per reduction in a vectorized row loop: 32 floats are two AVX-512 (or
@@ -137,15 +137,9 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
         return printer.doprint(flat(ir.simplify_index(expr, ranges)))
 
     def load(ld: ir.Load):
-        text = f"{ptr(ld.buffer)}[{index_text(ld.index)}]"
-        if ld.dtype == torch.bfloat16:
-            return f"kiln_bf16_to_float({text})"
-        if ld.dtype == torch.float16:
-            return f"(float)({text})"
-        return text
+        return cpp_load(ptr(ld.buffer), index_text(ld.index), ld.dtype)
 
-    writer = RowScratchWriter(CppOps(), load, cpp_const, cpp_cast,
-                              lambda n, text, dtype: f"{ctype(dtype)} {n} = {text};",
+    writer = RowScratchWriter(CppOps(), load, cpp_const, cpp_cast, cpp_declare,
                               reduced_syms=[ir.index_symbol(d) for d in kernel.reduced_dims], plan=plan)
     for key, scr in writer.plan.items():
         writer.lines.append(f"{ctype(key[1])} {scr}[{math.prod(kernel.rshape)}];")

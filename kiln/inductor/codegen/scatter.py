@@ -12,7 +12,8 @@ from kiln.inductor.codegen.common import (LOW_PRECISION, IndexPrinter, KernelWri
                                           is_symbolic, size_params, size_text)
 from kiln.meta.symbolic import py
 from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for, cpp_bounds_check,
-                                       cpp_cast, cpp_const, ctype, index_check_support)
+                                       cpp_cast, cpp_const, cpp_declare, cpp_load, ctype,
+                                       index_check_support)
 from kiln.inductor.codegen.triton import (TL_DTYPES, TritonKernel, TritonOps, _block_config,
                                           triton_bounds_check, triton_cast, triton_const,
                                           triton_index_value)
@@ -75,13 +76,10 @@ def _cpp(step, buffers):
     in_names: dict[str, str] = {}
 
     def load(ld):
-        ptr = in_names.setdefault(ld.buffer, f"in_ptr{len(in_names)}")
-        text = f"{ptr}[{printer.doprint(ir.simplify_index(ld.index, ranges))}]"
-        if ld.dtype == torch.bfloat16:
-            return f"kiln_bf16_to_float({text})"
-        return f"(float)({text})" if ld.dtype == torch.float16 else text
+        return cpp_load(in_names.setdefault(ld.buffer, f"in_ptr{len(in_names)}"),
+                        printer.doprint(ir.simplify_index(ld.index, ranges)), ld.dtype)
 
-    writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast, lambda n, t, d: f"{ctype(d)} {n} = {t};")
+    writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast, cpp_declare)
     writer.bounds_check = cpp_bounds_check
     writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({printer.doprint(ir.simplify_index(e.index, ranges))})"
     writer.lines = [f"const int64_t i{d} = {e};"
