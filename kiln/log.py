@@ -39,7 +39,7 @@ CHANNELS = {
     "output_code": ("the wrapper and every kernel's source", "each kernel's launch configuration"),
     "perf": ("time per stage of each compile", "time of every pass"),
     "cache": ("disk cache hits, misses and rebuilt entries", "the cache paths"),
-    "autotune": ("each Triton kernel's tuning choice", "every config tried, with its time"),
+    "autotune": ("each Triton kernel's tuning choice, each C++ kernel's chunk", "every config tried, with its time"),
     "cudagraphs": ("mode='reduce-overhead': each graph recorded, or why it was not",
                    "each graph recorded, with its inputs copied in and read in place"),
 }

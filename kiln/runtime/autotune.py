@@ -11,6 +11,8 @@ is harmless.
 
 Tuning runs on CUDA; under the Triton interpreter codegen keeps its heuristic config unless
 ``config.triton_autotune == "interpret"`` (used by tests, timed with perf_counter).
+
+C++ kernels (``CppAutotuned``, below) tune their OpenMP chunk size under the same switch.
 """
 from __future__ import annotations
 
@@ -111,3 +113,69 @@ class Autotuned:
             self.choice = self._load() or self.tune(args)
         v, cfg = self.choice
         _launch(self.fns[v], cfg, args, self.spec.scalars[0])
+
+
+# ---------------------------------------------------------------------- C++ chunk sizes
+REPEATS = 5
+cpp_stats = {"tuned": 0, "disk_hits": 0}  # tests read these
+
+
+def cpp_enabled() -> bool:
+    """C++ kernels are tuned whenever the switch is on (the Triton interpreter is irrelevant)."""
+    from kiln.config import config
+    return bool(config.triton_autotune)
+
+
+class CppAutotuned:
+    """A C++ kernel taking a trailing ``kiln_chunk`` (``codegen/cpp_tune.py``), called like the
+    untuned one: on the first call with a thread count it times every chunk choice on the real
+    arguments (one warm-up, then the median of ``REPEATS`` runs), keeps the fastest, and caches
+    it under ``<cache>/autotune`` keyed by the source, the sizes and the thread count."""
+
+    def __init__(self, name, source, fn, threads, choices, nsizes):
+        self.name, self.source, self.fn, self.threads = name, source, fn, threads
+        self.choices, self.nsizes = list(choices), nsizes
+        self.chosen: dict[int, int] = {}
+
+    def _path(self, threads, sizes):
+        key = cache.content_key(self.source, repr(sizes), str(threads), json.dumps(self.choices), "cpp-chunk")
+        return os.path.join(cache.subdir("autotune"), key[:2], key + ".json")
+
+    def _pick(self, args, threads):
+        sizes = tuple(args[len(args) - self.nsizes:]) if self.nsizes else ()
+        path = self._path(threads, sizes)
+        if cache.valid_entry(path):
+            try:
+                with open(path) as f:
+                    chunk = json.load(f)
+                if chunk in self.choices:
+                    cpp_stats["disk_hits"] += 1
+                    log.log("autotune", "%s: chunk %d from the cache (%d threads)", self.name, chunk, threads)
+                    return chunk
+            except (OSError, ValueError, TypeError):
+                pass
+        results = []
+        for chunk in self.choices:
+            self.fn(*args, chunk)  # warm-up: pages touched, caches filled
+            times = []
+            for _ in range(REPEATS):
+                t = time.perf_counter()
+                self.fn(*args, chunk)
+                times.append(time.perf_counter() - t)
+            results.append((sorted(times)[REPEATS // 2], chunk))
+            log.detail("autotune", "%s: chunk %d took %.3g", self.name, chunk, results[-1][0])
+        t, chunk = min(results)
+        cpp_stats["tuned"] += 1
+        log.log("autotune", "%s: chose chunk %d (%.3g s; -1 serial, 0 one block per thread) of %d, %d threads",
+                self.name, chunk, t, len(results), threads)
+        cache.write_atomic(path, json.dumps(chunk).encode())
+        cache.commit_entry(path)
+        return chunk
+
+    def __call__(self, *args):
+        threads = self.threads()
+        chunk = self.chosen.get(threads)
+        if chunk is None:
+            with _lock:
+                chunk = self.chosen[threads] = self._pick(args, threads)
+        self.fn(*args, chunk)

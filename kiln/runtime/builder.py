@@ -33,7 +33,14 @@ def load_kernels(kernels, target: str, launches: dict) -> list:
     from kiln.runtime.cpp_build import load_cpp_function
 
     def load(k):
-        return load_cpp_function(k.source, k.name, len(k.args), len(getattr(k, "sizes", ())))
+        nsizes = len(getattr(k, "sizes", ()))
+        tune = getattr(k, "tune", None)
+        if tune is None:
+            return load_cpp_function(k.source, k.name, len(k.args), nsizes)
+        from kiln.runtime.autotune import CppAutotuned
+        from kiln.runtime.cpp_build import load_cpp_threads
+        fn = load_cpp_function(k.source, k.name, len(k.args), nsizes + 1)  # + kiln_chunk
+        return CppAutotuned(k.name, k.source, fn, load_cpp_threads(k.source, k.name), tune["cpp_chunks"], nsizes)
     return pool.run_jobs(load, kernels)
 
 

@@ -90,3 +90,11 @@ def load_cpp_checker(source: str, name: str):
     fn.argtypes = []
     fn.restype = ctypes.c_int
     return fn
+
+
+def load_cpp_threads(source: str, name: str):
+    """``<name>_threads()`` of a chunk-tuned kernel: its OpenMP thread count."""
+    fn = getattr(load_cpp(source), f"{name}_threads")
+    fn.argtypes = []
+    fn.restype = ctypes.c_int
+    return fn

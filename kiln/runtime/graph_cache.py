@@ -145,7 +145,9 @@ def _kernel_record(k, launch) -> dict | None:
     rec = {"kind": type(k).__name__, "name": k.name, "source": k.source, "args": list(k.args),
            "sizes": [str(s) for s in getattr(k, "sizes", ())], "checked": bool(getattr(k, "checked", False)),
            "origins": _origins(k), "launch": launch, "tune": None}
-    if tune is not None:
+    if isinstance(tune, dict):  # a C++ kernel's chunk choices (codegen/cpp_tune.py)
+        rec["tune"] = tune
+    elif tune is not None:
         if not all(isinstance(s, int) for s in tune.scalars):
             return None
         rec["tune"] = {"name": tune.name, "variants": [[src, cfgs] for src, cfgs in tune.variants],
@@ -155,7 +157,9 @@ def _kernel_record(k, launch) -> dict | None:
 
 def _kernel_from_record(rec) -> CachedKernel:
     tune = None
-    if rec["tune"] is not None:
+    if isinstance(rec["tune"], dict) and "cpp_chunks" in rec["tune"]:
+        tune = rec["tune"]
+    elif rec["tune"] is not None:
         from kiln.runtime.autotune import TuneSpec
         t = rec["tune"]
         tune = TuneSpec(t["name"], [(src, cfgs) for src, cfgs in t["variants"]], t["scalars"])

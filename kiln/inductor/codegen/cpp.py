@@ -226,12 +226,13 @@ def cpp_cast(x: str, src, dst) -> str:
 class CppKernel:
     """Source plus the buffer names of its pointer arguments. ``checked`` kernels read indices
     from memory and export ``<name>_check()``, nonzero after an out-of-range index."""
-    __slots__ = ("name", "source", "args", "numel", "origins", "checked", "sizes")
+    __slots__ = ("name", "source", "args", "numel", "origins", "checked", "sizes", "tune")
 
     def __init__(self, name, source, args, numel, origins, sizes=()):
         self.name, self.source, self.args, self.numel, self.origins = name, source, args, numel, origins
         self.checked = f"{name}_check" in source
         self.sizes = list(sizes)  # symbolic sizes passed after the pointers (int64_t s0 ...)
+        self.tune = None  # autotune only: chunk choices (codegen/cpp_tune.py)
 
 
 def cpp_store_value(writer, value: str, dtype) -> str:
@@ -332,6 +333,14 @@ def cpp_declare(name: str, text: str, dtype) -> str:
 
 
 def generate_cpp(kernel, buffers: dict) -> CppKernel:
+    from kiln.runtime import autotune
+    if autotune.cpp_enabled():  # off by default: the source is then exactly the untuned one
+        from kiln.inductor.codegen.cpp_tune import tunable
+        return tunable(_generate_cpp(kernel, buffers))
+    return _generate_cpp(kernel, buffers)
+
+
+def _generate_cpp(kernel, buffers: dict) -> CppKernel:
     if kernel.is_reduction:
         from kiln.inductor.codegen.cpp_reduction import generate_cpp_reduction
         return generate_cpp_reduction(kernel, buffers)
