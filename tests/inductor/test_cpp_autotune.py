@@ -92,7 +92,7 @@ def test_a_new_process_reads_the_cached_choice(tmp_path):
               "f = kiln.compile(lambda x: torch.relu(x) * 2 + 1); "
               "assert torch.equal(f(x), torch.relu(x) * 2 + 1)")
     env = dict(os.environ, KILN_AUTOTUNE="1", KILN_CACHE_DIR=str(tmp_path), KILN_LOGS="autotune",
-               KILN_GRAPH_CACHE="0", PYTHONPATH=ROOT)
+               KILN_GRAPH_CACHE="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=ROOT)
     assert first.returncode == 0, first.stderr
     assert "chose chunk" in first.stderr and "from the cache" not in first.stderr
