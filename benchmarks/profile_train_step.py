@@ -2,9 +2,9 @@
 (torch.profiler over 3 steps after 4 warm-up steps), for the 4-layer GPT of
 benchmarks/train_gpt.py's "medium" config (bf16, batch 8, seq 512, vocab 8192).
 
-    python -m benchmarks.profile_train_step        # CUDA only
+    python -m benchmarks.profile_train_step [medium|gpt2]   # CUDA only; KILN_PROF_TOP=40
 
-Prints each compiler's GPU time per step and its 22 most expensive kernels, and kiln's compile
+Prints each compiler's GPU time per step and its KILN_PROF_TOP (22) most expensive kernels, and kiln's compile
 time by stage. Session 12 used it to find kiln's slow backward kernels (column reductions and
 the decomposed attention backward).
 """
@@ -15,9 +15,11 @@ from kiln import api
 from gpt import GPT, GPTConfig, counting_batches
 from torch.profiler import profile, ProfilerActivity
 torch.manual_seed(0)
-cfg = GPTConfig(vocab=8192, seq=512, layers=4, heads=8, dim=512)
+from benchmarks.train_gpt import CONFIGS
+cfg, batch = CONFIGS[sys.argv[1] if len(sys.argv) > 1 else "medium"]
+TOP = int(os.environ.get("KILN_PROF_TOP", "22"))
 base = GPT(cfg).cuda().to(torch.bfloat16)
-data = counting_batches(8, 8, cfg, device="cuda")
+data = counting_batches(8, batch, cfg, device="cuda")
 
 def top(name, model):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -34,7 +36,7 @@ def top(name, model):
             agg[e.name][0] += 1; agg[e.name][1] += e.device_time
     tot = sum(v[1] for v in agg.values()) / 3
     print(f"== {name}: GPU time per step {tot/1e3:.2f} ms, kernels/step {sum(v[0] for v in agg.values())/3:.0f}")
-    for k, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:22]:
+    for k, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:TOP]:
         print(f"  {t/3/1e3:7.3f} ms  x{n//3:3d}  {k[:110]}")
 
 rec = []
