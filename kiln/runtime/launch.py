@@ -61,7 +61,7 @@ class FastLauncher:
 
     def slow(self, grid, args, kwargs):
         kernel = self.fn[grid](*args, **kwargs)
-        if not self.failed and grid not in self.bound and len(self.bound) < 16 and not any(self._hooks()):
+        if not self.failed and grid not in self.bound and len(self.bound) < 16 and not self._hooks():
             try:
                 names = list(self.fn.arg_names)
                 self.bound[grid] = _Bound(kernel, names, args, kwargs, self._get_device())
@@ -100,16 +100,26 @@ class _GridLaunch:
         return None
 
 
+def _hook_set(hook) -> bool:
+    """Whether a launch hook would run: Triton 3.5+ keeps a ``HookChain`` in each knob, present
+    (and truthy) even when nothing is registered on it, so its list of calls decides."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else True
+
+
 def _launch_hooks():
     try:
         from triton import knobs
-        return knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     except Exception:  # noqa: BLE001 - older Triton: hooks live on CompiledKernel
         try:
             from triton.compiler import CompiledKernel
-            return CompiledKernel.launch_enter_hook, CompiledKernel.launch_exit_hook
+            hooks = CompiledKernel.launch_enter_hook, CompiledKernel.launch_exit_hook
         except Exception:  # noqa: BLE001
-            return (None,)
+            return ()
+    return tuple(h for h in hooks if _hook_set(h))
 
 
 def wrap(fn, name: str):

@@ -1,6 +1,7 @@
 """The call path: Triton kernels launched through their compiled launcher (checked against a
 stand-in kernel, since the real launcher needs a GPU); compile time broken down by stage,
 the lazily compiled backward included."""
+import pytest
 import torch
 
 import kiln
@@ -45,7 +46,7 @@ class _Ptr:
 def _launcher(jit, device=None):
     dev = [0]
     return FastLauncher(jit, "k", get_device=lambda: dev[0], get_stream=lambda d: 77,
-                        hooks=lambda: (None, None)), dev
+                        hooks=lambda: ()), dev
 
 
 def test_fast_launch_after_the_first_jit_launch():
@@ -108,3 +109,36 @@ def test_compile_times_by_stage_include_the_lazy_backward():
         assert summary.compile_times.get(stage, 0) > 0, (stage, summary.compile_times)
     backward = next(c for c in recorder if c.name.endswith("_backward"))
     assert backward.stage_times["build"] > 0 and backward.stage_times["codegen"] > 0
+
+
+class _Chain:
+    """Triton 3.5+'s HookChain: a knob that is always set, with a list of registered calls."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+
+def test_an_empty_hook_chain_is_no_hook():
+    from kiln.runtime.launch import _hook_set
+    assert not _hook_set(None) and not _hook_set(_Chain([]))
+    assert _hook_set(_Chain([print])) and _hook_set(print)
+    jit = _Jit()
+    lau = FastLauncher(jit, "k", get_device=lambda: 0, get_stream=lambda d: 77, hooks=lambda: (print,))
+    a, b = _Ptr(1024), _Ptr(2048)
+    lau[(4,)](a, b, 4096, XBLOCK=1024, num_warps=4)
+    lau[(4,)](a, b, 4096, XBLOCK=1024, num_warps=4)
+    assert [e[0] for e in jit.log] == ["jit", "jit"]  # a registered hook (a profiler) sees every launch
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the real launcher needs a GPU")
+def test_cuda_kernels_launch_through_the_compiled_launcher(monkeypatch):
+    from kiln.runtime import launch
+    slow = []
+    original = launch.FastLauncher.slow
+    monkeypatch.setattr(launch.FastLauncher, "slow",
+                        lambda self, *a: slow.append(self.name) or original(self, *a))
+    f = kiln.compile(lambda x, y: torch.relu(x) * y - x.sum(1, keepdim=True))
+    for _ in range(4):
+        x, y = torch.randn(64, 96, device="cuda"), torch.randn(64, 96, device="cuda")
+        torch.testing.assert_close(f(x, y), torch.relu(x) * y - x.sum(1, keepdim=True))
+    assert slow and len(slow) == len(set(slow)), slow  # each kernel's first launch only
