@@ -45,8 +45,6 @@ def masks(dtype, device):
 
 
 
-_POW = "GPU pow near overflow differs from eager's powf (inf vs finite): open bug"
-_ROUND = "GPU round(decimals) in half precision rounds one tie differently: open bug"
 
 ENTRIES = [
     # ---- binary arithmetic (tensor, tensor): broadcast, non-contiguous, 0-d, empty
@@ -102,8 +100,7 @@ ENTRIES = [
     E("square", lambda a: torch.square(a), differentiable=True),
     E("floor", lambda a: torch.floor(a)), E("ceil", lambda a: a.ceil()),
     E("trunc", lambda a: torch.trunc(a)), E("round", lambda a: torch.round(a * 2)),
-    E("round_decimals", lambda a: torch.round(a, decimals=2), dtypes=FLOATS,
-      known={"kiln_triton_cuda": _ROUND}),
+    E("round_decimals", lambda a: torch.round(a, decimals=2), dtypes=FLOATS),
     E("sign", lambda a: torch.sign(a)),
     E("isnan_isinf", lambda a: torch.isnan(a) | torch.isinf(a) ^ torch.isfinite(a)),
     E("nan_to_num", lambda a: torch.nan_to_num(a) + a.nan_to_num(nan=1.0, posinf=2.0, neginf=-2.0),
@@ -111,8 +108,7 @@ ENTRIES = [
     E("bitwise_not", lambda a: ~a, dtypes=INTS + BOOL),
     # ---- pow
     E("pow_tensor", lambda a, b: torch.pow(a.abs() + 0.5, b), binary, FLOATS, differentiable=True),
-    E("pow_neg_base_int_exp", lambda a, b: torch.pow(-a.abs(), torch.round(b * 2)), binary, FLOATS,
-      known={"kiln_triton_cuda": _POW}),
+    E("pow_neg_base_int_exp", lambda a, b: torch.pow(-a.abs(), torch.round(b * 2)), binary, FLOATS),
     # eager rounds each term (up to ~20 for a ** 3) to the half type before the sums; the fused
     # kernel rounds once, so half-precision results differ by a few ulps of the largest term
     E("pow_scalar_exp", lambda a: a ** 2 + a ** 3 + a.abs() ** 0.5 - (a.abs() + 0.5) ** -1.5,
