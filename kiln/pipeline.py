@@ -241,19 +241,20 @@ def generate_kernels(sched, target: str) -> dict:
 def build(wrapper, generated: dict, target: str, launches=None):
     """Build every kernel (concurrently, in the build pool: Triton kernels ahead of time in its
     worker processes, gcc in its threads) and exec the wrapper."""
-    from kiln.runtime.builder import load_kernels
+    from kiln.runtime.builder import load_kernels, representatives
 
     kernels = list(generated.values())
-    loaded = load_kernels(kernels, target, launches or {})
+    reps = representatives(kernels, launches or {})
+    loaded = load_kernels(kernels, target, launches or {}, reps)
     from kiln.inductor.codegen.wrapper import ensure_layout
 
     namespace = {"torch": torch, "empty_strided": torch.empty_strided, "as_strided": torch.as_strided,
                  "ensure_layout": ensure_layout}
-    for k, fn in zip(kernels, loaded):
+    for k, rep, fn in zip(kernels, reps, loaded):
         namespace[k.name] = fn
         if getattr(k, "checked", False):
             from kiln.runtime.cpp_build import load_cpp_checker
-            namespace[f"{k.name}_check"] = load_cpp_checker(k.source, k.name)
+            namespace[f"{k.name}_check"] = load_cpp_checker(rep.source, rep.name)
     for ext in wrapper.externs:
         op = getattr(ext, "op", ext)  # an Extern step, or (from the graph cache) the op itself
         namespace[f"extern_{op.name}"] = op.eager

@@ -142,6 +142,7 @@ class Observer:
         self.syncs = _SyncRecorder()
         self._build = None
         self.device_events = False  # CUDA: time each launch with events (the instrumented run)
+        self.device_names: dict = {}  # (folder, kernel) -> the device kernel's name, where it differs
         self.on_cuda = False
 
     def _timed_build(self, wrapper, generated, target, *rest, **kwargs):
@@ -152,6 +153,12 @@ class Observer:
         on_cuda = target == "triton" and torch.cuda.is_available()
         self.on_cuda = self.on_cuda or on_cuda
         for name in (k.name for k in generated.values()):
+            # a kernel sharing another's binary (runtime/builder.representatives) runs on the
+            # device under that kernel's name
+            inner = getattr(namespace[name], "fn", namespace[name])
+            binary = getattr(inner, "__name__", name)
+            if binary != name and isinstance(binary, str):
+                self.device_names[(folder, name)] = binary
             namespace[name] = _TimedKernel(namespace[name], f"kiln kernel {folder}/{name}",
                                            self.times[(folder, name)], self, on_cuda)
         label = f"kiln graph {folder}"
@@ -197,10 +204,10 @@ def _spin(name: str) -> bool:
     return "spin_kernel" in name or "sleep" in name.lower()
 
 
-def match_device_kernels(events) -> dict:
+def match_device_kernels(events, device_names=None) -> dict:
     """(folder, kernel) -> [(start_us, dur_us)] per call: each ``kiln kernel F/K`` range's GPU
-    kernel is the first device event named K that starts after the range began and that no
-    earlier range took (launches on one stream run in launch order). Unmatched calls are left
+    kernel is the first device event named K (or ``device_names[(F, K)]``, the binary K shares)
+    that starts after the range began and that no earlier range took (launches on one stream run in launch order). Unmatched calls are left
     out, so a list shorter than the call count means the profiler missed some."""
     ranges = sorted((e for e in events if e.name.startswith("kiln kernel ") and not _is_device(e)),
                     key=lambda e: e.time_range.start)
@@ -214,14 +221,15 @@ def match_device_kernels(events) -> dict:
     out = collections.defaultdict(list)
     for r in ranges:
         folder, kernel = r.name.split(" ", 2)[2].split("/", 1)
-        evs, i = device.get(kernel, []), taken[kernel]
+        binary = (device_names or {}).get((folder, kernel), kernel)
+        evs, i = device.get(binary, []), taken[binary]
         while i < len(evs) and evs[i].time_range.start < r.time_range.start:
             i += 1
         if i < len(evs):
             e = evs[i]
             out[(folder, kernel)].append((e.time_range.start, e.time_range.end - e.time_range.start))
             i += 1
-        taken[kernel] = i
+        taken[binary] = i
     return out
 
 
@@ -293,7 +301,7 @@ def _range_counts(prof) -> dict:
 
 def _write(run: str, obs: Observer, prof, what: str, runs: int) -> str:
     events = list(prof.events())
-    matched = match_device_kernels(events) if obs.on_cuda else {}
+    matched = match_device_kernels(events, obs.device_names) if obs.on_cuda else {}
     kernels = kernel_times(obs, matched, _range_counts(prof))
     syncs = [{"filename": f, "lineno": ln, "call": c, "what": SYNC_CALLS[c], "count": n}
              for (f, ln, c), n in obs.syncs.seen.items()]

@@ -10,8 +10,39 @@
 """
 from __future__ import annotations
 
+import re
+
+from kiln import log
 from kiln.config import config
 from kiln.runtime import pool
+
+_FROM_LINE = re.compile(r"^[ \t]*(#|//) from: .*\n?", re.M)
+
+
+def canonical_source(source: str, name: str) -> str:
+    """A kernel's source up to its name and its "from:" origin comments: kernels equal here
+    (the same layer repeated twelve times) build one binary."""
+    return re.sub(re.escape(name) + r"(?![0-9A-Za-z])", "KILN_KERNEL", _FROM_LINE.sub("", source))
+
+
+def representatives(kernels, launches: dict) -> list:
+    """For each kernel, the first kernel of the list that builds the same binary: the same
+    canonical source and, for Triton, the same launch specialization (argument dtypes, integer
+    values, constexprs). Autotuned kernels stand for themselves."""
+    first: dict = {}
+    out = []
+    for k in kernels:
+        if getattr(k, "tune", None) is not None:
+            out.append(k)
+            continue
+        req = launches.get(k.name)
+        spec = None if req is None else repr((req.get("args"), sorted(req.get("kwargs", {}).items())))
+        out.append(first.setdefault((canonical_source(k.source, k.name), spec), k))
+    shared = sum(1 for k, r in zip(kernels, out) if k is not r)
+    if shared:
+        log.log("kernels", "%d of %d kernels share another kernel's binary (same source up to names "
+                "and origins)", shared, len(kernels))
+    return out
 
 
 def prestart(target: str):
@@ -27,7 +58,21 @@ def prestart(target: str):
             p.prestart(triton=True)
 
 
-def load_kernels(kernels, target: str, launches: dict) -> list:
+def load_kernels(kernels, target: str, launches: dict, reps=None) -> list:
+    """The loaded function of each kernel; kernels with one representative (see
+    ``representatives``) build and load once."""
+    reps = representatives(kernels, launches) if reps is None else reps
+    unique = list({id(r): r for r in reps}.values())
+    loaded = dict(zip((id(r) for r in unique), _load_unique(unique, target, launches)))
+    if target != "triton":
+        return [loaded[id(r)] for r in reps]
+    from kiln.runtime import launch
+    # a launcher binds to its own launch line, so each kernel keeps its own around the shared JIT
+    return [loaded[id(r)] if k is r or not isinstance(loaded[id(r)], launch.FastLauncher)
+            else launch.wrap(loaded[id(r)].fn, k.name) for k, r in zip(kernels, reps)]
+
+
+def _load_unique(kernels, target: str, launches: dict) -> list:
     if target == "triton":
         return _load_triton(kernels, launches)
     from kiln.runtime.cpp_build import load_cpp_function

@@ -18,6 +18,17 @@ def _ev(name, start, end, device=False):
                                  time_range=types.SimpleNamespace(start=start, end=end))
 
 
+def test_kernels_sharing_a_binary_match_its_device_events_in_launch_order():
+    events = [
+        _ev("kiln kernel 000_f/kiln_kernel0", 0, 10),
+        _ev("kiln kernel 000_f/kiln_kernel3", 20, 30),      # runs kiln_kernel0's binary
+        _ev("kiln_kernel0", 8, 12, device=True),
+        _ev("kiln_kernel0", 31, 36, device=True),
+    ]
+    m = prof_mod.match_device_kernels(events, {("000_f", "kiln_kernel3"): "kiln_kernel0"})
+    assert m[("000_f", "kiln_kernel0")] == [(8, 4)] and m[("000_f", "kiln_kernel3")] == [(31, 5)]
+
+
 def test_device_kernels_matched_to_launches_by_name_and_order():
     events = [
         _ev("kiln kernel 000_f/kiln_kernel0", 0, 30),       # host range of launch 1 (long: launch latency)
