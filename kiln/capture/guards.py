@@ -146,6 +146,7 @@ class GuardSet:
         self.shape_env = None
         self.symbol_reads: dict = {}              # symbol -> (source, "size(0)" | "stride(1)")
         self.symbolic: list[tuple[Source, str, object]] = []  # (source, accessor, expr)
+        self.fast: dict = {}  # expr -> the faster spelling the generated code uses (fast_sources.py)
 
     def dynamic_tensor(self, source, t, shape, stride):
         """Guards for a tensor with symbolic sizes: type, dtype, device and rank as usual, a
@@ -218,6 +219,7 @@ class GuardSet:
         lines = ["def guard(L, G):"]
 
         def temp(src: Source) -> str:
+            src = self.fast.get(src.expr(), src)
             key = src.expr()
             if key in temps:
                 return temps[key]
@@ -260,17 +262,40 @@ class GuardSet:
         lines.append("    return True")
         return "\n".join(lines) + "\n"
 
-    def compile(self):
+    def compile(self, L=None, G=None):
+        """The guard function; with the frame's locals and globals (at capture), sources that
+        read module tables spell them directly (fast_sources.py) in this and later compiles."""
+        if L is not None:
+            from kiln.capture.fast_sources import fast_map
+            sources = [s for s, _ in self.entries] + [s for s, _ in self.symbol_reads.values()] + \
+                [s for s, _, _ in self.symbolic]
+            self.fast = fast_map(sources, L, G or {})
         source = self.python()
         namespace = {"torch": torch}
         exec(compile(source, "<kiln guard>", "exec"), namespace)
         return source, namespace["guard"]
 
 
-def make_fetch(sources: list[Source], globals_: dict | None = None):
-    """``fetch(L) -> tuple`` of graph inputs (``G`` is bound to the function's globals)."""
-    body = "".join(f"{s.expr()}, " for s in sources)
-    source = f"def fetch(L, G=G):\n    return ({body})\n"
+def make_fetch(sources: list[Source], globals_: dict | None = None, fast: dict | None = None):
+    """``fetch(L) -> tuple`` of graph inputs (``G`` is bound to the function's globals). Each
+    object on the way is read once into a temporary; ``fast`` (expr -> Source, from
+    ``fast_sources.fast_map``) gives faster spellings of module table reads."""
+    fast = fast or {}
+    temps: dict[str, str] = {}
+    lines = ["def fetch(L, G=G):"]
+
+    def temp(src: Source) -> str:
+        src = fast.get(src.expr(), src)
+        key = src.expr()
+        if key not in temps:
+            rhs = src.expr() if src.parent is None else src.expr(temp(src.parent))
+            temps[key] = f"v{len(temps)}"
+            lines.append(f"    {temps[key]} = {rhs}")
+        return temps[key]
+
+    names = [temp(s) for s in sources]
+    lines.append(f"    return ({''.join(n + ', ' for n in names)})")
+    source = "\n".join(lines) + "\n"
     namespace = {"torch": torch, "G": globals_}
     exec(compile(source, "<kiln fetch>", "exec"), namespace)
     return source, namespace["fetch"]

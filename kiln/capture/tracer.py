@@ -22,6 +22,7 @@ from kiln.capture.autocast import AutocastState, wrap_autocast
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, Source,
                                  closure_source, make_fetch)
+from kiln.capture.fast_sources import fast_map
 from kiln.capture.instructions import listing
 from kiln.capture.interpreter import Frame
 from kiln.capture.resume import GradModeExit, SetGradModeVariable, set_grad_mode
@@ -468,7 +469,10 @@ def _guarded_by_code(value) -> bool:
         return False
     if (value.__module__ or "").startswith("torch"):
         return False
-    return "<lambda>" in value.__qualname__ or "<locals>" in value.__qualname__
+    # a comprehension's or generator expression's function (``<genexpr>``): its qualified name
+    # can lose the ``<locals>`` part when the code holding it was rebuilt (a graph break)
+    return "<lambda>" in value.__qualname__ or "<locals>" in value.__qualname__ or \
+        value.__code__.co_name.startswith("<")
 
 
 def _type_check(cls) -> str:
@@ -655,11 +659,12 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
         tx.graph.output(tuple(proxies))
 
     input_sources = [s.expr() for s in tx.input_sources]
-    fetch_source, fetch = make_fetch(tx.input_sources, func.__globals__)
+    fetch_source, fetch = make_fetch(tx.input_sources, func.__globals__,
+                                     fast_map(tx.input_sources, L, func.__globals__))
     # guards the ambient autocast state; a region still open at a break is re-entered for real
     # by the glue (resume.py), so the resume function sees it as ambient autocast
     autocast_devices = tx.autocast.finish(tx.graph, at_break=break_state is not None)
-    guard_source, guard_fn = tx.guards.compile()
+    guard_source, guard_fn = tx.guards.compile(L, func.__globals__)
     result = CaptureResult(
         graph=tx.graph, input_sources=input_sources, fetch=fetch, fetch_source=fetch_source,
         guards=tx.guards.exprs(), guard_source=guard_source, guard_fn=guard_fn,

@@ -1,0 +1,118 @@
+"""Faster spellings of sources for the generated guard and fetch functions.
+
+A source like ``L['self'].blocks[3].attn.qkv.weight`` reads each step through
+``nn.Module.__getattr__`` (a Python function that searches ``_parameters``, ``_buffers`` and
+``_modules``) and ``nn.ModuleList.__getitem__`` (which normalizes the index in Python): on a
+12-layer GPT that was most of the guard's and the fetch's time per call. Where the traced
+objects show that a step resolves through one of those tables, the generated code reads the
+table directly: ``v._modules['blocks']._modules['3']._modules['attn']._parameters['weight']``.
+
+A rewrite is made only when it names the same object for every state of the module where the
+original spelling succeeds with a module lookup: the name is not an attribute of the class or
+the instance (``nn.Module.__setattr__`` keeps the tables and the instance dict disjoint), and
+an index into an ``nn.ModuleList``/``nn.ModuleDict`` whose ``__getitem__`` is torch's own.
+Anything else keeps its plain spelling. The readable spellings stay what the guards print
+(``GuardSet.exprs``, explain, recompile reasons); only the generated code uses these.
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.capture.guards import AttrSource, ItemSource, Source
+
+_TABLES = ("_parameters", "_buffers", "_modules")
+_MISSING = object()
+
+
+class ModuleEntrySource(Source):
+    """``parent.<table>[key]``: one entry of a module's parameter, buffer or submodule table."""
+    __slots__ = ("parent", "table", "key")
+
+    def __init__(self, parent, table: str, key: str):
+        self.parent, self.table, self.key = parent, table, key
+
+    def expr(self, base=None):
+        return f"{base or self.parent.expr()}.{self.table}[{self.key!r}]"
+
+
+def _class_has(obj, name: str) -> bool:
+    return any(name in vars(klass) for klass in type(obj).__mro__)
+
+
+def _module_table(obj, name: str):
+    """The table an attribute read of ``name`` on module ``obj`` resolves through, or None."""
+    if _class_has(obj, name) or name in obj.__dict__:
+        return None
+    for table in _TABLES:
+        entries = obj.__dict__.get(table)
+        if entries is not None and name in entries:
+            return table
+    return None
+
+
+def _item_key(obj, key):
+    """The ``_modules`` key an index into a ModuleList/ModuleDict reads, or None."""
+    nn = torch.nn
+    if isinstance(obj, nn.ModuleList) and type(obj).__getitem__ is nn.ModuleList.__getitem__:
+        if type(key) is int and 0 <= key < len(obj):
+            return str(key)
+    if isinstance(obj, nn.ModuleDict) and type(obj).__getitem__ is nn.ModuleDict.__getitem__:
+        if type(key) is str and key in obj._modules:
+            return key
+    return None
+
+
+def fast_map(sources, L: dict, G: dict) -> dict:
+    """expr -> faster Source, for every source (and its parents) that has one."""
+    values: dict = {}
+    out: dict = {}
+
+    def value(src):
+        key = src.expr()
+        if key not in values:
+            try:
+                values[key] = eval(faster(src).expr(), {"torch": torch, "__builtins__": __builtins__},
+                                   {"L": L, "G": G})
+            except Exception:  # noqa: BLE001 - gone since tracing: keep the plain spelling
+                values[key] = _MISSING
+        return values[key]
+
+    def faster(src):
+        key = src.expr()
+        if key in out:
+            return out[key]
+        parent = getattr(src, "parent", None)
+        if parent is None:
+            return src
+        fast_parent = faster(parent)
+        obj = value(parent)
+        result = None
+        if isinstance(obj, torch.nn.Module):
+            if isinstance(src, AttrSource):
+                table = _module_table(obj, src.attr)
+                if table is not None:
+                    result = ModuleEntrySource(fast_parent, table, src.attr)
+            elif isinstance(src, ItemSource):
+                entry = _item_key(obj, src.key)
+                if entry is not None:
+                    result = ModuleEntrySource(fast_parent, "_modules", entry)
+        if result is None and fast_parent is not parent:
+            result = _with_parent(src, fast_parent)
+        if result is not None:
+            out[key] = result
+        return result or src
+
+    for s in sources:
+        if s is not None:
+            faster(s)
+    return out
+
+
+def _with_parent(src, parent):
+    if isinstance(src, AttrSource):
+        return AttrSource(parent, src.attr)
+    if isinstance(src, ItemSource):
+        return ItemSource(parent, src.key)
+    if isinstance(src, ModuleEntrySource):
+        return ModuleEntrySource(parent, src.table, src.key)
+    return None  # a source kind with no parent to swap: keep the plain spelling
