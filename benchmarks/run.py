@@ -57,8 +57,9 @@ def environment(device: str) -> dict:
         kiln_version = importlib.metadata.version("kiln")
     except importlib.metadata.PackageNotFoundError:
         kiln_version = None
+    # KILN_COMMIT names the commit of a copied tree (git would answer for the tree around it)
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+        commit = os.environ.get("KILN_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, timeout=5,
                                 cwd=os.path.dirname(os.path.abspath(kiln.__file__))).stdout.strip()
     except (OSError, subprocess.SubprocessError):
