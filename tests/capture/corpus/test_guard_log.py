@@ -141,3 +141,19 @@ def test_grad_mode_guard():
             out2 = f(x)
     assert out1.requires_grad and not out2.requires_grad
     assert any("torch.is_grad_enabled() changed: was True, now False" in line for line in lines), lines
+
+
+def test_a_tensor_on_another_device_is_named_in_plain_words():
+    from kiln.capture.guards import GuardSet, LocalSource, explain_failure
+    g = GuardSet()
+    x = torch.randn(3)
+    g.tensor(LocalSource("x"), x)
+    guard = g.compile()[1]
+    assert guard({"x": torch.randn(3)}, {})
+    moved = torch.empty(3, device="meta")
+    assert not guard({"x": moved}, {})
+    assert explain_failure(g, {"x": moved}, {}) == "x is on meta now"
+    cuda = GuardSet()
+    cuda.tensor(LocalSource("x"), torch.empty(3, device="meta"))
+    assert not cuda.compile()[1]({"x": x}, {})
+    assert explain_failure(cuda, {"x": x}, {}) == "x is on cpu now"
