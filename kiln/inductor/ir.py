@@ -28,6 +28,20 @@ def index_symbols(n: int) -> list[sympy.Symbol]:
     return [index_symbol(k) for k in range(n)]
 
 
+_INDEX_TEXT: dict = {}
+
+
+def index_text(index) -> str:
+    """``str(index)``, memoized: reprs of loads key the codegen's CSE tables, and sympy's
+    printer sorts the terms of every sum it prints (most of codegen's time before this)."""
+    text = _INDEX_TEXT.get(index)
+    if text is None:
+        if len(_INDEX_TEXT) > 200_000:
+            _INDEX_TEXT.clear()
+        text = _INDEX_TEXT[index] = str(index)
+    return text
+
+
 # ------------------------------------------------------------------ scalar expressions
 class Expr:
     __slots__ = ()
@@ -40,7 +54,7 @@ class Load(Expr):
         self.buffer, self.index, self.dtype = buffer, sympy.sympify(index), dtype
 
     def __repr__(self):
-        return f"load({self.buffer}, {self.index})"
+        return f"load({self.buffer}, {index_text(self.index)})"
 
 
 class Const(Expr):
@@ -61,7 +75,7 @@ class IndexValue(Expr):
         self.index, self.dtype = sympy.sympify(index), dtype
 
     def __repr__(self):
-        return f"index({self.index})"
+        return f"index({index_text(self.index)})"
 
 
 class Call(Expr):
@@ -114,6 +128,15 @@ def loads_of(expr: Expr) -> list[Load]:
     return [e for e in walk(expr) if isinstance(e, Load)]
 
 
+def _body_reads(buf) -> set[str]:
+    """The buffers a Pointwise's or Reduction's body loads (bodies are never reassigned, so
+    the walk runs once per buffer; the scheduler asks for every pair of candidates)."""
+    names = getattr(buf, "_reads", None)
+    if names is None:
+        names = buf._reads = frozenset(ld.buffer for ld in loads_of(buf.body))
+    return set(names)
+
+
 def substitute_loads(expr: Expr, fn) -> Expr:
     """Rebuild expr with every Load replaced by fn(load) (fn returns an Expr or None to keep)."""
     if isinstance(expr, Load):
@@ -151,7 +174,7 @@ class InputBuffer(Buffer):
 
 class Pointwise(Buffer):
     """``name[i] = body(i)`` over ``shape``, stored with ``stride``."""
-    __slots__ = ("name", "shape", "stride", "dtype", "device", "body", "origins")
+    __slots__ = ("name", "shape", "stride", "dtype", "device", "body", "origins", "_reads")
 
     def __init__(self, name, shape, stride, dtype, device, body: Expr, origins=()):
         self.name, self.shape, self.stride = name, tuple(shape), tuple(stride)
@@ -162,7 +185,7 @@ class Pointwise(Buffer):
         return sum((s * st for s, st in zip(index_symbols(len(self.shape)), self.stride)), sympy.Integer(0))
 
     def reads(self) -> set[str]:
-        return {ld.buffer for ld in loads_of(self.body)}
+        return _body_reads(self)
 
     def __repr__(self):
         idx = ", ".join(str(s) for s in index_symbols(len(self.shape)))
@@ -177,7 +200,7 @@ class Reduction(Buffer):
     ``i0 .. i{n-1}``; ``shape`` is ``ranges`` without ``reduced_dims``.
     """
     __slots__ = ("name", "shape", "stride", "dtype", "device", "reduction_type", "ranges",
-                 "reduced_dims", "body", "origins")
+                 "reduced_dims", "body", "origins", "_reads")
 
     def __init__(self, name, shape, stride, dtype, device, reduction_type, ranges, reduced_dims,
                  body, origins=()):
@@ -196,7 +219,7 @@ class Reduction(Buffer):
         return sum((syms[d] * st for d, st in zip(self.kept_dims, self.stride)), sympy.Integer(0))
 
     def reads(self) -> set[str]:
-        return {ld.buffer for ld in loads_of(self.body)}
+        return _body_reads(self)
 
     def __repr__(self):
         idx = ", ".join(str(s) for s in index_symbols(len(self.ranges)))

@@ -22,12 +22,26 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in LOW_PRECISION else dtype
 
 
+_PRINTED: dict = {}  # (floordiv, expr) -> text, shared by every IndexPrinter
+
+
 class IndexPrinter(StrPrinter):
     """sympy -> integer index arithmetic (floor division and modulo on non-negative ints)."""
 
     def __init__(self, floordiv="//"):
         super().__init__()
         self.floordiv = floordiv
+
+    def doprint(self, expr):
+        """Memoized: the same index expressions recur across kernels (a model's repeated
+        layers) and sympy's printing sorts terms expensively each time."""
+        key = (self.floordiv, expr)
+        text = _PRINTED.get(key)
+        if text is None:
+            if len(_PRINTED) > 200_000:
+                _PRINTED.clear()
+            text = _PRINTED[key] = super().doprint(expr)
+        return text
 
     def _print_floor(self, expr):
         arg = expr.args[0]
