@@ -3,6 +3,7 @@
     python -m benchmarks.compile_time                       # CUDA if available, else CPU
     python -m benchmarks.compile_time --device cpu --no-torch-compile
     python -m benchmarks.compile_time --out results/compile_time.jsonl
+    python -m benchmarks.compile_time --phases inference --skip-overhead   # one part at a time
 
 **Cold compile**: a new process with empty caches (``KILN_CACHE_DIR``, ``TRITON_CACHE_DIR``,
 ``TORCHINDUCTOR_CACHE_DIR`` in a fresh temporary directory) builds the model and times its
@@ -22,6 +23,7 @@ One JSON line per measurement to stdout (and ``--out``), a table to stderr.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -98,16 +100,16 @@ def _spawn(backend, phase, device, cache):
     return res
 
 
-def compile_rows(device, backends):
-    rows = []
-    for phase in ("inference", "train"):
+def compile_rows(device, backends, phases=("inference", "train")):
+    """One row per (phase, backend), yielded as soon as it is measured (a run cut short by a
+    time limit keeps what it finished)."""
+    for phase in phases:
         for backend in backends:
             with tempfile.TemporaryDirectory(prefix="kiln-bench-") as cache:
                 cold = _spawn(backend, phase, device, cache)
                 warm = _spawn(backend, phase, device, cache)
-            rows.append({"case": "compile_time", "device": device, "phase": phase, "backend": backend,
-                         "cold": cold, "warm": warm})
-    return rows
+            yield {"case": "compile_time", "device": device, "phase": phase, "backend": backend,
+                   "cold": cold, "warm": warm}
 
 
 # ---------------------------------------------------------------------- per-call overhead
@@ -164,6 +166,8 @@ def main(argv=None):
     ap.add_argument("--device", default=None)
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--skip-compile", action="store_true", help="only the per-call overhead")
+    ap.add_argument("--skip-overhead", action="store_true", help="only the compile times")
+    ap.add_argument("--phases", default="inference,train", help="compile phases to measure")
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", nargs=3, metavar=("BACKEND", "PHASE", "DEVICE"))
     args = ap.parse_args(argv)
@@ -172,24 +176,30 @@ def main(argv=None):
     import torch
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     backends = ["kiln"] + ([] if args.no_torch_compile else ["torch.compile"])
-    rows = [] if args.skip_compile else compile_rows(device, backends)
-    rows += overhead_rows(device, not args.no_torch_compile)
+    rows = iter(()) if args.skip_compile else compile_rows(device, backends, tuple(args.phases.split(",")))
+    if not args.skip_overhead:
+        rows = itertools.chain(rows, _lazy(lambda: overhead_rows(device, not args.no_torch_compile)))
     out = open(args.out, "a") if args.out else None
     for r in rows:
         line = json.dumps(r)
-        print(line)
+        print(line, flush=True)
         if out:
             out.write(line + "\n")
+            out.flush()
         if r["case"] == "compile_time":
             c, w = r["cold"], r["warm"]
             print(f"{r['phase']:<9} {r['backend']:<14} cold {c.get('first_result_s', float('nan')):7.2f} s   "
                   f"warm {w.get('first_result_s', float('nan')):7.2f} s (process {w.get('process_s', float('nan')):.2f} s)"
                   + (f"   ERROR {c.get('error', w.get('error'))[-300:]}" if "error" in c or "error" in w else ""),
-                  file=sys.stderr)
+                  file=sys.stderr, flush=True)
         else:
-            print(f"overhead  {r['variant']:<30} {r['us_per_call']:8.1f} us/call", file=sys.stderr)
+            print(f"overhead  {r['variant']:<30} {r['us_per_call']:8.1f} us/call", file=sys.stderr, flush=True)
     if out:
         out.close()
+
+
+def _lazy(make):
+    yield from make()
 
 
 if __name__ == "__main__":
