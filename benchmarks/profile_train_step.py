@@ -36,13 +36,33 @@ def top(name, model):
             agg[e.name][0] += 1; agg[e.name][1] += e.device_time
     tot = sum(v[1] for v in agg.values()) / 3
     print(f"== {name}: GPU time per step {tot/1e3:.2f} ms, kernels/step {sum(v[0] for v in agg.values())/3:.0f}")
-    for k, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:TOP]:
+    ranked = sorted(agg.items(), key=lambda kv: -kv[1][1])[:TOP]
+    for k, (n, t) in ranked:
         print(f"  {t/3/1e3:7.3f} ms  x{n//3:3d}  {k[:110]}")
+    return [k for k, _ in ranked]
+
+
+def origins(names, contexts):
+    """What each of kiln's listed kernels computes: its graph and its first origin lines (a
+    name can occur in the forward and the backward graph, and kernels sharing a binary run
+    under their representative's name)."""
+    print("== kiln kernels in the list: graph, kernel kind, origins")
+    for name in names:
+        if not name.startswith("kiln_"):
+            continue
+        for c in contexts:
+            for k in c.kernels:
+                if k.name == name:
+                    src = k.source.splitlines()
+                    kind = "reduction" if any("tl.sum(" in l or "tl.max(" in l or "acc" in l for l in src) else "pointwise"
+                    froms = [l.split("from: ", 1)[1][:100] for l in src if "from: " in l][:3]
+                    print(f"  {name:16s} {c.name[:28]:28s} {kind:9s} {' | '.join(froms)}")
 
 rec = []
 api._RECORDERS.append(rec)
 t = time.time()
-top("kiln", kiln.compile(copy.deepcopy(base)))
+listed = top("kiln", kiln.compile(copy.deepcopy(base)))
+origins(listed, rec)
 times = collections.Counter()
 for c in rec:
     for k, v in c.stage_times.items(): times[k] += v
