@@ -27,7 +27,9 @@ ENTRIES = [
     C("zeros_ones_full", lambda x: torch.zeros(6, 4, device=x.device) + torch.ones(4, device=x.device) * 2
       + torch.full((6, 1), 0.5, device=x.device) + x),
     C("like", lambda x: torch.zeros_like(x) + torch.ones_like(x, dtype=torch.float64) + torch.full_like(x, 7)),
-    C("empty_then_fill", lambda x: torch.empty_like(x).mul(0) + x + torch.empty(6, 4, device=x.device).mul(0)),
+    # empty memory may hold NaN or inf: nan_to_num first, so that * 0 is 0 on both sides
+    C("empty_then_fill", lambda x: torch.empty_like(x).nan_to_num().mul(0) + x
+      + torch.empty(6, 4, device=x.device).nan_to_num().mul(0)),
     C("arange_int", lambda x: torch.arange(5, device=x.device) * 3 + torch.arange(2, 12, 2, device=x.device)),
     C("arange_float", lambda x: torch.arange(0, 1, 0.125, device=x.device)
       + torch.arange(-1.5, 1.5, 0.5, dtype=torch.float64, device=x.device).sum()),
