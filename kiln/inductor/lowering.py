@@ -35,6 +35,9 @@ def _operand(x, dtype):
     """Loader for one operand: a TValue's loader or a scalar constant."""
     if isinstance(x, TValue):
         return x.loader
+    if isinstance(x, sympy.Basic) and x.free_symbols:  # a symbolic size used as a value
+        value = ir.IndexValue(x, dtype)
+        return lambda idx: value
     const = ir.Const(x, dtype)
     return lambda idx: const
 

@@ -31,10 +31,19 @@ META_RULES[full] = lambda shape, value, dtype, device: TensorMeta.contiguous(tup
 DECOMPOSITIONS[full] = lambda shape, value, dtype, device: prims.full(tuple(shape), value, dtype, _device(device))
 
 
+from kiln.ops.promotion import _is_symint as is_symint  # noqa: E402
+
+
 def arange_length(start, end, step) -> int:
     if step == 0:
         raise ValueError("[meta] core.arange: step must be nonzero")
-    length = math.ceil((end - start) / step)
+    if any(is_symint(v) for v in (start, end, step)) and \
+            all(isinstance(v, int) or is_symint(v) for v in (start, end, step)):
+        # ceil((end - start) / step) on ints, symbolic; the numerator is never negative for a
+        # valid range (kernels print floor division as C's, which truncates)
+        length = (end - start + step - 1) // step if step > 0 else (start - end - step - 1) // (-step)
+    else:
+        length = math.ceil((end - start) / step)
     if length < 0:
         raise ValueError(f"[meta] core.arange: upper bound and step sign are inconsistent "
                          f"(start={start}, end={end}, step={step})")
@@ -53,7 +62,7 @@ META_RULES[arange] = lambda start, end, step, dtype, device: TensorMeta.contiguo
 @DECOMPOSITIONS.register(arange)
 def _arange_decomp(start, end, step, dtype, device):
     n = arange_length(start, end, step)
-    if all(isinstance(v, int) for v in (start, step)) and not dtype.is_floating_point:
+    if all(isinstance(v, int) or is_symint(v) for v in (start, step)) and not dtype.is_floating_point:
         return prims.iota(n, start, step, dtype, _device(device))
     # torch computes start + i * step in double for float ranges, then casts
     i = prims.iota(n, 0, 1, torch.int64, _device(device))

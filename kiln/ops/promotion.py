@@ -126,8 +126,12 @@ def is_number(x) -> bool:
 
 
 def scalar_for(value, dtype: torch.dtype):
-    """A Python scalar cast to the Python type that matches dtype's category."""
+    """A Python scalar cast to the Python type that matches dtype's category. A symbolic size
+    stays symbolic for integer and floating categories (kernels read it as an argument and
+    convert it); only a bool or complex use specializes it."""
     c = _category(dtype)
+    if _is_symint(value) and c in (1, 2):
+        return value
     if c == 0:
         return bool(value)
     if c == 1:

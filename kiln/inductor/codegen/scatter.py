@@ -64,7 +64,7 @@ def _triton(step, buffers):
         return TritonKernel(name, "\n".join(src) + "\n", list(in_names) + [node.target], sizes + [py(numel)],
                             {"XBLOCK": 1024}, f"-(-({py(numel)}) // 1024)", 4, list(node.origins))
     xblock, warps = _block_config(numel)
-    return TritonKernel(name, "\n".join(src) + "\n", list(in_names) + [node.target], [numel],
+    return TritonKernel(name, "\n".join(src) + "\n", list(in_names) + [node.target], sizes + [numel],
                         {"XBLOCK": xblock}, -(-numel // xblock), warps, list(node.origins))
 
 

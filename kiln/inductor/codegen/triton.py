@@ -308,7 +308,8 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
                             {"XBLOCK": xblock}, f"-(-({py(numel)}) // {xblock})", warps,
                             list(kernel.origins))
     xblock, warps = _block_config(numel)
-    gen = TritonKernel(name, source, list(in_names) + list(out_names), [numel], {"XBLOCK": xblock},
+    # static ranges, but symbolic sizes used as values (``y * n``) still come in as arguments
+    gen = TritonKernel(name, source, list(in_names) + list(out_names), sizes + [numel], {"XBLOCK": xblock},
                        -(-numel // xblock), warps, list(kernel.origins))
     if numel >= POINTWISE_TUNE_MIN:
         gen.with_tuning([(source, pointwise_configs(numel))])

@@ -367,7 +367,8 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
         return TritonKernel(name, source, list(in_names) + list(out_names), sizes + [py(xnumel), py(rnumel)],
                             {"XBLOCK": xblock, "RBLOCK": rblock}, f"-(-({py(xnumel)}) // {xblock})", warps,
                             list(kernel.origins))
-    return TritonKernel(name, source, list(in_names) + list(out_names), [xnumel, rnumel],
+    # static ranges, but symbolic sizes used as values (``y * n``) still come in as arguments
+    return TritonKernel(name, source, list(in_names) + list(out_names), sizes + [xnumel, rnumel],
                         {"XBLOCK": xblock, "RBLOCK": rblock}, -(-xnumel // xblock), warps,
                         list(kernel.origins))
 
