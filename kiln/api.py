@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import threading
 import time
 import types
@@ -74,7 +75,7 @@ class BreakEntry(CacheEntry):
 
 class CodeCache:
     """Everything kiln knows about one code object: its entries, or why it runs eagerly."""
-    __slots__ = ("entries", "eager_reason", "compiles", "auto_dynamic")
+    __slots__ = ("entries", "eager_reason", "compiles", "auto_dynamic", "auto_dynamic_ints")
 
     def __init__(self):
         self.entries: list[CacheEntry] = []
@@ -82,6 +83,8 @@ class CodeCache:
         self.compiles = 0
         # automatic dynamic (dynamic=None): input source -> dims whose size changed between calls
         self.auto_dynamic: dict[str, set] = {}
+        # automatic dynamic ints: sources of Python ints whose value changed between calls
+        self.auto_dynamic_ints: set[str] = set()
 
 
 _CODE_CACHES: dict[types.CodeType, CodeCache] = {}
@@ -227,10 +230,13 @@ class CompiledFunction:
             try:
                 if self.dynamic is None and cache.entries:
                     _note_changed_sizes(cache, L, self.globals)
+                if self.dynamic is not False and cache.entries:
+                    _note_changed_ints(cache, L, self.globals)
                 try:
                     with context.timed("capture"):
                         capture = trace(self.fn, args, kwargs, dynamic=self.dynamic,
-                                        auto_dynamic=cache.auto_dynamic)
+                                        auto_dynamic=cache.auto_dynamic,
+                                        auto_dynamic_ints=cache.auto_dynamic_ints)
                 finally:
                     _local.compiling = False
             except Unsupported as e:
@@ -398,6 +404,30 @@ def mark_dynamic(tensor, dim):
     dims = set(getattr(tensor, "_kiln_dynamic_dims", set()))
     dims.update(dim if isinstance(dim, (list, tuple, set)) else [dim])
     tensor._kiln_dynamic_dims = dims
+
+
+_INT_GUARD = re.compile(r"type\(\{\}\) is int and \{\} == (-?\d+)")
+
+
+def _note_changed_ints(cache: CodeCache, L, G):
+    """Automatic dynamic for Python ints (an argument, a module's counter attribute): a
+    non-negative int whose value differs from the one an earlier compile specialized on is
+    traced as a symbol next time (``Tracer._wrap_dynamic_int``)."""
+    for entry in cache.entries:
+        guard_set = getattr(entry.capture, "guard_set", None)
+        for source, check in (guard_set.entries if guard_set is not None else ()):
+            m = _INT_GUARD.fullmatch(check)
+            expr = source.expr()
+            if m is None or expr in cache.auto_dynamic_ints:
+                continue
+            try:
+                now = eval(expr, {"torch": torch}, {"L": L, "G": G})  # noqa: S307
+            except Exception:  # noqa: BLE001 - gone: nothing to compare
+                continue
+            was = int(m.group(1))
+            if type(now) is int and now != was and now >= 0 and was >= 0:
+                cache.auto_dynamic_ints.add(expr)
+                log.log("dynamic", "automatic dynamic: int %s changed (%d -> %d)", expr, was, now)
 
 
 def _note_changed_sizes(cache: CodeCache, L, G):

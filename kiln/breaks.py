@@ -26,7 +26,8 @@ def retrace_at_break(cf, cache, err, args, kwargs):
         try:
             with context.timed("capture"):
                 capture = trace(cf.fn, args, kwargs, dynamic=cf.dynamic,
-                                auto_dynamic=cache.auto_dynamic, plan=plan)
+                                auto_dynamic=cache.auto_dynamic, plan=plan,
+                                auto_dynamic_ints=cache.auto_dynamic_ints)
         finally:
             api._local.compiling = False
         glue, codes = build_glue(capture.break_state, func, _resume_maker(cf),

@@ -147,7 +147,9 @@ class _SizedBackward:
                                        for g in self.guards):
                 log.log("dynamic", "a backward guard failed for sizes %s: eager backward", sizes)
                 return self.graph.run(*inputs, sizes=sizes)
-            extra = [sizes[sympy.Symbol(n, integer=True, positive=True)] for n in getattr(self.compiled, "size_args", ())]
+            if not hasattr(self.compiled, "size_args"):  # an eager backend: graph.run takes the sizes
+                return self.compiled.graph.run(*inputs, sizes=sizes)
+            extra = [sizes[sympy.Symbol(n, integer=True, positive=True)] for n in self.compiled.size_args]
             return self.compiled(*inputs, *extra)
         return call
 

@@ -97,6 +97,19 @@ class ModuleSource(Source):
         return f"__import__('sys').modules[{self.name!r}]"
 
 
+class IntCarrierSource(Source):
+    """The graph input standing for a dynamic Python int ``parent``: a tensor of shape
+    ``(parent, 0)`` (no storage), whose size 0 is the int's symbol. Built by the fetch on each
+    call; every stage reads symbols from input sizes, so the int needs no other path."""
+    __slots__ = ("parent",)
+
+    def __init__(self, parent):
+        self.parent = parent
+
+    def expr(self, base=None):
+        return f"torch.empty(({base or self.parent.expr()}, 0), dtype=torch.uint8)"
+
+
 def closure_source(fn_source: Source, index: int) -> Source:
     return AttrSource(ItemSource(AttrSource(fn_source, "__closure__"), index), "cell_contents")
 
@@ -204,7 +217,8 @@ class GuardSet:
 
     def _symbol_names(self, temp=None) -> dict:
         if temp is None:
-            return {sym: f"{src.expr()}.{acc}" for sym, (src, acc) in self.symbol_reads.items()}
+            return {sym: f"{src.expr()}.{acc}" if acc else src.expr()
+                    for sym, (src, acc) in self.symbol_reads.items()}
         return {sym: sym.name for sym in self.symbol_reads}
 
     def shape_checks(self, names: dict) -> list[tuple[Source | None, str]]:
@@ -257,8 +271,8 @@ class GuardSet:
             i = j
         if self.symbol_reads:
             # symbolic sizes: read each symbol once, then the relations recorded on them
-            for sym, (src, acc) in self.symbol_reads.items():
-                lines.append(f"        {sym.name} = {temp(src)}.{acc}")
+            for sym, (src, acc) in self.symbol_reads.items():  # acc "": an int input itself
+                lines.append(f"        {sym.name} = {temp(src)}.{acc}" if acc else f"        {sym.name} = {temp(src)}")
             conds = [check.replace("{}", temp(src)) if src is not None else check
                      for src, check in self.shape_checks(self._symbol_names(temp))]
             if conds:

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from kiln.capture.errors import Unsupported
-from kiln.meta.symbolic import is_int_like
 from kiln.graph import Proxy
+from kiln.meta.symbolic import SymInt, is_int_like
 from kiln.ops import core
 
 
@@ -353,7 +353,7 @@ def getitem(self, key):
     if picked is not None:
         return picked
     for k in key:
-        if k is not None and k is not Ellipsis and not isinstance(k, (int, slice)) or isinstance(k, bool):
+        if k is not None and k is not Ellipsis and not isinstance(k, (int, slice, SymInt)) or isinstance(k, bool):
             raise Unsupported(f"indexing a tensor with {type(k).__name__} is not supported")
     consumed = sum(1 for k in key if k is not None and k is not Ellipsis)
     if consumed > self.ndim:
@@ -371,7 +371,7 @@ def getitem(self, key):
         if k is None:
             out = core.unsqueeze(out, d)
             d += 1
-        elif isinstance(k, int):
+        elif isinstance(k, (int, SymInt)):  # a symbolic index (a dynamic int) selects too
             out = core.select(out, d, k)
         else:
             if not (k.start is None and k.stop is None and k.step in (None, 1)):

@@ -15,18 +15,18 @@ import types
 
 import torch
 
-from kiln import log
 from kiln.capture import mutation, torch_api
 from kiln.capture.builtins import is_builtin
 from kiln.capture.autocast import AutocastState, wrap_autocast
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, Source,
-                                 closure_source, make_fetch)
+                                 IntCarrierSource, closure_source, make_fetch)
 from kiln.capture.fast_sources import fast_map
+from kiln.capture.rebuild import _make_rebuild, _output_spec, _set_grad_after
 from kiln.capture.instructions import listing
 from kiln.capture.interpreter import Frame
 from kiln.capture.resume import GradModeExit, SetGradModeVariable, set_grad_mode
-from kiln.capture.side_effects import SideEffects, build_extra, extra_spec, replay
+from kiln.capture.side_effects import SideEffects
 from kiln.capture.values_dict import (ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
@@ -39,7 +39,7 @@ from kiln.capture.values import (BuiltinVariable, CellVariable, ConstantVariable
                                  _Sequence, is_constant)
 from kiln.graph import Graph, Proxy
 from kiln.meta import TensorMeta
-from kiln.meta.symbolic import ShapeEnv, SymInt, has_symbols, symbolic_meta
+from kiln.meta.symbolic import ShapeEnv, has_symbols, symbolic_meta
 
 MAX_INLINE_DEPTH = 32
 _CO_GENERATOR_LIKE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -72,7 +72,7 @@ class CaptureResult:
 
 
 class Tracer:
-    def __init__(self, fn_name: str, dynamic=None, auto_dynamic=None):
+    def __init__(self, fn_name: str, dynamic=None, auto_dynamic=None, auto_dynamic_ints=None):
         self.graph = Graph(fn_name)
         self.guards = GuardSet()
         self.autocast = AutocastState(self.guards)  # torch.autocast state; casts per op
@@ -81,6 +81,8 @@ class Tracer:
         # None: the sizes auto_dynamic names ({source expr: dims}) and kiln.mark_dynamic's
         self.dynamic = dynamic
         self.auto_dynamic = auto_dynamic or {}
+        # sources of Python ints that changed between calls: traced as symbols (_wrap_dynamic_int)
+        self.auto_dynamic_ints = set(auto_dynamic_ints or ())
         self.shape_env = ShapeEnv()
         self.shape_env.location = self._location
         self.guards.shape_env = self.shape_env
@@ -134,6 +136,11 @@ class Tracer:
             if guard:
                 self.guards.identity(source, value)
             return ConstantVariable(value, source)
+        if type(value) is int and guard and self.dynamic is not False \
+                and source.expr() in self.auto_dynamic_ints:
+            var = self._wrap_dynamic_int(value, source)
+            if var is not None:
+                return var
         if isinstance(value, torch.Size) or is_constant(value) and not isinstance(value, tuple):
             if guard:
                 if isinstance(value, type):
@@ -216,6 +223,20 @@ class Tracer:
             self.guards.discard(source, f"id({{}}) == {id(value)}")  # its type is what was used
             self.guards.add(source, _type_check(type(value)))
         return OpaqueVariable(value, source)
+
+    def _wrap_dynamic_int(self, value: int, source: Source):
+        """A Python int that changed between calls (automatic dynamic): a symbol, its value read
+        by the guard (``s2 = L['n']``) and passed to the graph through a storage-less carrier
+        tensor of shape ``(n, 0)`` (``IntCarrierSource``). 0 and 1 stay specialized, like sizes."""
+        if value < 2:  # 0 and 1 are specialized like sizes; a negative int stays a constant
+            return None
+        sym = self.shape_env.create_size(value, source.expr(), duck=False)
+        self.guards.add(source, "type({}) is int")
+        self.guards.symbol_reads[sym.expr] = (source, "")
+        meta = TensorMeta((sym, 0), (1, 1), torch.uint8, torch.device("cpu"), False)
+        self.graph.placeholder(_placeholder_name(source) + "_int", meta)
+        self.input_sources.append(IntCarrierSource(source))
+        return ConstantVariable(sym, source)
 
     def _wrap_made_function(self, fn: types.FunctionType, source: Source) -> FunctionVariable:
         """A lambda or nested function (a new object per call of its maker), guarded by what
@@ -592,7 +613,7 @@ def _unbind(fn):
 
 
 def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
-          auto_dynamic=None, plan=None) -> CaptureResult:
+          auto_dynamic=None, plan=None, auto_dynamic_ints=None) -> CaptureResult:
     """Interpret ``fn(*args, **kwargs)``'s bytecode symbolically; see the module docstring.
     ``dynamic`` / ``auto_dynamic``: which input sizes are symbolic (``Tracer``).
     ``plan`` (a ``resume.BreakPlan``): stop before a graph break; the result's ``break_state``
@@ -608,7 +629,7 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
     except TypeError as e:
         raise Unsupported(f"calling {func.__qualname__}: {e}", code.co_filename,
                           code.co_firstlineno, "") from None
-    tx = Tracer(_graph_name(code.co_name), dynamic, auto_dynamic)
+    tx = Tracer(_graph_name(code.co_name), dynamic, auto_dynamic, auto_dynamic_ints)
     tx.root_globals = func.__globals__
     grad_at_entry = tx.grad_enabled
     nparams = code.co_argcount + code.co_kwonlyargcount
@@ -681,70 +702,6 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
 def _graph_name(name: str) -> str:
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
     return name if name.isidentifier() else "forward"
-
-
-def _output_spec(v: Variable, proxies: list):
-    if isinstance(v, TensorVariable):
-        proxies.append(v.proxy)
-        return ("tensor", len(proxies) - 1)
-    if isinstance(v, ConstantVariable):
-        return ("const", _concrete(v.value))
-    if isinstance(v, TupleVariable):
-        return ("tuple", [_output_spec(x, proxies) for x in v.items])
-    if isinstance(v, ListVariable):
-        return ("list", [_output_spec(x, proxies) for x in v.items])
-    if isinstance(v, DictVariable):
-        return ("dict", list(v.items), [_output_spec(x, proxies) for x in v.items.values()])
-    spec = extra_spec(v, proxies, _output_spec)
-    if spec is not None:
-        return spec
-    raise Unsupported(f"returning {v} is not supported")
-
-
-def _concrete(value):
-    """A returned Python value with symbolic sizes specialized (guarded) to their ints."""
-    if isinstance(value, SymInt):
-        return int(value)
-    if isinstance(value, tuple) and any(isinstance(v, SymInt) for v in value):
-        return tuple(int(v) if isinstance(v, SymInt) else v for v in value)
-    return value
-
-
-def _set_grad_after(rebuild, mode: bool):
-    def rebuild_then_set_grad(outputs, L=None):
-        out = rebuild(outputs, L)
-        torch._C._set_grad_enabled(mode)
-        return out
-    rebuild_then_set_grad.spec = getattr(rebuild, "spec", None)
-    return rebuild_then_set_grad
-
-
-def _make_rebuild(spec, globals_=None):
-    """``rebuild(outputs, L=None)``: the returned value, after replaying Python-state writes
-    (``("effects", spec, steps)``, side_effects.py); L is the call's frame locals."""
-    def build(s, outputs, L):
-        kind = s[0]
-        if kind == "tensor":
-            return outputs[s[1]]
-        if kind == "const":
-            return s[1]
-        if kind == "tuple":
-            return tuple(build(x, outputs, L) for x in s[1])
-        if kind == "list":
-            return [build(x, outputs, L) for x in s[1]]
-        if kind == "dict":
-            return {k: build(x, outputs, L) for k, x in zip(s[1], s[2])}
-        return build_extra(s, lambda x: build(x, outputs, L), L, globals_)
-
-    def rebuild(outputs, L=None):
-        if spec[0] == "effects":
-            result = build(spec[1], outputs, L)
-            replay(spec[2], lambda x: build(x, outputs, L), L, globals_)
-            return result
-        return build(spec, outputs, L)
-
-    rebuild.spec = spec
-    return rebuild
 
 
 __all__ = ["trace", "CaptureResult", "Tracer", "frame_locals"]

@@ -11,10 +11,10 @@ import sympy
 import torch
 
 from kiln.graph.graph import Graph, getitem
-from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, map_args
+from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, flatten_args, map_args
 from kiln.inductor import ir
 from kiln.inductor.lowering import TValue
-from kiln.meta.symbolic import expr_meta, free_symbols, has_symbols, symbol_reads, sympy_args
+from kiln.meta.symbolic import SymInt, expr_meta, free_symbols, has_symbols, symbol_reads, sympy_args
 from kiln.meta.tensor_meta import contiguous_strides
 from kiln.ops.registry import LOWERINGS
 
@@ -102,8 +102,11 @@ def lower(graph: Graph) -> ir.LoopProgram:
     env: dict = {}
     inputs = []
     devices = set()
-    symbolic = any(has_symbols(n.meta["val"].shape) or has_symbols(n.meta["val"].stride)
-                   for n in graph.placeholders)
+    # symbols used only as values (a backward's ``g * n``, with static saved tensors) count too:
+    # they must reach kernels as arguments, never be read as the traced hint
+    arg_symbols = _arg_symbols(graph)
+    symbolic = bool(arg_symbols) or any(has_symbols(n.meta["val"].shape) or has_symbols(n.meta["val"].stride)
+                                        for n in graph.placeholders)
     meta_of = (lambda n: expr_meta(n.meta["val"])) if symbolic else (lambda n: n.meta["val"])
     for node in graph.nodes:
         if node.op in (PLACEHOLDER, GET_ATTR):
@@ -146,13 +149,26 @@ def lower(graph: Graph) -> ir.LoopProgram:
     device = _pick_device(devices)
     program = ir.LoopProgram(inputs, ctx.buffers, tuple(outputs), device, ctx.seed)
     if symbolic:
-        program.symbols = sorted(free_symbols([n.meta["val"] for n in graph.placeholders]), key=lambda s: s.name)
+        program.symbols = sorted(free_symbols([n.meta["val"] for n in graph.placeholders]) | arg_symbols,
+                                 key=lambda s: s.name)
         # where the wrapper reads each symbol: an input's size or stride, else a call argument
         names = [b.name for b, n in zip(inputs, [n for n in graph.nodes if n.op in (PLACEHOLDER, GET_ATTR)])
                  if n.op == PLACEHOLDER]
         program.symbol_reads = {sym: (names[i], kind, d) for sym, (i, kind, d)
                                 in symbol_reads([n.meta["val"] for n in graph.placeholders]).items()}
     return program
+
+
+def _arg_symbols(graph: Graph) -> set:
+    """Size symbols in the graph's call arguments (SymInt scalars, symbolic shapes)."""
+    out: set = set()
+    for node in graph.nodes:
+        if node.op == CALL:
+            for a in flatten_args((node.args, node.kwargs)):
+                for x in (a.start, a.stop, a.step) if isinstance(a, slice) else (a,):
+                    if isinstance(x, SymInt):
+                        out |= x.expr.free_symbols
+    return out
 
 
 def _pick_device(devices):

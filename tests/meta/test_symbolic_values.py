@@ -53,3 +53,28 @@ def test_an_arange_of_length_one_specializes_and_recompiles_correctly(target):
     it), so the next size recompiles once and every answer still matches."""
     _check(lambda x: (torch.arange(1, x.shape[0], 2) * x.shape[0],),
            lambda n, device: (torch.randn(n, 2, device=device),), target, max_recompiles=1)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_a_size_used_only_as_a_value_reaches_the_backward(backend):
+    """The backward of ``lin(x) * y.shape[0]`` uses the symbol only as a scalar (its saved
+    tensors are static): it must take the call's value, not the traced one."""
+    torch.manual_seed(0)
+    lin, ref = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    ref.load_state_dict(lin.state_dict())
+
+    def f(m, x, y):
+        return m(x) * y.shape[0]
+    g = kiln.compile(f, dynamic=True, backend=backend)
+    x = torch.randn(2, 4)  # no size of y equals 2: no duck-sized symbol to split later
+    for n in SIZES:
+        y = torch.randn(n)
+        a, e = g(lin, x, y), f(ref, x, y)
+        a.pow(2).sum().backward()
+        e.pow(2).sum().backward()
+        torch.testing.assert_close(a, e)
+        torch.testing.assert_close(lin.weight.grad, ref.weight.grad)
+        torch.testing.assert_close(lin.bias.grad, ref.bias.grad)
+        lin.zero_grad()
+        ref.zero_grad()
+    assert kiln.stats()["recompiles"] == 0, kiln.stats()

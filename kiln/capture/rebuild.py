@@ -1,0 +1,122 @@
+"""What a capture returns and writes, rebuilt after each call: value specs for the graph's
+outputs and Python constants (``_output_spec``), the ``rebuild(outputs, L)`` function that
+makes the returned value and replays Python-state writes (``_make_rebuild``), and ints that
+depend on dynamic symbols (a counter's ``n + 1``), evaluated per call from the call's inputs."""
+from __future__ import annotations
+
+import torch
+
+from kiln.capture.side_effects import build_extra, extra_spec, replay
+from kiln.capture.values import (ConstantVariable, DictVariable, ListVariable, TensorVariable,
+                                 TupleVariable, Variable)
+from kiln.capture.errors import Unsupported
+from kiln.meta.symbolic import SymInt
+
+
+def _output_spec(v: Variable, proxies: list):
+    if isinstance(v, TensorVariable):
+        proxies.append(v.proxy)
+        return ("tensor", len(proxies) - 1)
+    if isinstance(v, ConstantVariable):
+        if isinstance(v.value, SymInt):
+            spec = _symint_spec(v.value)
+            if spec is not None:
+                return spec
+        return ("const", _concrete(v.value))
+    if isinstance(v, TupleVariable):
+        return ("tuple", [_output_spec(x, proxies) for x in v.items])
+    if isinstance(v, ListVariable):
+        return ("list", [_output_spec(x, proxies) for x in v.items])
+    if isinstance(v, DictVariable):
+        return ("dict", list(v.items), [_output_spec(x, proxies) for x in v.items.values()])
+    spec = extra_spec(v, proxies, _output_spec)
+    if spec is not None:
+        return spec
+    raise Unsupported(f"returning {v} is not supported")
+
+
+def _symint_spec(value):
+    """("symint", python expr, {symbol name: source expr}) for a returned or written int that
+    depends on symbols (a dynamic int counter's ``n + 1``): evaluated per call from the
+    call's own inputs instead of specializing on the traced value; None when a symbol has no
+    source to read it from."""
+    from kiln.meta.symbolic import py
+    env, expr = value.env, value.expr
+    reads = {}
+    for sym in expr.free_symbols:
+        src = env.sources.get(sym)
+        if src is None:
+            return None
+        reads[sym.name] = src
+    return ("symint", py(expr), reads)
+
+
+def _symint_reads(spec, out: dict) -> dict:
+    """Every symbol read of the ``symint`` specs inside ``spec``."""
+    if isinstance(spec, tuple) and spec and spec[0] == "symint":
+        out.update(spec[2])
+    elif isinstance(spec, (tuple, list)):
+        for x in spec:
+            _symint_reads(x, out)
+    elif isinstance(spec, dict):
+        for x in spec.values():
+            _symint_reads(x, out)
+    return out
+
+
+def _concrete(value):
+    """A returned Python value with symbolic sizes specialized (guarded) to their ints."""
+    if isinstance(value, SymInt):
+        return int(value)
+    if isinstance(value, tuple) and any(isinstance(v, SymInt) for v in value):
+        return tuple(int(v) if isinstance(v, SymInt) else v for v in value)
+    return value
+
+
+def _set_grad_after(rebuild, mode: bool):
+    def rebuild_then_set_grad(outputs, L=None):
+        out = rebuild(outputs, L)
+        torch._C._set_grad_enabled(mode)
+        return out
+    rebuild_then_set_grad.spec = getattr(rebuild, "spec", None)
+    return rebuild_then_set_grad
+
+
+def _make_rebuild(spec, globals_=None):
+    """``rebuild(outputs, L=None)``: the returned value, after replaying Python-state writes
+    (``("effects", spec, steps)``, side_effects.py); L is the call's frame locals."""
+    # symbols of dynamic ints the result or the replayed writes use: read once per call,
+    # before any write (a counter's new value is computed from its value at the call)
+    reads = {name: compile(src, f"<kiln symbol {name}>", "eval")
+             for name, src in _symint_reads(spec, {}).items()}
+    symbols: dict = {}
+
+    def build(s, outputs, L):
+        kind = s[0]
+        if kind == "tensor":
+            return outputs[s[1]]
+        if kind == "const":
+            return s[1]
+        if kind == "symint":
+            return int(eval(s[1], {"__builtins__": {}}, symbols))  # noqa: S307
+        if kind == "tuple":
+            return tuple(build(x, outputs, L) for x in s[1])
+        if kind == "list":
+            return [build(x, outputs, L) for x in s[1]]
+        if kind == "dict":
+            return {k: build(x, outputs, L) for k, x in zip(s[1], s[2])}
+        return build_extra(s, lambda x: build(x, outputs, L), L, globals_)
+
+    def rebuild(outputs, L=None):
+        if reads:
+            scope = {"torch": torch}
+            for name, code in reads.items():
+                symbols[name] = eval(code, scope, {"L": L, "G": globals_})  # noqa: S307
+        if spec[0] == "effects":
+            result = build(spec[1], outputs, L)
+            replay(spec[2], lambda x: build(x, outputs, L), L, globals_)
+            return result
+        return build(spec, outputs, L)
+
+    rebuild.spec = spec
+    return rebuild
