@@ -157,6 +157,26 @@ def dynamic_tensor_checks(t: torch.Tensor) -> list[str]:
         [f"{{}}.dim() == {t.dim()}"]
 
 
+class Temporaries:
+    """``temp(source)``: the name of a generated function's local holding ``source``'s value,
+    appending ``vN = <parent's local>.attr`` the first time (parents first), with the faster
+    spelling of ``fast`` (expr -> Source, fast_sources.py) where there is one."""
+
+    def __init__(self, lines: list, fast: dict, indent: str):
+        self.lines, self.fast, self.indent = lines, fast, indent
+        self.names: dict[str, str] = {}
+
+    def __call__(self, src: Source) -> str:
+        src = self.fast.get(src.expr(), src)
+        key = src.expr()
+        name = self.names.get(key)
+        if name is None:  # LocalSource, GlobalSource, ExprSource have no parent
+            rhs = src.expr() if src.parent is None else src.expr(self(src.parent))
+            name = self.names[key] = f"v{len(self.names)}"
+            self.lines.append(f"{self.indent}{name} = {rhs}")
+        return name
+
+
 class GuardSet:
     def __init__(self):
         self.entries: list[tuple[Source, str]] = []
@@ -236,22 +256,8 @@ class GuardSet:
              for src, check in self.shape_checks(names)]
 
     def python(self) -> str:
-        temps: dict[str, str] = {}
         lines = ["def guard(L, G):"]
-
-        def temp(src: Source) -> str:
-            src = self.fast.get(src.expr(), src)
-            key = src.expr()
-            if key in temps:
-                return temps[key]
-            if src.parent is None:  # LocalSource, GlobalSource, ExprSource
-                rhs = src.expr()
-            else:
-                rhs = src.expr(temp(src.parent))
-            name = f"v{len(temps)}"
-            temps[key] = name
-            lines.append(f"        {name} = {rhs}")
-            return name
+        temp = Temporaries(lines, self.fast, "        ")
 
         # One `if` per run of checks on the same object; a check that raises (an attribute
         # that went away, a shorter tuple) means the guard fails, never an error.
@@ -301,19 +307,8 @@ def make_fetch(sources: list[Source], globals_: dict | None = None, fast: dict |
     """``fetch(L) -> tuple`` of graph inputs (``G`` is bound to the function's globals). Each
     object on the way is read once into a temporary; ``fast`` (expr -> Source, from
     ``fast_sources.fast_map``) gives faster spellings of module table reads."""
-    fast = fast or {}
-    temps: dict[str, str] = {}
     lines = ["def fetch(L, G=G):"]
-
-    def temp(src: Source) -> str:
-        src = fast.get(src.expr(), src)
-        key = src.expr()
-        if key not in temps:
-            rhs = src.expr() if src.parent is None else src.expr(temp(src.parent))
-            temps[key] = f"v{len(temps)}"
-            lines.append(f"    {temps[key]} = {rhs}")
-        return temps[key]
-
+    temp = Temporaries(lines, fast or {}, "    ")
     names = [temp(s) for s in sources]
     lines.append(f"    return ({''.join(n + ', ' for n in names)})")
     source = "\n".join(lines) + "\n"
