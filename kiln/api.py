@@ -75,7 +75,7 @@ class BreakEntry(CacheEntry):
 
 class CodeCache:
     """Everything kiln knows about one code object: its entries, or why it runs eagerly."""
-    __slots__ = ("entries", "eager_reason", "compiles", "auto_dynamic", "auto_dynamic_ints")
+    __slots__ = ("entries", "eager_reason", "compiles", "auto_dynamic", "auto_dynamic_ints", "static_ints")
 
     def __init__(self):
         self.entries: list[CacheEntry] = []
@@ -85,6 +85,7 @@ class CodeCache:
         self.auto_dynamic: dict[str, set] = {}
         # automatic dynamic ints: sources of Python ints whose value changed between calls
         self.auto_dynamic_ints: set[str] = set()
+        self.static_ints: set[str] = set()  # ints whose symbol an op refused: constants from now on
 
 
 _CODE_CACHES: dict[types.CodeType, CodeCache] = {}
@@ -206,6 +207,22 @@ class CompiledFunction:
                     return f"guard failed: {g}"
         return "no guard matched"
 
+    def _trace(self, cache, args, kwargs):
+        """Capture, with the automatic dynamic ints symbolic; when a symbolic int is what made
+        an op refuse the trace (an argument that must be a Python int), those ints stay
+        constants for this code from now on and the trace runs again."""
+        try:
+            return trace(self.fn, args, kwargs, dynamic=self.dynamic, auto_dynamic=cache.auto_dynamic,
+                         auto_dynamic_ints=cache.auto_dynamic_ints)
+        except Exception as e:  # noqa: BLE001 - re-raised unless a symbolic int caused it
+            if not cache.auto_dynamic_ints or "SymInt" not in f"{e} {e.__cause__}":
+                raise
+            log.log("dynamic", "%s: symbolic ints %s made the capture fail (%s); they stay static",
+                    self.name, sorted(cache.auto_dynamic_ints), e)
+            cache.static_ints |= cache.auto_dynamic_ints
+            cache.auto_dynamic_ints.clear()
+            return trace(self.fn, args, kwargs, dynamic=self.dynamic, auto_dynamic=cache.auto_dynamic)
+
     def _compile(self, cache, L, args, kwargs, grad):
         reason = None
         if cache.entries:
@@ -234,9 +251,7 @@ class CompiledFunction:
                     _note_changed_ints(cache, L, self.globals)
                 try:
                     with context.timed("capture"):
-                        capture = trace(self.fn, args, kwargs, dynamic=self.dynamic,
-                                        auto_dynamic=cache.auto_dynamic,
-                                        auto_dynamic_ints=cache.auto_dynamic_ints)
+                        capture = self._trace(cache, args, kwargs)
                 finally:
                     _local.compiling = False
             except Unsupported as e:
@@ -418,7 +433,7 @@ def _note_changed_ints(cache: CodeCache, L, G):
         for source, check in (guard_set.entries if guard_set is not None else ()):
             m = _INT_GUARD.fullmatch(check)
             expr = source.expr()
-            if m is None or expr in cache.auto_dynamic_ints:
+            if m is None or expr in cache.auto_dynamic_ints or expr in cache.static_ints:
                 continue
             try:
                 now = eval(expr, {"torch": torch}, {"L": L, "G": G})  # noqa: S307

@@ -11,7 +11,7 @@ import builtins
 import torch
 import torch.nn.functional as F
 
-from kiln.meta.symbolic import same_shape
+from kiln.meta.symbolic import is_int_like, same_shape
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import prims
 from kiln.ops import prims_more as pm
@@ -196,7 +196,7 @@ roll = _core("roll", _roll_eager)
 
 
 def _roll_args(x, shifts, dims):
-    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    shifts = (shifts,) if is_int_like(shifts) else tuple(shifts)  # a SymInt shift too
     if dims is None:
         if len(shifts) != 1:
             raise RuntimeError("roll: shifts must be a single int when dims is not given")

@@ -118,3 +118,30 @@ def test_dynamic_false_keeps_ints_static():
         for a, e in zip(f(x, n), scale_and_slice(x, n)):
             torch.testing.assert_close(a, e)
     assert _stats()["recompiles"] == 2
+
+
+def test_an_op_that_needs_a_python_int_keeps_the_int_static():
+    """one_hot's num_classes must be a Python int: the symbolic trace fails, the int stays a
+    constant for this code from then on, and each value compiles as before (no break)."""
+    def f(x, n):
+        return torch.nn.functional.one_hot(x.abs().long() % n, n).float() * n
+    g = kiln.compile(f)
+    x = torch.randn(6) * 5
+    for n in [2, 3, 4, 6, 7, 3]:
+        torch.testing.assert_close(g(x, n), f(x, n))
+    s = _stats()
+    assert s["graph_breaks"] == 0 and s["fallbacks"] == 0 and s["recompiles"] == 4, s
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_symbolic_roll(target):
+    def f(x, n):
+        return x.roll(n, 0), x.roll(-n), x.roll((n, 1), (1, 0))
+    with on_target(target) as device:
+        g = kiln.compile(f)
+        x = torch.randn(12, 6, device=device)
+        for n in [2, 3, 4, 6, 13, 2]:
+            for a, e in zip(g(x, n), f(x, n)):
+                torch.testing.assert_close(a, e, rtol=0, atol=0)
+    s = _stats()
+    assert s["graph_breaks"] == 0 and s["recompiles"] == 1, s
