@@ -319,7 +319,8 @@ def _specialize_sizes(v, depth=0):
     if isinstance(v, ConstantVariable):
         value = v.value
         if isinstance(value, SymInt):
-            v.value = int(value)
+            if not _is_own_symbol(v):  # a dynamic int passed along unchanged is reloaded instead
+                v.value = int(value)
         elif isinstance(value, tuple) and any(isinstance(x, SymInt) for x in value):
             ints = tuple(int(x) for x in value)
             v.value = torch.Size(ints) if type(value) is not tuple else ints
@@ -329,6 +330,15 @@ def _specialize_sizes(v, depth=0):
     elif isinstance(v, DictVariable) and v.source is None:
         for x in v.items.values():
             _specialize_sizes(x, depth + 1)
+
+
+def _is_own_symbol(v) -> bool:
+    """A dynamic int (a symbol) held by the variable its source names: the glue reloads it from
+    that source (the frame's value at entry) instead of specializing it."""
+    from kiln.meta.symbolic import SymInt
+    value = v.value
+    return isinstance(value, SymInt) and v.source is not None and value.expr.is_Symbol and \
+        value.env.sources.get(value.expr) == v.source.expr()
 
 
 # ====================================================================== the plan
@@ -505,7 +515,10 @@ class Glue:
             self.load_source(v.source)
             return
         if isinstance(v, ConstantVariable):
-            self.emit(Instr("LOAD_CONST", v.value))
+            if _is_own_symbol(v):
+                self.load_source(v.source)
+            else:
+                self.emit(Instr("LOAD_CONST", v.value))
             return
         if id(v) in self.temps:
             self.emit(Instr("LOAD_FAST", self.temps[id(v)]))

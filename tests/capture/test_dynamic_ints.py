@@ -145,3 +145,21 @@ def test_a_symbolic_roll(target):
                 torch.testing.assert_close(a, e, rtol=0, atol=0)
     s = _stats()
     assert s["graph_breaks"] == 0 and s["recompiles"] == 1, s
+
+
+def test_a_dynamic_int_live_across_a_graph_break(capsys):
+    """The resume function gets the int itself (reloaded from the frame), not its traced value:
+    the frame and its resume function each compile twice for any number of values."""
+    def f(x, n):
+        y = x * n
+        print("between")
+        return y + n, n + 1
+    g = kiln.compile(f)
+    x = torch.randn(5)
+    for n in [2, 3, 4, 5, 9, 2, 3]:
+        (a, k), (e, ke) = g(x, n), f(x, n)
+        torch.testing.assert_close(a, e)
+        assert k == ke
+    assert capsys.readouterr().out.count("between") == 14
+    s = _stats()
+    assert s["recompiles"] == 2 and s["fallbacks"] == 0, s
