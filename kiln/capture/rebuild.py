@@ -55,6 +55,8 @@ def _symint_reads(spec, out: dict) -> dict:
     """Every symbol read of the ``symint`` specs inside ``spec``."""
     if isinstance(spec, tuple) and spec and spec[0] == "symint":
         out.update(spec[2])
+    elif isinstance(spec, tuple) and spec and spec[0] == "const":
+        pass  # a Python constant, whatever it holds
     elif isinstance(spec, (tuple, list)):
         for x in spec:
             _symint_reads(x, out)

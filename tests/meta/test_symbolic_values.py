@@ -78,3 +78,17 @@ def test_a_size_used_only_as_a_value_reaches_the_backward(backend):
         lin.zero_grad()
         ref.zero_grad()
     assert kiln.stats()["recompiles"] == 0, kiln.stats()
+
+
+def test_a_returned_size_is_computed_per_call():
+    """``return x.shape[0] + 1`` under dynamic shapes: read from the call's input, not
+    specialized (a constant tuple that merely looks like a spec stays a constant)."""
+    def f(x):
+        return x * 2, x.shape[0] + 1, ("symint", "x", {"a": 1})
+    g = kiln.compile(f, dynamic=True)
+    for n in SIZES:
+        x = torch.randn(n)
+        (a, k, c), (ea, ek, ec) = g(x), f(x)
+        torch.testing.assert_close(a, ea)
+        assert k == ek and type(k) is int and c == ec
+    assert kiln.stats()["recompiles"] == 0, kiln.stats()
