@@ -106,6 +106,8 @@ def _compile_graph(graph: Graph, backend: str):
         _stage("meta", verify, graph, ("core", "prims"), name="verify_captured")
     if backend == "eager":
         return EagerGraph(graph, "backend='eager'")
+    if any(getattr(getattr(n.meta.get("val"), "device", None), "type", None) == "meta" for n in graph.nodes):
+        return EagerGraph(graph, "tensors on the meta device have no data to compute on")
     if needs_autograd(graph):
         # The autograd stage: joint graph -> forward + backward graphs, each compiled by a
         # call back into compile_graph (their placeholders never require grad, so no recursion).
@@ -181,14 +183,8 @@ def _compiled(prims_graph, device, call, wrapper, kernels, extern_count, target)
 
 
 def _graph_device(graph: Graph) -> torch.device:
-    """The device lowering will pick (the first non-CPU device any node's value lives on)."""
-    from kiln.inductor.lower import _pick_device
-    devices = set()
-    for n in graph.nodes:
-        d = getattr(n.meta.get("val"), "device", None)
-        if d is not None:
-            devices.add(d)
-    return _pick_device(devices)
+    from kiln.inductor.lower import graph_device
+    return graph_device(graph)
 
 
 def _aot_launches(prims_graph, program, generated: dict, target: str) -> dict:

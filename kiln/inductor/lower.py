@@ -13,9 +13,9 @@ import torch
 from kiln.graph.graph import Graph, getitem
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, flatten_args, map_args
 from kiln.inductor import ir
-from kiln.inductor.lowering import TValue
+from kiln.inductor.lowering import TValue, extern_rule
 from kiln.meta.symbolic import SymInt, expr_meta, free_symbols, has_symbols, symbol_reads, sympy_args
-from kiln.meta.tensor_meta import contiguous_strides
+from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import LOWERINGS
 
 # A multi-use value is recomputed by each consumer when it has at most this many ops.
@@ -101,20 +101,19 @@ def lower(graph: Graph) -> ir.LoopProgram:
     ctx = LoweringContext()
     env: dict = {}
     inputs = []
-    devices = set()
     # symbols used only as values (a backward's ``g * n``, with static saved tensors) count too:
     # they must reach kernels as arguments, never be read as the traced hint
     arg_symbols = _arg_symbols(graph)
     symbolic = bool(arg_symbols) or any(has_symbols(n.meta["val"].shape) or has_symbols(n.meta["val"].stride)
                                         for n in graph.placeholders)
     meta_of = (lambda n: expr_meta(n.meta["val"])) if symbolic else (lambda n: n.meta["val"])
+    device = graph_device(graph)
     for node in graph.nodes:
         if node.op in (PLACEHOLDER, GET_ATTR):
             m = meta_of(node)
             name = f"arg{len(inputs)}"
             buf = ir.InputBuffer(name, m.shape, m.stride, m.dtype, m.device)
             inputs.append(buf)
-            devices.add(m.device)
             env[node] = TValue.of_ref(ir.TensorRef(name, m.shape, m.stride, 0), m.dtype, m.device)
         elif node.op == CALL:
             args = map_args(node.args, lambda n: env[n])
@@ -128,12 +127,13 @@ def lower(graph: Graph) -> ir.LoopProgram:
             ctx.current_origins = _origin_of(node)
             try:
                 rule = LOWERINGS[node.target]
+                if _off_device(node, device):  # a CPU value in a GPU graph: torch computes it
+                    rule = extern_rule
                 value = rule(ctx, meta_of(node), *args, **kwargs)
             except Exception as e:
                 raise LoweringError(f"[lowering] {node.name} = {node.target!r}: {e}") from e
             if isinstance(value, TValue) and not value.origins:
                 value.origins = ctx.current_origins
-            devices.add(node.meta["val"].device)
             env[node] = value
             if isinstance(value, TValue) and value.ref is None and len(node.users) > 1 \
                     and _recompute_is_costly(value):
@@ -145,8 +145,6 @@ def lower(graph: Graph) -> ir.LoopProgram:
                     outputs.append(ctx.realize(v))
                 else:
                     outputs.append(v)
-    devices.discard(None)
-    device = _pick_device(devices)
     program = ir.LoopProgram(inputs, ctx.buffers, tuple(outputs), device, ctx.seed)
     if symbolic:
         program.symbols = sorted(free_symbols([n.meta["val"] for n in graph.placeholders]) | arg_symbols,
@@ -169,6 +167,21 @@ def _arg_symbols(graph: Graph) -> set:
                     if isinstance(x, SymInt):
                         out |= x.expr.free_symbols
     return out
+
+
+def graph_device(graph: Graph) -> torch.device:
+    """The device a graph's kernels run on: the first non-CPU device any node's value lives on."""
+    devices = set()
+    for n in graph.nodes:
+        d = getattr(n.meta.get("val"), "device", None)
+        if d is not None:
+            devices.add(d)
+    return _pick_device(devices)
+
+
+def _off_device(node, device) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, TensorMeta) and val.device.type != device.type
 
 
 def _pick_device(devices):

@@ -29,13 +29,14 @@ def _tensor_metas(args):
 
 
 def _device_of(ts):
-    for t in ts:
-        if t.ndim > 0 and t.device.type != "cpu":
-            return t.device
-    for t in ts:
-        if t.device.type != "cpu":
-            return t.device
-    return ts[0].device
+    """The result device of an elementwise op, as torch picks it: the operands' device, where a
+    0-d CPU tensor counts as a scalar and mixes with any device; other mixes are errors."""
+    devices = {t.device for t in ts if t.ndim > 0 or t.device.type != "cpu"}
+    if len(devices) > 1:
+        a, b = sorted(devices, key=str)[:2]
+        raise CoreOpError(f"[meta] Expected all tensors to be on the same device, but found at least "
+                          f"two devices, {a} and {b}!")
+    return next(iter(devices)) if devices else ts[0].device
 
 
 def elementwise_meta(name, kind: Promotion):

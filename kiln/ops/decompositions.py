@@ -7,7 +7,7 @@ explicit ``broadcast_in_dim`` and ``convert_element_type`` prims here.
 from __future__ import annotations
 
 from kiln.graph.proxy import Proxy
-from kiln.ops import core, prims
+from kiln.ops import core, prims, prims_more
 from kiln.ops.promotion import Promotion, broadcast_shapes, promoted_dtypes, scalar_for
 from kiln.ops.registry import DECOMPOSITIONS
 
@@ -15,8 +15,20 @@ from kiln.ops.registry import DECOMPOSITIONS
 from kiln.ops.prim_utils import broadcast_to, to_dtype  # noqa: F401  (re-exported)
 
 
+def on_one_device(args):
+    """torch lets a 0-d CPU tensor stand as a scalar beside tensors on another device; prims
+    take one device, so such an operand is copied over (``prims.device_put``)."""
+    devices = {a.device for a in args if isinstance(a, Proxy) and (a.ndim > 0 or a.device.type != "cpu")}
+    if len(devices) != 1:
+        return args
+    (device,) = devices
+    return type(args)(prims_more.device_put(a, device) if isinstance(a, Proxy) and a.device != device else a
+                      for a in args)
+
+
 def elementwise_operands(args, kind: Promotion):
     """Promote and broadcast operands; returns (operands, compute dtype, result dtype)."""
+    args = on_one_device(args)
     compute, result = promoted_dtypes(args, kind)
     shape = broadcast_shapes(*(a.shape for a in args if isinstance(a, Proxy)))
     out = []
@@ -63,6 +75,7 @@ DECOMPOSITIONS[core.sub] = _with_alpha(prims.sub)
 
 @DECOMPOSITIONS.register(core.where)
 def where(cond, a, b):
+    cond, a, b = on_one_device((cond, a, b))
     (a, b), compute, _ = elementwise_operands((a, b), Promotion.DEFAULT)
     shape = broadcast_shapes(*(t.shape for t in (cond, a, b) if isinstance(t, Proxy)))
     a = broadcast_to(a, shape) if isinstance(a, Proxy) else a

@@ -19,7 +19,7 @@ from kiln.ops.prims import PrimError, _elementwise_meta, _prim
 from kiln.ops.registry import LOWERINGS, META_RULES
 
 __all__ = ["floor", "ceil", "trunc", "round", "sin", "cos", "erf", "exp2", "expm1", "log2",
-           "log10", "log1p", "bitwise_not", "pow", "fmod", "trunc_div", "bitwise_and",
+           "log10", "log1p", "bitwise_not", "pow", "fmod", "trunc_div", "bitwise_and", "device_put",
            "bitwise_or", "bitwise_xor", "slice", "squeeze", "flip", "roll", "cat", "pad", "iota"]
 
 
@@ -209,3 +209,17 @@ def _iota_meta(length, start, step, dtype, device):
 
 
 LOWERINGS[iota] = LV.iota_rule
+
+
+# ------------------------------------------------------------------ device_put
+# A copy to another device. Decomposition inserts it where torch lets a 0-d CPU tensor act as
+# a scalar beside tensors on an accelerator; lowering calls it from the wrapper.
+device_put = _prim("device_put", lambda x, device: x.to(device))
+
+
+@META_RULES.register(device_put)
+def _device_put_meta(x, device):
+    return TensorMeta(x.shape, x.stride, x.dtype, torch.device(device), x.requires_grad)
+
+
+LOWERINGS[device_put] = L.extern_rule

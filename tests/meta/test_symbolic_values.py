@@ -42,7 +42,7 @@ def test_arange_over_symbolic_bounds(target):
     def f(x):
         n = x.shape[0]
         return (torch.arange(n) * 2, torch.arange(n - 1, -1, -1), torch.arange(2, 2 * n + 1, 3) + 1,
-                torch.arange(n, dtype=torch.float32) + x[:, 0])
+                torch.arange(n, dtype=torch.float32, device=x.device) + x[:, 0])
 
     _check(f, lambda n, device: (torch.randn(n, 2, device=device),), target)
 

@@ -42,6 +42,8 @@ def _value_text(v, buffers=None) -> str:
         return _ref_expr(v, buffers)
     if isinstance(v, sympy.Basic):
         return py(v)
+    if isinstance(v, torch.device):
+        return f"torch.device({str(v)!r})"
     if isinstance(v, tuple) and any(isinstance(x, (sympy.Basic, ir.TensorRef, tuple, list)) for x in v):
         items = ", ".join(_value_text(x, buffers) for x in v)
         return f"({items},)" if len(v) == 1 else f"({items})"
