@@ -24,7 +24,7 @@ from kiln.graph.proxy import Proxy
 from kiln.meta.symbolic import hint_of, same_shape
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import core
-from kiln.ops.registry import VJP_RULES
+from kiln.ops.registry import TRAINING_FORMS, VJP_RULES
 from kiln.autograd import rules  # noqa: F401  (registers the VJP rules)
 from kiln.autograd.rules import broadcasts_to, sum_to_shape
 
@@ -84,10 +84,7 @@ def build_joint(graph: Graph) -> JointGraph:
             elif node.op == GET_ATTR:
                 env[node] = joint.get_attr(node.target, graph.constants[node.target])
             elif node.op == CALL:
-                new = joint.create_node(node.target, map_args(node.args, env.__getitem__),
-                                        map_args(node.kwargs, env.__getitem__), name=node.name)
-                new.meta.update(node.meta)
-                env[node] = new
+                env[node] = _copy_for_training(joint, node, env)
             elif node.op == OUTPUT:
                 outputs = map_args(node.args[0], env.__getitem__)
     if outputs is None:
@@ -158,6 +155,21 @@ def build_joint(graph: Graph) -> JointGraph:
                   for p in primals]
     joint.output(tuple(fw_outputs) + tuple(grad_nodes))
     return JointGraph(joint, primals, fw_outputs, tangents, grad_nodes)
+
+
+def _copy_for_training(joint: Graph, node: Node, env: dict) -> Node:
+    """node in the joint graph: in its training form (``TRAINING_FORMS``) when it has one and
+    its result needs a gradient, else as it is."""
+    args, kwargs = map_args(node.args, env.__getitem__), map_args(node.kwargs, env.__getitem__)
+    form = TRAINING_FORMS.get(node.target)
+    if form is not None and requires_grad(node.meta.get("val")):
+        with joint.inherit(**{k: v for k, v in node.meta.items() if k in ("source", "origin")}):
+            result = form(*map_args(args, Proxy), **map_args(kwargs, Proxy))
+        if result is not None:
+            return result.node
+    new = joint.create_node(node.target, args, kwargs, name=node.name)
+    new.meta.update(node.meta)
+    return new
 
 
 def _arg_grad_pairs(args, grads):

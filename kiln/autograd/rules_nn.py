@@ -18,10 +18,10 @@ import math
 import torch
 
 from kiln.config import config
-from kiln.ops import core
+from kiln.ops import attention, core
 from kiln.ops.core_views import normalize_dim
 from kiln.ops.core_einsum import letter_sizes, parse_einsum
-from kiln.ops.registry import VJP_RULES
+from kiln.ops.registry import TRAINING_FORMS, VJP_RULES
 from kiln.autograd.rules import (_one_minus, in_backward, is_tensor, restore_reduced,
                                  sum_to_shape, zeros_like)
 
@@ -305,6 +305,33 @@ VJP_RULES[core.bce_with_logits] = _pointwise_loss_rule(
 
 
 # ------------------------------------------------------------------ attention
+@TRAINING_FORMS.register(core.sdpa)
+def sdpa_for_training(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """Attention that needs gradients runs torch's fused kernel, which returns the row
+    log-sum-exps its backward needs (``ops/attention.py``): the backward never recomputes the
+    forward. None (keep ``core.sdpa``) when no fused kernel fits or the mask needs a gradient."""
+    if dropout_p or not config.fused_attention_backward:
+        return None
+    if attn_mask is not None and (not is_tensor(attn_mask) or attn_mask.meta.requires_grad):
+        return None
+    metas = [t.meta if is_tensor(t) else t for t in (q, k, v, attn_mask)]
+    backend = attention.choose_backend(*metas, is_causal, scale)
+    if backend is None:
+        return None
+    return attention.sdpa_fused(q, k, v, attn_mask, is_causal, scale, backend)[0]
+
+
+@VJP_RULES.register(attention.sdpa_fused)
+def sdpa_fused_vjp(g, out, q, k, v, attn_mask, is_causal, scale, backend):
+    g_out = g[0]
+    if g_out is None:  # only the saved state was used: it carries no gradient
+        return None, None, None, None, None, None, None
+    o, lse, seed, offset = out
+    gq, gk, gv = attention.sdpa_fused_backward(g_out, q, k, v, o, lse, seed, offset, attn_mask,
+                                               is_causal, scale, backend)
+    return gq, gk, gv, None, None, None, None
+
+
 @VJP_RULES.register(core.sdpa)
 def sdpa_vjp(g, out, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
     if dropout_p:

@@ -287,6 +287,34 @@ class Extern(Buffer):
         return f"{self.name} = Extern {self.op!r}({args}) -> {_dt(self.dtype)}{list(self.shape)}"
 
 
+class MultiExtern(Extern):
+    """A library op with several results, called once; each result is an ``ExternItem``."""
+    __slots__ = ()
+
+    def __init__(self, name, op, inputs, kwargs, device, origins=()):
+        super().__init__(name, op, inputs, kwargs, (), (), None, device, origins)
+
+    def __repr__(self):
+        args = ", ".join(repr(r) for r in self.inputs)
+        return f"{self.name} = Extern {self.op!r}({args}) -> tuple"
+
+
+class ExternItem(Buffer):
+    """Result ``index`` of a ``MultiExtern`` (the wrapper binds it by name: no copy)."""
+    __slots__ = ("name", "source", "index", "shape", "stride", "dtype", "device", "origins")
+
+    def __init__(self, name, source, index, shape, stride, dtype, device, origins=()):
+        self.name, self.source, self.index = name, source, index
+        self.shape, self.stride, self.dtype, self.device = tuple(shape), tuple(stride), dtype, device
+        self.origins = tuple(origins)
+
+    def reads(self) -> set[str]:
+        return {self.source}
+
+    def __repr__(self):
+        return f"{self.name} = {self.source}[{self.index}] -> {_dt(self.dtype)}{list(self.shape)}"
+
+
 class LoopProgram:
     """The whole loop IR of one graph: inputs, buffers in order, and what the graph returns.
 

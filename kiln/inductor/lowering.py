@@ -126,16 +126,34 @@ def _is_contiguous(ref: ir.TensorRef) -> bool:
     return all(sz == 1 or st == ex for sz, st, ex in zip(ref.shape, ref.stride, expected))
 
 
-def extern_rule(ctx, meta, *args, **kwargs):
-    """Library ops (mm, bmm ...): realize the operands, call the library from the wrapper."""
+def _realized(ctx, args, kwargs):
     def realize(a):  # tensors inside tuples/lists (torch.index_put's indices) too
         if isinstance(a, TValue):
             return ctx.realize(a)
         if isinstance(a, (tuple, list)):
             return type(a)(realize(x) for x in a)
         return a
-    refs = [realize(a) for a in args]
-    kwargs = {k: realize(v) for k, v in kwargs.items()}
+    return [realize(a) for a in args], {k: realize(v) for k, v in kwargs.items()}
+
+
+def extern_multi_rule(ctx, metas, *args, **kwargs):
+    """A library op with several results (fused attention and its saved state): one wrapper
+    call, then one buffer per result (``ir.ExternItem``)."""
+    refs, kwargs = _realized(ctx, args, kwargs)
+    name = ctx.new_name("buf")
+    ctx.add_buffer(ir.MultiExtern(name, ctx.current_op, refs, kwargs, metas[0].device, ctx.current_origins))
+    outs = []
+    for i, m in enumerate(metas):
+        item = ir.ExternItem(ctx.new_name("buf"), name, i, m.shape, m.stride, m.dtype, m.device,
+                             ctx.current_origins)
+        ctx.add_buffer(item)
+        outs.append(TValue.of_ref(ir.TensorRef(item.name, m.shape, m.stride, 0), m.dtype, m.device))
+    return tuple(outs)
+
+
+def extern_rule(ctx, meta, *args, **kwargs):
+    """Library ops (mm, bmm ...): realize the operands, call the library from the wrapper."""
+    refs, kwargs = _realized(ctx, args, kwargs)
     name = ctx.new_name("buf")
     node = ir.Extern(name, ctx.current_op, refs, kwargs, meta.shape, meta.stride, meta.dtype,
                      meta.device, ctx.current_origins)

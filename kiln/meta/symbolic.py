@@ -537,6 +537,8 @@ def is_int_like(x) -> bool:
 def expr_meta(meta):
     """meta with its sizes and strides as ints or sympy expressions (lowering's view)."""
     from kiln.meta.tensor_meta import TensorMeta
+    if isinstance(meta, tuple):  # a library op's several results
+        return tuple(expr_meta(m) for m in meta)
     if not isinstance(meta, TensorMeta):
         return meta
     return TensorMeta([to_sympy(s) for s in meta.shape], [to_sympy(s) for s in meta.stride],

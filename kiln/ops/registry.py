@@ -38,6 +38,9 @@ META_RULES = RuleTable("meta")
 DECOMPOSITIONS = RuleTable("decomposition")
 LOWERINGS = RuleTable("lowering")
 VJP_RULES = RuleTable("vjp")
+# core op -> its form in a graph that trains: fn(*proxies) -> Proxy, or None to keep the op
+# (attention keeps the state its backward needs). Read with .get: most ops have none.
+TRAINING_FORMS = RuleTable("training form")
 
 
 class Op:

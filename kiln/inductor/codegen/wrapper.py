@@ -180,11 +180,14 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
                     lines.append(f"    if {gen.name}_check():")
                     lines.append(f"        raise IndexError('kiln: an index read by {gen.name} is out of "
                                  f"range for its dimension (gather/embedding/index_select)')")
+        elif isinstance(step, ir.ExternItem):
+            lines.append(f"    {step.name} = ensure_layout({step.source}[{step.index}], "
+                         f"{py_tuple(step.shape)}, {py_tuple(step.stride)})")
         else:
             args = [_value_text(r, buffers) for r in step.inputs]
             kwargs = [f"{k}={_value_text(v, buffers)}" for k, v in step.kwargs.items()]
             lines.append(f"    {step.name} = extern_{step.op.name}({', '.join(args + kwargs)})")
-            if step.op.name not in LAYOUT_GUARANTEED_EXTERNS:
+            if step.op.name not in LAYOUT_GUARANTEED_EXTERNS and not isinstance(step, ir.MultiExtern):
                 # kernels index the result with the strides meta promised; a library may pick
                 # another layout (flash attention on CUDA returns [B, T, H, D] transposed)
                 lines.append(f"    {step.name} = ensure_layout({step.name}, {py_tuple(step.shape)}, {py_tuple(step.stride)})")

@@ -1,0 +1,200 @@
+"""Attention for training: torch's fused kernels called the way their own autograd calls them.
+
+The forward of a training graph calls ``sdpa_fused``, which runs one fused attention kernel
+(cuDNN, flash or memory-efficient on CUDA, flash on the CPU) and returns, besides the
+output, what that kernel's backward needs: the log-sum-exp of each row and the kernel's random
+state. ``sdpa_fused_backward`` hands them to the same library's backward. Nothing is
+recomputed: the probabilities never exist in memory, and the forward runs once.
+
+The kernel is chosen when the graph is compiled (``choose_backend``: torch's own choice for
+tensors of these shapes, strides and dtypes) and is an argument of both ops, so the forward
+and the backward always agree and the graph caches key on it. When torch would pick its math
+fallback (no fused kernel fits), training keeps ``core.sdpa`` and its VJP rule.
+
+Both ops exist as core ops (the joint graph holds them; ``kiln/autograd/rules_nn.py`` has the
+VJP rule and the rewrite of ``core.sdpa``) and as library prims of the same name, lowered to
+one wrapper call with several outputs (``lowering.extern_multi_rule``).
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.inductor import lowering as L
+from kiln.meta.symbolic import hint_of
+from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
+from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, define
+
+__all__ = ["choose_backend", "BACKENDS"]
+
+A = torch.ops.aten
+BACKENDS = ("cudnn", "flash", "efficient", "cpu_flash")
+
+
+class AttentionError(TypeError):
+    pass
+
+
+# ------------------------------------------------------------------ choosing the kernel
+def _example(meta: TensorMeta, requires_grad=False) -> torch.Tensor:
+    """An uninitialized tensor with meta's sizes (at their traced values), strides, dtype and
+    device: torch's kernel choice reads only those."""
+    shape = [hint_of(s) for s in meta.shape]
+    stride = [hint_of(s) for s in meta.stride]
+    t = torch.empty_strided(shape, stride, dtype=meta.dtype, device=meta.device)
+    return t.requires_grad_(requires_grad)
+
+
+def choose_backend(q, k, v, attn_mask, is_causal, scale) -> str | None:
+    """The fused kernel torch would run for these metas with gradients, or None (math)."""
+    if not all(isinstance(t, TensorMeta) and t.ndim == 4 for t in (q, k, v)):
+        return None
+    if attn_mask is not None and not isinstance(attn_mask, TensorMeta):
+        return None
+    if q.device.type not in ("cpu", "cuda"):
+        return None
+    try:
+        ex = [_example(t, True) for t in (q, k, v)]
+        mask = _example(attn_mask) if attn_mask is not None else None
+        choice = torch._fused_sdp_choice(*ex, mask, 0.0, is_causal, scale=scale)
+    except Exception:  # an old torch, or inputs torch itself refuses: keep the math path
+        return None
+    from torch.nn.attention import SDPBackend
+    names = {SDPBackend.CUDNN_ATTENTION.value: "cudnn", SDPBackend.FLASH_ATTENTION.value: "flash",
+             SDPBackend.EFFICIENT_ATTENTION.value: "efficient"}
+    name = names.get(choice)
+    if name == "flash" and q.device.type == "cpu":
+        return "cpu_flash"
+    if attn_mask is not None and q.device.type == "cuda":
+        # torch's front end reshapes and pads masks per kernel before these ops see them;
+        # masked attention on CUDA keeps the recomputing backward, which calls that front end
+        return None
+    return name
+
+
+# ------------------------------------------------------------------ eager forms
+_NO_RNG = {}
+
+
+def _no_rng(device):
+    if device not in _NO_RNG:
+        _NO_RNG[device] = torch.zeros((), dtype=torch.int64, device=device)
+    return _NO_RNG[device]
+
+
+def _additive(mask, dtype):
+    """A boolean mask (True: attend) as the additive mask the kernels take."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+def _fused_eager(q, k, v, attn_mask, is_causal, scale, backend):
+    """(out, logsumexp, rng seed, rng offset) of one fused attention forward."""
+    if backend == "cudnn":
+        out, lse, _, _, _, _, seed, offset, _ = A._scaled_dot_product_cudnn_attention(
+            q, k, v, attn_mask, True, 0.0, is_causal, False, scale=scale)
+    elif backend == "flash":
+        out, lse, _, _, _, _, seed, offset, _ = A._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, is_causal, False, scale=scale)
+    elif backend == "efficient":
+        out, lse, seed, offset = A._scaled_dot_product_efficient_attention(
+            q, k, v, attn_mask, True, 0.0, is_causal, scale=scale)
+    elif backend == "cpu_flash":
+        out, lse = A._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, is_causal, attn_mask=_additive(attn_mask, q.dtype), scale=scale)
+        seed = offset = _no_rng(q.device)
+    else:
+        raise AttentionError(f"prims.sdpa_fused: unknown backend {backend!r}; expected one of {BACKENDS}")
+    return out, lse, seed, offset
+
+
+def _fused_backward_eager(g, q, k, v, out, lse, seed, offset, attn_mask, is_causal, scale, backend):
+    """(grad q, grad k, grad v) from the saved forward state of the same backend."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if backend == "cudnn":
+        grads = A._scaled_dot_product_cudnn_attention_backward(
+            g, q, k, v, out, lse, seed, offset, attn_mask, None, None, n_q, n_k, 0.0, is_causal,
+            scale=scale)
+    elif backend == "flash":
+        grads = A._scaled_dot_product_flash_attention_backward(
+            g, q, k, v, out, lse, None, None, n_q, n_k, 0.0, is_causal, seed, offset, scale=scale)
+    elif backend == "efficient":
+        grads = A._scaled_dot_product_efficient_attention_backward(
+            g, q, k, v, attn_mask, out, lse, seed, offset, 0.0, [True, True, True, False], is_causal,
+            scale=scale)
+    elif backend == "cpu_flash":
+        grads = A._scaled_dot_product_flash_attention_for_cpu_backward(
+            g, q, k, v, out, lse, 0.0, is_causal, attn_mask=_additive(attn_mask, q.dtype), scale=scale)
+    else:
+        raise AttentionError(f"prims.sdpa_fused_backward: unknown backend {backend!r}")
+    return tuple(grads[:3])
+
+
+# ------------------------------------------------------------------ meta
+def _dense_like(shape, order_of: TensorMeta):
+    """Strides of a dense tensor of ``shape`` whose dims are laid out in the order of
+    ``order_of``'s strides (the fused kernels allocate their results that way: attention over
+    ``x.view(B, T, H, D).transpose(1, 2)`` returns a [B, H, T, D] view of [B, T, H, D] memory)."""
+    strides = [hint_of(s) for s in order_of.stride]
+    order = sorted(range(len(shape)), key=lambda d: (-strides[d], -d))  # outermost first
+    out = [None] * len(shape)
+    step = 1
+    for d in reversed(order):
+        out[d] = step
+        step = step * shape[d]
+    return tuple(out)
+
+
+def _check(q, k, v, backend, name):
+    if backend not in BACKENDS:
+        raise AttentionError(f"[meta] prims.{name}: unknown backend {backend!r}; expected one of {BACKENDS}")
+    if not (q.ndim == k.ndim == v.ndim == 4) or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] \
+            or q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1]:
+        raise AttentionError(f"[meta] prims.{name}: q {list(q.shape)}, k {list(k.shape)}, "
+                             f"v {list(v.shape)} do not fit a fused kernel ([B, H, T, D] each)")
+
+
+def _fused_meta(q, k, v, attn_mask, is_causal, scale, backend):
+    _check(q, k, v, backend, "sdpa_fused")
+    b, h, n_q = q.shape[0], q.shape[1], q.shape[2]
+    shape = (b, h, n_q, v.shape[-1])
+    grad = q.requires_grad or k.requires_grad or v.requires_grad
+    out = TensorMeta(shape, _dense_like(shape, q), q.dtype, q.device, grad)
+    f32, dev = torch.float32, q.device
+    if backend == "cudnn":
+        lse = TensorMeta.contiguous((b, h, n_q, 1), f32, dev)
+        seed = offset = TensorMeta.contiguous((), torch.int64, dev)
+    elif backend == "flash":
+        lse = TensorMeta.contiguous((b, h, n_q), f32, dev)
+        seed, offset = TensorMeta.contiguous((2,), torch.uint64, dev), TensorMeta.contiguous((), torch.uint64, dev)
+    elif backend == "efficient":  # rows padded to a multiple of 32
+        lse = TensorMeta.contiguous((b, h, (n_q + 31) // 32 * 32), f32, dev)
+        seed = offset = TensorMeta.contiguous((), torch.int64, torch.device("cpu"))
+    else:  # cpu_flash: [B, T, H] memory
+        lse = TensorMeta((b, h, n_q), (n_q * h, 1, h), f32, dev)
+        seed = offset = TensorMeta.contiguous((), torch.int64, dev)
+    return out, lse, seed, offset
+
+
+def _fused_backward_meta(g, q, k, v, out, lse, seed, offset, attn_mask, is_causal, scale, backend):
+    _check(q, k, v, backend, "sdpa_fused_backward")
+    if tuple(g.shape) != tuple(out.shape):
+        raise AttentionError(f"[meta] prims.sdpa_fused_backward: grad {list(g.shape)} does not match "
+                             f"the output {list(out.shape)}")
+    return tuple(TensorMeta(t.shape, _dense_like(t.shape, t), t.dtype, t.device, False) for t in (q, k, v))
+
+
+# ------------------------------------------------------------------ the ops: core and prim
+def _pair(name, eager, meta):
+    prim = define("prims", name, eager, library=True)
+    META_RULES[prim] = meta
+    LOWERINGS[prim] = L.extern_multi_rule
+    op = define("core", name, eager)
+    META_RULES[op] = meta
+    DECOMPOSITIONS[op] = prim
+    return op, prim
+
+
+sdpa_fused, prim_sdpa_fused = _pair("sdpa_fused", _fused_eager, _fused_meta)
+sdpa_fused_backward, prim_sdpa_fused_backward = _pair("sdpa_fused_backward", _fused_backward_eager,
+                                                      _fused_backward_meta)
