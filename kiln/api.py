@@ -127,9 +127,23 @@ def _fast_locals_builder(fn):
     return build
 
 
+def _as_python_function(fn):
+    """A callable with no bytecode of its own (a builtin such as ``torch.sin`` or
+    ``F.linear``) as a Python function that calls it, so capture has a frame to trace."""
+    func = _unwrap(fn)
+    if hasattr(func, "__code__"):
+        return fn
+
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+    call.__qualname__ = call.__name__ = getattr(fn, "__name__", type(fn).__name__)
+    return call
+
+
 class CompiledFunction:
     def __init__(self, fn, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
                  options=None, private_cache=False):
+        fn = _as_python_function(fn)
         self.fn = fn
         self.fullgraph = fullgraph
         self.dynamic = dynamic

@@ -53,12 +53,13 @@ class LoweringContext:
     def add_buffer(self, buf):
         self.buffers.append(buf)
 
-    def realize(self, value: TValue) -> ir.TensorRef:
-        """Materialize a value into memory (no-op when it already lives in a buffer)."""
+    def realize(self, value: TValue, stride=None) -> ir.TensorRef:
+        """Materialize a value into memory (no-op when it already lives in a buffer), with
+        ``stride`` (default: contiguous)."""
         if value.ref is not None:
             return value.ref
         shape = value.shape
-        stride = contiguous_strides(shape)
+        stride = contiguous_strides(shape) if stride is None else tuple(stride)
         body = value.loader(ir.index_symbols(len(shape)))
         name = self.new_name("buf")
         origins = value.origins or self.current_origins

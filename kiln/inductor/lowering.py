@@ -13,7 +13,7 @@ import sympy
 import torch
 
 from kiln.inductor import ir
-from kiln.meta.tensor_meta import contiguous_strides
+from kiln.meta.tensor_meta import contiguous_strides, view_strides
 
 
 class TValue:
@@ -113,6 +113,13 @@ def reshape_rule(ctx, meta, x, shape):
     if x.ref is not None and _is_contiguous(x.ref):
         ref = ir.TensorRef(x.ref.buffer, shape, contiguous_strides(shape), x.ref.offset)
         return TValue.of_ref(ref, x.dtype, x.device)
+    if x.ref is not None:  # a view of memory the strides allow (a head split of a column slice)
+        try:
+            stride = view_strides(x.ref.shape, x.ref.stride, shape)
+        except TypeError:  # symbolic sizes whose order sympy cannot decide: index through
+            stride = None
+        if stride is not None:
+            return TValue.of_ref(ir.TensorRef(x.ref.buffer, shape, stride, x.ref.offset), x.dtype, x.device)
 
     def load(idx):
         strides = contiguous_strides(shape)

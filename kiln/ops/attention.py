@@ -184,17 +184,58 @@ def _fused_backward_meta(g, q, k, v, out, lse, seed, offset, attn_mask, is_causa
     return tuple(TensorMeta(t.shape, _dense_like(t.shape, t), t.dtype, t.device, False) for t in (q, k, v))
 
 
+# ------------------------------------------------------------------ lowering
+def _dense_order(shape, stride):
+    """The dims of a dense layout, innermost first, read off its strides (symbolic ones too:
+    each stride is the product of the sizes inside it); None when the layout is not dense."""
+    left, order, step = list(range(len(shape))), [], 1
+    while left:
+        d = next((d for d in reversed(left) if stride[d] == step), None)
+        if d is None:
+            return None
+        order.append(d)
+        left.remove(d)
+        step = step * shape[d]
+    return order
+
+
+def _realize_like(ctx, value, order):
+    """A kernel-made operand written in ``order`` (innermost first): the fused kernels give
+    their results the layout of their operands, so this layout keeps results where the metas
+    say they are (q, k, v of ``x.view(B, T, H, D).transpose(1, 2)`` stay [B, T, H, D] memory)."""
+    if not isinstance(value, L.TValue) or value.ref is not None or order is None:
+        return value
+    stride, step = [None] * len(value.shape), 1
+    for d in order:
+        stride[d] = step
+        step = step * value.shape[d]
+    ctx.realize(value, stride)
+    return value
+
+
+def _lower_fused(ctx, metas, q, k, v, *rest):
+    order = _dense_order(metas[0].shape, metas[0].stride)  # the output's: q's order
+    q, k, v = (_realize_like(ctx, t, order) for t in (q, k, v))
+    return L.extern_multi_rule(ctx, metas, q, k, v, *rest)
+
+
+def _lower_fused_backward(ctx, metas, g, q, k, v, *rest):
+    q, k, v = (_realize_like(ctx, t, _dense_order(m.shape, m.stride)) for t, m in zip((q, k, v), metas))
+    g = _realize_like(ctx, g, _dense_order(metas[0].shape, metas[0].stride))
+    return L.extern_multi_rule(ctx, metas, g, q, k, v, *rest)
+
+
 # ------------------------------------------------------------------ the ops: core and prim
-def _pair(name, eager, meta):
+def _pair(name, eager, meta, lowering):
     prim = define("prims", name, eager, library=True)
     META_RULES[prim] = meta
-    LOWERINGS[prim] = L.extern_multi_rule
+    LOWERINGS[prim] = lowering
     op = define("core", name, eager)
     META_RULES[op] = meta
     DECOMPOSITIONS[op] = prim
     return op, prim
 
 
-sdpa_fused, prim_sdpa_fused = _pair("sdpa_fused", _fused_eager, _fused_meta)
+sdpa_fused, prim_sdpa_fused = _pair("sdpa_fused", _fused_eager, _fused_meta, _lower_fused)
 sdpa_fused_backward, prim_sdpa_fused_backward = _pair("sdpa_fused_backward", _fused_backward_eager,
-                                                      _fused_backward_meta)
+                                                      _fused_backward_meta, _lower_fused_backward)

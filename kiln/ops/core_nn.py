@@ -119,6 +119,9 @@ def _scaled(x, c):
 
 @DECOMPOSITIONS.register(addmm)
 def _addmm_decomp(bias, a, b, beta=1, alpha=1):
+    if beta == 1 and alpha == 1 and bias.ndim == 1 and bias.shape[0] == b.shape[1] \
+            and bias.dtype == a.dtype == b.dtype:  # the bias in the GEMM's epilogue
+        return prims.addmm(bias, a, b)
     prod = _scaled(prims.mm(a, b), alpha)
     if beta == 0:
         return prod

@@ -99,9 +99,12 @@ def linear(x, weight, bias=None):
     out_features, in_features = weight.shape
     lead = tuple(x.shape[:-1])
     x2 = x if x.ndim == 2 else prims.reshape(x, (-1, in_features))
-    out = prims.mm(x2, prims.permute(weight, (1, 0)))
-    if bias is not None:
-        out = prims.add(out, broadcast_to(bias, out.shape))
+    if bias is not None and bias.ndim == 1 and bias.dtype == x.dtype == weight.dtype:
+        out = prims.addmm(bias, x2, prims.permute(weight, (1, 0)))
+    else:
+        out = prims.mm(x2, prims.permute(weight, (1, 0)))
+        if bias is not None:
+            out = prims.add(out, broadcast_to(bias, out.shape))
     if x.ndim != 2:
         out = prims.reshape(out, lead + (out_features,))
     return out

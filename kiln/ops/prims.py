@@ -220,6 +220,22 @@ def _mm_meta(a, b):
 
 LOWERINGS[mm] = L.extern_rule
 
+# bias + a @ b in one library call: the bias rides in the GEMM's epilogue (cuBLASLt, MKL), as
+# in torch's own F.linear, so a linear's result is never re-read just to add its bias
+addmm = _prim("addmm", torch.addmm, library=True)
+
+
+@META_RULES.register(addmm)
+def _addmm_meta(bias, a, b):
+    out = _mm_meta(a, b)
+    if bias.ndim != 1 or bias.shape[0] != out.shape[1] or bias.dtype != out.dtype:
+        raise PrimError(f"[meta] prims.addmm: bias {bias.dtype}{list(bias.shape)} does not fit a "
+                        f"{out.dtype}{list(out.shape)} product")
+    return out.with_(requires_grad=out.requires_grad or bias.requires_grad)
+
+
+LOWERINGS[addmm] = L.extern_rule
+
 
 # Reductions live in their own file; they are all ``prims.<name>``.
 from kiln.ops.prims_reductions import *  # noqa: E402,F401,F403

@@ -155,3 +155,40 @@ def test_each_cuda_kernel_trains_like_eager_with_metas_verified(backend, dtype):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         with kiln.config.patch(verify=True):
             _check_training(f, [(q, k, v), _qkv(2, 37, 2, 64, dtype, "cuda")], dtype)
+
+
+def test_gpt_attention_runs_on_views_of_the_projection_and_copies_nothing(monkeypatch):
+    """q, k, v are views of the qkv projection (the bias rides in the GEMM), the fused kernel
+    reads them in place, and its results have exactly the layouts the metas promised: the
+    wrapper's layout check never copies, forward or backward."""
+    from kiln.inductor.codegen import wrapper
+    copies = []
+    real = wrapper.ensure_layout
+
+    def spy(t, shape, stride):
+        if t.stride() != tuple(stride) and t.numel() > 1:
+            copies.append((tuple(t.shape), t.stride(), stride))
+        return real(t, shape, stride)
+    monkeypatch.setattr(wrapper, "ensure_layout", spy)
+    torch.manual_seed(0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    qkv = torch.nn.Linear(32, 96).to(dev)
+
+    def attend(x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, 4, c // 4).transpose(1, 2) for z in qkv(x).split(c, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).reshape(b, t, c)
+
+    x = torch.randn(2, 9, 32, device=dev, requires_grad=True)
+    ex = kiln.explain(attend)(x)
+    got = kiln.compile(attend)(x)
+    got.square().sum().backward()
+    gx = x.grad.clone()
+    x.grad = None
+    want = attend(x)
+    want.square().sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gx, x.grad, rtol=1e-4, atol=1e-5)
+    assert copies == [], copies
+    assert ex.kernel_count == 0, ex.kernel_count  # addmm, then attention: nothing to fuse

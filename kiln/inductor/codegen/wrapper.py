@@ -57,7 +57,7 @@ def _device_name(device: torch.device) -> str:
 
 
 # torch.mm / torch.bmm always return a fresh row-major result
-LAYOUT_GUARANTEED_EXTERNS = ("mm", "bmm")
+LAYOUT_GUARANTEED_EXTERNS = ("mm", "addmm", "bmm")
 
 
 def ensure_layout(t, shape, stride):
@@ -86,7 +86,7 @@ def _dense(shape, stride) -> bool:
     return 1 + sum((d - 1) * abs(st) for d, st in zip(shape, stride)) == n and min(stride, default=1) >= 0
 
 
-FRESH_RESULT_EXTERNS = {"mm", "bmm", "sdpa", "conv"}
+FRESH_RESULT_EXTERNS = {"mm", "addmm", "bmm", "sdpa", "conv"}
 
 
 class _ReusePool:

@@ -92,6 +92,7 @@ ENTRIES = [
       mk((3, 4, 5), (5, 5)), differentiable=True),
     N("bmm_epilogue", lambda a, b: torch.relu(torch.bmm(a, b)) * 0.5, mk((2, 3, 4), (2, 4, 5)), differentiable=True),
     N("addmm", lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2), mk((5,), (3, 4), (4, 5)), differentiable=True),
+    N("addmm_bias", lambda c, a, b: torch.addmm(c, a, b), mk((5,), (3, 4), (4, 5)), differentiable=True),  # HF Conv1D
     N("baddbmm", lambda c, a, b: torch.baddbmm(c, a, b, beta=1, alpha=0.5), mk((1, 3, 5), (2, 3, 4), (2, 4, 5)),
       differentiable=True),
     N("linear", lambda x, w, b: F.linear(x, w, b) + F.linear(x, w), mk((2, 3, 4), (5, 4), (5,)), differentiable=True),
