@@ -80,11 +80,11 @@ class TailCall:
 
 
 def run_tail_calls(out):
-    """Run the resume functions glues hand back until a real value comes out."""
-    from kiln.api import CompiledFunction
+    """Run the resume functions glues hand back until a real value comes out (a compiled one
+    through ``call_raw``, which hands back its own glue's TailCall instead of running it)."""
     while type(out) is TailCall:
-        fn = out.fn
-        out = fn.call_raw(out.args, {}) if type(fn) is CompiledFunction else fn(*out.args)
+        raw = getattr(out.fn, "call_raw", None)
+        out = raw(out.args, {}) if raw is not None else out.fn(*out.args)
     return out
 
 
@@ -126,6 +126,14 @@ class LoopRestVariable(IteratorVariable):
         n = len(self.value.items)
         self.tx.guards.add(self.items_source, f"len({{}}) == {n}")
         return [self.tx.wrap(v, ItemSource(self.items_source, k)) for k, v in enumerate(self.value.items)]
+
+    def iterate(self, tx):
+        items = self.items
+        rest, self.pos = items[self.pos:], len(items)
+        return rest
+
+    def python_type(self):
+        return LoopRest
 
     def reconstruct(self, glue):
         """At a break: a fresh LoopRest over the items this trace has not consumed."""

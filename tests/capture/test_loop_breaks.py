@@ -361,3 +361,28 @@ def test_explain_reports_every_break_with_its_line(capsys):
 def test_fullgraph_raises_at_the_first_break():
     with pytest.raises(kiln.GraphBreakError, match=r"print.*test_loop_breaks.py:\d+: print\(\"step\", i\)"):
         kiln.compile(print_in_a_range_loop, fullgraph=True)(randn(4, 8))
+
+
+# ---------------------------------------------------------------- what a resume function guards
+def test_the_loop_rest_is_guarded_only_as_far_as_for_iter_read_it(capsys):
+    explained = kiln.explain(_range_loop, backend="eager")(randn(4, 8), 50)
+    capsys.readouterr()
+    lengths = sorted({g.split(")")[1].strip() for g in explained.guards if g.startswith("len(") and ".items" in g})
+    assert lengths == ["== 0", "> 0"], lengths  # never the 49 items left: one entry for all of them
+    assert not [g for g in explained.guards if ".items[" in g]  # the unused index is never read
+
+
+def test_other_uses_of_a_loop_rest_see_every_item():
+    from kiln.capture.resume_loops import LoopRest
+
+    def consume(x, it):
+        rest = list(it)
+        return x + sum(rest), type(it).__name__
+
+    x = randn(3)
+    compiled = kiln.compile(consume)
+    for items in ((1, 2, 3), (1, 2, 3), (4, 5)):
+        got, want = compiled(x, LoopRest(items)), consume(x, LoopRest(items))
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1] == "LoopRest"
+    assert kiln.stats()["frames_compiled"] == 2  # the length is guarded exactly here
