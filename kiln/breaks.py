@@ -16,9 +16,9 @@ from kiln.capture.resume import CannotResume, build_glue, plan_break
 
 def retrace_at_break(cf, cache, err, args, kwargs):
     """The capture of ``cf``'s call up to the break ``err``, with its glue; None when the break
-    cannot be resumed (then ``cache.eager_reason`` says why and the function runs eagerly)."""
-    from kiln import api
-
+    cannot be resumed (then ``cache.eager_reason`` says why and the function runs eagerly).
+    A break inside a for loop first tries to resume inside the loop; if that fails, the
+    re-trace runs again stopping before the loop (its rest then runs eagerly)."""
     try:
         plan = plan_break(err, cf.code)
         try:

@@ -46,8 +46,8 @@ from kiln.capture.guards import AttrSource, GlobalSource, ItemSource, LocalSourc
 from kiln.capture.instructions import decode
 from kiln.capture.resume_loops import (LoopRestVariable, TailCall, check_loop_state, for_loop_refusal,
                                       load_as_rest, origin_of, register_origin, stack_iterators)
-from kiln.capture.resume_facts import (_COND_JUMPS, _ENDS, _cond_jump_kind,  # noqa: F401
-                                      _operands, _result_layout, live_locals, loop_head)
+from kiln.capture.resume_facts import (_cond_jump_kind, _operands, _result_layout, live_locals,
+                                      loop_head)
 from kiln.capture.values import (NULL, BoundAdapterVariable, BuiltinVariable, ConstantVariable,
                                  DictVariable, FunctionVariable, IteratorVariable, LazyVariable,
                                  ListVariable, MethodVariable, ModuleVariable, NullVariable,

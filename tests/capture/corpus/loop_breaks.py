@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import kiln
-from corpus import case, rand, x48, xy48
+from corpus import case, x48, xy48
 
 
 @case(x48, graphs=3, breaks=2)  # the frame; the resume function with items left, and without
