@@ -12,6 +12,7 @@ import torch
 
 from kiln import context, counters, log
 from kiln.capture import Unsupported, frame_locals, trace
+from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
 from kiln.config import config
 from kiln.observe import logs
 from kiln.pipeline import StageError, compile_graph
@@ -159,6 +160,9 @@ class CompiledFunction:
         self._private = CodeCache() if private_cache else None
         # captured graph -> callable; kiln.distributed swaps in one that splits at DDP buckets
         self.compile_graph = compile_graph
+        # resume functions made for this function's breaks, shared down the chain (breaks.py),
+        # so a loop that breaks every iteration calls one resume function, not one per iteration
+        self.resume_family: dict = {}
         functools.update_wrapper(self, func)
 
     @property
@@ -177,6 +181,13 @@ class CompiledFunction:
         return types.MethodType(self, obj)
 
     def __call__(self, *args, **kwargs):
+        out = self.call_raw(args, kwargs)
+        if type(out) is TailCall:  # a graph break's glue handed back its resume function
+            out = run_tail_calls(out)
+        return out
+
+    def call_raw(self, args, kwargs):
+        """A call whose result may be a ``TailCall`` (capture/resume_loops.py) still to run."""
         if config.disable or getattr(_local, "disabled", 0) or getattr(_local, "compiling", False):
             return self.fn(*args, **kwargs)
         cache = self.cache
@@ -240,8 +251,11 @@ class CompiledFunction:
     def _compile(self, cache, L, args, kwargs, grad):
         reason = None
         if cache.entries:
-            if len(cache.entries) >= config.recompile_limit:
-                cache.eager_reason = (f"recompile limit ({config.recompile_limit}) reached for "
+            limit = config.recompile_limit
+            if starts_in_loop(self.code):  # one entry per iteration that looks different
+                limit = max(limit, config.loop_resume_limit)
+            if len(cache.entries) >= limit:
+                cache.eager_reason = (f"recompile limit ({limit}) reached for "
                                       f"{self.name}; it runs eagerly from now on")
                 log.log("recompiles", "%s", cache.eager_reason)
                 counters.bump("fallbacks")

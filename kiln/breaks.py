@@ -16,22 +16,20 @@ from kiln.capture.resume import CannotResume, build_glue, plan_break
 
 def retrace_at_break(cf, cache, err, args, kwargs):
     """The capture of ``cf``'s call up to the break ``err``, with its glue; None when the break
-    cannot be resumed (then ``cache.eager_reason`` says why and the function runs eagerly)."""
-    from kiln import api
-
-    func = api._unwrap(cf.fn)
+    cannot be resumed (then ``cache.eager_reason`` says why and the function runs eagerly).
+    A break inside a for loop first tries to resume inside the loop; if that fails, the
+    re-trace runs again stopping before the loop (its rest then runs eagerly)."""
     try:
         plan = plan_break(err, cf.code)
-        api._local.compiling = True
         try:
-            with context.timed("capture"):
-                capture = trace(cf.fn, args, kwargs, dynamic=cf.dynamic,
-                                auto_dynamic=cache.auto_dynamic, plan=plan,
-                                auto_dynamic_ints=cache.auto_dynamic_ints)
-        finally:
-            api._local.compiling = False
-        glue, codes = build_glue(capture.break_state, func, _resume_maker(cf),
-                                 _callee_wrapper(cf) if plan.wrap_callee else None)
+            capture, glue, codes = _capture_with_glue(cf, cache, plan, args, kwargs)
+        except (CannotResume, Unsupported) as why:
+            if not plan.in_loop:
+                raise
+            log.log("graph_breaks", "%s: cannot resume inside the loop (%s); the graph stops "
+                    "before the loop and the rest of the frame runs eagerly", cf.name, why)
+            plan = plan_break(err, cf.code, loops=False)
+            capture, glue, codes = _capture_with_glue(cf, cache, plan, args, kwargs)
     except (CannotResume, Unsupported) as why:
         cache.eager_reason = f"graph break: {err}; it cannot be resumed: {why}"
         log.log("graph_breaks", "%s runs eagerly: %s", cf.name, cache.eager_reason)
@@ -55,6 +53,23 @@ def retrace_at_break(cf, cache, err, args, kwargs):
     return capture
 
 
+def _capture_with_glue(cf, cache, plan, args, kwargs):
+    """Trace ``cf``'s call up to ``plan``'s stop and build the glue there."""
+    from kiln import api
+
+    api._local.compiling = True
+    try:
+        with context.timed("capture"):
+            capture = trace(cf.fn, args, kwargs, dynamic=cf.dynamic,
+                            auto_dynamic=cache.auto_dynamic, plan=plan,
+                            auto_dynamic_ints=cache.auto_dynamic_ints)
+    finally:
+        api._local.compiling = False
+    glue, codes = build_glue(capture.break_state, api._unwrap(cf.fn), _resume_maker(cf),
+                             _callee_wrapper(cf) if plan.wrap_callee else None)
+    return capture, glue, codes
+
+
 def _record(err, resume_names, eager_rest, eager_reason):
     """The break as an event of the compile (the debug dump and the report read it)."""
     ctx = context.current()
@@ -71,10 +86,19 @@ def _opts(cf):
 def _resume_maker(cf):
     from kiln.api import CompiledFunction
 
+    family = cf.resume_family  # shared down the chain: a resume code gets one CompiledFunction
+
     def make(code, closure, eager):
+        hit = family.get((code, eager))
+        if hit is not None and hit[0] is closure:
+            return hit[1]
         fn = types.FunctionType(code, cf.globals, code.co_name, None, closure)
         fn.__qualname__ = code.co_qualname if hasattr(code, "co_qualname") else code.co_name
-        return fn if eager else CompiledFunction(fn, **_opts(cf))
+        made = fn if eager else CompiledFunction(fn, **_opts(cf))
+        if not eager:
+            made.resume_family = family
+        family[(code, eager)] = (closure, made)
+        return made
     return make
 
 

@@ -15,6 +15,9 @@ def _env_bool(name, default):
 class Config:
     # capture
     recompile_limit: int = 8
+    # entries of a resume function that starts inside a for loop (a graph break in the loop):
+    # about one per iteration that looks different (a module list's layers), so more than 8
+    loop_resume_limit: int = 64
     # checking
     verify: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_VERIFY", False))
     strict: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_STRICT", False))

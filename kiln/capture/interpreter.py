@@ -458,7 +458,12 @@ def for_iter(frame, inst):
     it = frame.stack[-1]
     if not isinstance(it, IteratorVariable):
         raise Unsupported(f"FOR_ITER over {it}")
-    item = it.next()
+    lazy = getattr(it, "next_lazy", None)  # a resume function's loop (resume_loops.LoopRest)
+    if lazy is not None and frame.ip < len(frame.instructions) and \
+            frame.instructions[frame.ip].opname == "STORE_FAST":
+        item = lazy()  # stored in a local, wrapped and guarded only if it is read
+    else:
+        item = it.next()
     if item is not None:
         frame.push(item)
         return

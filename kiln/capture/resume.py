@@ -11,12 +11,17 @@ When capture stops at instruction ``i`` of the function's own frame (the *break*
    function of each successor with the stack and the live locals as arguments;
 3. a **resume function** (``resume_code``) is a copy of the original code whose prologue pushes
    its stack arguments and jumps to the successor instruction. It is wrapped with kiln's compile
-   (its own guards and cache), so the rest of the function is compiled when it is called.
+   (its own guards and cache), so the rest of the function is compiled when it is called. The
+   glue returns it as a ``TailCall`` that ``CompiledFunction`` runs (no nesting per break).
 
 Policies, decided by ``plan_break``:
 
-* a break inside a loop of the function's own frame stops before the outermost loop holding it,
-  and the rest of the frame (loop included) runs eagerly in an uncompiled resume function;
+* a break inside ``for`` loops of the function's own frame resumes inside them: each loop's
+  iterator goes to the resume function as a ``LoopRest`` of its remaining items, and a break in
+  a resume function's copy of the loop resumes the same resume function again (resume_loops.py);
+* a break inside a ``while`` loop (or a ``for`` loop that cannot resume inside: a generator, an
+  iterator held elsewhere) stops before the outermost loop holding it, and the rest of the
+  frame (loop included) runs eagerly in an uncompiled resume function;
 * a break inside an inlined callee breaks at the outermost call site; the callee, when it is a
   plain function, bound method or module known at compile time, is called through kiln's
   compile (so its own body is compiled), otherwise it runs eagerly;
@@ -39,6 +44,10 @@ from bytecode import Bytecode, Instr, Label
 from kiln import log
 from kiln.capture.guards import AttrSource, GlobalSource, ItemSource, LocalSource, Source
 from kiln.capture.instructions import decode
+from kiln.capture.resume_loops import (LoopRestVariable, TailCall, check_loop_state, for_loop_refusal,
+                                      load_as_rest, origin_of, register_origin, stack_iterators)
+from kiln.capture.resume_facts import (_cond_jump_kind, _operands, _result_layout, live_locals,
+                                      loop_head)
 from kiln.capture.values import (NULL, BoundAdapterVariable, BuiltinVariable, ConstantVariable,
                                  DictVariable, FunctionVariable, IteratorVariable, LazyVariable,
                                  ListVariable, MethodVariable, ModuleVariable, NullVariable,
@@ -70,102 +79,6 @@ def _stack_reads(instructions, index: int) -> set:
 
 class CannotResume(Exception):
     """The break cannot be resumed; the whole function runs eagerly (the reason says why)."""
-
-
-# ====================================================================== instruction facts
-_ENDS = {"RETURN_VALUE", "RETURN_CONST", "JUMP_FORWARD", "JUMP_BACKWARD",
-         "JUMP_BACKWARD_NO_INTERRUPT", "RAISE_VARARGS", "RERAISE", "JUMP"}
-_COND_JUMPS = {"POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE"}
-
-
-def _cond_jump_kind(opname: str) -> str | None:
-    """'POP_JUMP_FORWARD_IF_FALSE' (3.11) and 'POP_JUMP_IF_FALSE' (3.12) -> 'IF_FALSE'."""
-    for direction in ("", "FORWARD_", "BACKWARD_"):
-        for kind in ("IF_TRUE", "IF_FALSE", "IF_NONE", "IF_NOT_NONE"):
-            if opname == f"POP_JUMP_{direction}{kind}":
-                return kind
-    return None
-
-
-def _operands(inst) -> int | None:
-    """How many stack values the breaking instruction pops (None: the glue does not run it)."""
-    name, arg = inst.opname, inst.arg
-    fixed = {"BINARY_OP": 2, "COMPARE_OP": 2, "BINARY_SUBSCR": 2, "CONTAINS_OP": 2, "IS_OP": 2,
-             "STORE_ATTR": 2, "STORE_SUBSCR": 3, "DELETE_SUBSCR": 2, "UNARY_NEGATIVE": 1,
-             "UNARY_NOT": 1, "UNARY_INVERT": 1, "GET_ITER": 1, "STORE_GLOBAL": 1,
-             "BEFORE_WITH": 1, "LOAD_METHOD": 1, "LOAD_ATTR": 1}
-    if name in fixed:
-        return fixed[name]
-    if name == "CALL":
-        return arg + 2
-    if name == "CALL_FUNCTION_EX":
-        return 3 + (arg & 1)
-    if name == "UNPACK_SEQUENCE":
-        return 1
-    if name == "FORMAT_VALUE":
-        return 2 if arg & 0x04 else 1
-    if name == "BUILD_STRING":
-        return arg
-    if _cond_jump_kind(name):
-        return 1
-    return None
-
-
-def _result_layout(inst) -> list[bool]:
-    """The stack slots the glue's copy of the instruction leaves (True marks a NULL)."""
-    name = inst.opname
-    if name in ("STORE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR", "STORE_GLOBAL") or _cond_jump_kind(name):
-        return []
-    if name == "UNPACK_SEQUENCE":
-        return [False] * inst.arg
-    if name == "BEFORE_WITH":
-        return [False, False]
-    if name == "LOAD_METHOD" or (name == "LOAD_ATTR" and inst.flag):
-        return [True, False]  # the glue loads a bound method; the resume pushes the NULL
-    return [False]
-
-
-def loop_head(instructions, index: int) -> int | None:
-    """The first instruction of the outermost loop whose body holds ``index``, if any."""
-    head = None
-    for inst in instructions:
-        if inst.target is not None and inst.target <= inst.index and inst.target <= index <= inst.index:
-            head = inst.target if head is None else min(head, inst.target)
-    return head
-
-
-def live_locals(code, instructions, index: int) -> set[str] | None:
-    """Fast locals read at or after ``index`` before being written (None: assume all)."""
-    if code.co_exceptiontable:
-        return None  # handlers are reachable from everywhere; keep it simple and pass them all
-    n = len(instructions)
-    use, kill, succ = [], [], []
-    for inst in instructions:
-        u, k = set(), set()
-        if inst.opname in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_CLOSURE",
-                           "DELETE_FAST") and isinstance(inst.argval, str):
-            u.add(inst.argval)
-        elif inst.opname == "STORE_FAST":
-            k.add(inst.argval)
-        use.append(u)
-        kill.append(k)
-        s = [] if inst.opname in _ENDS else ([inst.index + 1] if inst.index + 1 < n else [])
-        if inst.target is not None:
-            s.append(inst.target)
-        succ.append(s)
-    live = [set() for _ in range(n)]
-    changed = True
-    while changed:
-        changed = False
-        for i in range(n - 1, -1, -1):
-            out = set()
-            for s in succ[i]:
-                out |= live[s]
-            new = (out - kill[i]) | use[i]
-            if new != live[i]:
-                live[i] = new
-                changed = True
-    return live[index]
 
 
 # ====================================================================== resume functions
@@ -231,6 +144,8 @@ def resume_code(code, index: int, layout: tuple, argnames: tuple, tag: str,
     except Exception as e:  # noqa: BLE001 - the assembler refused our copy
         raise CannotResume(f"could not assemble a resume function: {type(e).__name__}: {e}") from None
     _RESUME_CODES[key] = out
+    n_before = sum(isinstance(x, Instr) for x in items[:start])  # RESUME's position among instructions
+    register_origin(out, code, index, n_before, len(prologue))
     return out
 
 
@@ -247,6 +162,7 @@ class BreakState:
     grad_enabled: bool      # grad mode at the break (what the breaking instruction must see)
     eager_rest: bool        # the continuation runs uncompiled
     reason: str             # why the frame broke
+    in_loop: bool = False   # resumes inside the for loops holding the break (resume_loops.py)
 
 
 def finish_at_break(tx, root, plan) -> BreakState:
@@ -284,6 +200,8 @@ def finish_at_break(tx, root, plan) -> BreakState:
         elif isinstance(v, DictVariable) and v.source is None:
             for x in v.items.values():
                 collect(x, depth + 1)
+        elif isinstance(v, LoopRestVariable):
+            pass  # its remaining items are the resume function's inputs: reloaded from there
         elif isinstance(v, IteratorVariable):
             for x in v.items[v.pos:]:
                 collect(x, depth + 1)
@@ -308,7 +226,7 @@ def finish_at_break(tx, root, plan) -> BreakState:
     grad = getattr(tx, "grad_enabled", None)
     return BreakState(code, root.instructions, index, list(root.stack), locals_, outputs,
                       torch.is_grad_enabled() if grad is None else grad, plan.eager_rest,
-                      plan.reason)
+                      plan.reason, plan.in_loop)
 
 
 def _specialize_sizes(v, depth=0):
@@ -330,6 +248,9 @@ def _specialize_sizes(v, depth=0):
     elif isinstance(v, DictVariable) and v.source is None:
         for x in v.items.values():
             _specialize_sizes(x, depth + 1)
+    elif isinstance(v, IteratorVariable) and not isinstance(v, LoopRestVariable):
+        for x in v.items[v.pos:]:
+            _specialize_sizes(x, depth + 1)
 
 
 def _is_own_symbol(v) -> bool:
@@ -348,19 +269,38 @@ class BreakPlan:
     eager_rest: bool      # continue uncompiled from stop_at
     wrap_callee: bool     # the break came from inside an inlined callee
     reason: str
+    in_loop: bool = False  # the break is inside for loops and resumes inside them
 
 
-def plan_break(err, code) -> BreakPlan:
-    """Where to stop the re-trace for the break ``err`` (an Unsupported) in ``code``."""
+def _in_loop_plan(err, code, instructions, index, loops: bool) -> BreakPlan | None:
+    """The plan for a break inside a loop: resume inside it (resume_loops.py) when every loop
+    holding it is a for loop and the glue can run the breaking instruction; else None, with
+    the reason logged (the caller stops before the outermost loop). ``loops=False``: None."""
+    if not loops:
+        return None  # a first try inside the loop failed (kiln/breaks.py logged why)
+    why = for_loop_refusal(instructions, index)
+    if why is None and _operands(instructions[index]) is None:
+        why = f"the glue cannot run {instructions[index].opname} on its own"
+    if why is None:
+        log.log("graph_breaks", "%s: the break at instruction %d is inside a for loop; the rest "
+                "resumes inside the loop", code.co_name, index)
+        return BreakPlan(index, False, len(err.frames) > 1, err.reason, True)
+    log.log("graph_breaks", "%s: the break at instruction %d is inside a loop (%s); the graph "
+            "stops before the loop and the rest of the frame runs eagerly", code.co_name, index, why)
+    return None
+
+
+def plan_break(err, code, loops: bool = True) -> BreakPlan:
+    """Where to stop the re-trace for the break ``err`` (an Unsupported) in ``code``;
+    ``loops=False``: a break inside a loop stops before the loop (its rest runs eagerly)."""
     if not err.frames or err.frames[0].code is not code:
         raise CannotResume("the break has no position in the function's own frame")
     index = err.frames[0].instruction_index
     instructions = decode(code)
     head = loop_head(instructions, index)
     if head is not None:
-        log.log("graph_breaks", "%s: the break at instruction %d is inside a loop; the graph "
-                "stops before the loop and the rest of the frame runs eagerly", code.co_name, index)
-        return BreakPlan(head, True, False, err.reason)
+        plan = _in_loop_plan(err, code, instructions, index, loops)
+        return plan if plan is not None else BreakPlan(head, True, False, err.reason)
     inst = instructions[index]
     if _operands(inst) is None:
         log.log("graph_breaks", "%s: the glue cannot run %s on its own; the rest of the frame "
@@ -472,6 +412,7 @@ class Glue:
         self.instrs: list = []
         self.temps: dict[int, str] = {}
         self.keep: list = []
+        self.loop_iters: set = set()  # ids of stack iterators passed as a LoopRest (resume_loops)
 
     def emit(self, *instrs):
         self.instrs.extend(instrs)
@@ -542,6 +483,9 @@ class Glue:
                 self.load(x)
             self.emit(Instr("BUILD_MAP", len(v.items)))
             self._memo(v)
+            return
+        if isinstance(v, IteratorVariable) and id(v) in self.loop_iters:
+            load_as_rest(self, v)
             return
         if isinstance(v, IteratorVariable):
             for x in v.items[v.pos:]:
@@ -649,12 +593,14 @@ def _call_resume(glue: Glue, fn, stack_names, local_names, restore=None):
     if restore is not None:  # back to the entry's grad mode; the resume's prologue re-enters
         glue.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", torch._C._set_grad_enabled),
                   Instr("LOAD_CONST", restore), *_call(1), Instr("POP_TOP"))
-    glue.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", fn))
+    # returned, not called: CompiledFunction runs it (no nesting per loop iteration)
+    glue.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", TailCall), Instr("LOAD_CONST", fn))
     for name in stack_names:
         glue.emit(Instr("LOAD_FAST", name))
     for name in local_names:
         glue.emit(Instr("LOAD_FAST", name))
-    glue.emit(*_call(len(stack_names) + len(local_names)), Instr("RETURN_VALUE"))
+    glue.emit(Instr("BUILD_TUPLE", len(stack_names) + len(local_names)), *_call(2),
+              Instr("RETURN_VALUE"))
 
 
 def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
@@ -677,6 +623,8 @@ def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
     if n_ops > len(stack):
         raise CannotResume(f"{inst.opname} needs {n_ops} stack values, the trace has {len(stack)}")
     deeper, operands = stack[:len(stack) - n_ops], stack[len(stack) - n_ops:]
+    glue.loop_iters = check_loop_state(state, deeper, operands) if state.in_loop else \
+        stack_iterators(state, deeper, operands)[0]
     deep_names = _store_slots(glue, deeper)
     local_temps = []
     for name in local_names:
@@ -688,7 +636,10 @@ def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
     codes = []
 
     def resume_at(target, layout):
-        rc = resume_code(code, target, layout, tuple(local_names),
+        # a break in a resume function's copy of the code resumes a copy of the original
+        # (a loop that breaks every iteration reuses one resume function)
+        origin, target = origin_of(code, target)
+        rc = resume_code(origin, target, layout, tuple(local_names),
                          "rest" if state.eager_rest else "resume", inner)
         codes.append(rc)
         return make_resume(rc, func.__closure__, state.eager_rest)

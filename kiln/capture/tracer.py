@@ -26,6 +26,7 @@ from kiln.capture.rebuild import _make_rebuild, _output_spec, _set_grad_after
 from kiln.capture.instructions import listing
 from kiln.capture.interpreter import Frame
 from kiln.capture.resume import GradModeExit, SetGradModeVariable, set_grad_mode
+from kiln.capture.resume_loops import LoopRest, wrap_loop_rest
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.values_dict import (ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
@@ -122,6 +123,8 @@ class Tracer:
             return self._wrap_tensor(value, source)
         if value is set_grad_mode:  # a resume function's prologue re-entering a grad-mode block
             return SetGradModeVariable()
+        if type(value) is LoopRest:  # a for loop's remaining items, at a resume function's entry
+            return wrap_loop_rest(self, value, source)
         if type(value) is GradModeExit:  # a grad-mode block's exit, passed to a resume function
             if guard:
                 self.guards.identity(source, value)
@@ -450,7 +453,9 @@ class Tracer:
             # (consumers such as sum(), tuple() or a for loop then see them in order).
             frame.yielded = []
             self.run_frame(frame)
-            return IteratorVariable(frame.yielded)
+            items = IteratorVariable(frame.yielded)
+            items.from_generator = True  # a graph break cannot resume inside a loop over it
+            return items
         return self.run_frame(frame)
 
     _current_frame: Frame | None = None

@@ -7,7 +7,8 @@
 * calls the compiled function again on the same inputs: nothing may compile again, and
   nothing may recompile;
 * calls it on fresh random inputs: the result must match eager again (no recompiles unless
-  ``specializes`` says the function specializes on data, like ``.item()``);
+  ``specializes`` says the function specializes on data, like ``.item()``; the first call
+  may recompile a resume function that starts inside a loop, once per distinct iteration);
 * asserts the graph and break counts that ``kiln.explain`` reports.
 """
 from __future__ import annotations
@@ -69,11 +70,12 @@ def run_both(fn, compiled, args, capsys):
 def check_break(fn, make_args, capsys, backend, *, graphs, breaks, specializes=False):
     compiled = kiln.compile(fn, backend=backend)
     run_both(fn, compiled, make_args(), capsys)
+    first = kiln.stats()["recompiles"]  # a break inside a loop: one entry per distinct iteration
     args = make_args()
     run_both(fn, compiled, args, capsys)
     stats = kiln.stats()
     if not specializes:
-        assert stats["recompiles"] == 0, stats
+        assert stats["recompiles"] == first, stats
     compiled_before = stats["frames_compiled"]
     run_both(fn, compiled, args, capsys)  # the very same inputs: every frame is a cache hit
     stats = kiln.stats()

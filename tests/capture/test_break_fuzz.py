@@ -294,12 +294,13 @@ def format_a_shape_at_a_break(x):
 def test_break_fuzz(fn, args, min_breaks, specializes, backend, capsys):
     compiled = kiln.compile(fn, backend=backend)
     run_both(fn, compiled, args(), capsys)
+    first = kiln.stats()["recompiles"]  # a break inside a loop: one entry per distinct iteration
     again = args()
     run_both(fn, compiled, again, capsys)
     stats = kiln.stats()
     assert stats["fallbacks"] == 0, stats
     if not specializes:
-        assert stats["recompiles"] == 0, stats
+        assert stats["recompiles"] == first, stats
     eager = {c: cache.eager_reason for c, cache in api._CODE_CACHES.items() if cache.eager_reason}
     assert not eager, eager  # every break resumed; no function gave up on compiling
     before = stats["frames_compiled"]

@@ -26,8 +26,8 @@ def _helper_nested(t):
     return _helper_prints(t.sin()) * 3
 
 
-# ---------------------------------------------------------------- loops (the rest runs eagerly)
-@case(1, 1)
+# ---------------------------------------------------------------- loops
+@case(4, 3)  # resumes inside the loop: the prefix, then one graph per break (tests/capture/test_loop_breaks.py)
 def print_in_a_for_loop(x):
     y = x + 1
     for i in range(3):
@@ -36,7 +36,7 @@ def print_in_a_for_loop(x):
     return y - 1
 
 
-@case(1, 1)
+@case(1, 1)  # a while loop: the rest of the frame runs eagerly
 def break_in_a_while_loop(x):
     n = 0
     y = x.cos()

@@ -1,4 +1,5 @@
-"""The capture corpus: small functions and modules, each expected to capture without breaks.
+"""The capture corpus: small functions and modules, each expected to capture without breaks
+(except loop_breaks.py: graph breaks inside for loops, resumed inside the loop).
 
 Every case is registered with ``@case(...)`` in one of the family modules (loops.py,
 branches.py, ...) and run by ``test_corpus.py``: under ``backend="eager"`` and
@@ -92,7 +93,7 @@ def xb():
 
 
 FAMILIES = ("loops", "branches", "comprehensions", "functions", "builtins_consts",
-            "tensor_attrs", "indexing", "classes", "outputs", "misc", "mutation")
+            "tensor_attrs", "indexing", "classes", "outputs", "misc", "mutation", "loop_breaks")
 
 
 def load_all() -> dict[str, Case]:
