@@ -89,7 +89,14 @@ class CodeCache:
         self.static_ints: set[str] = set()  # ints whose symbol an op refused: constants from now on
 
 
-_CODE_CACHES: dict[types.CodeType, CodeCache] = {}
+# (code object, or the function for a closure; the compile options) -> its entries: a function
+# compiled with another backend, fullgraph, dynamic or mode never reuses these
+_CODE_CACHES: dict[tuple, CodeCache] = {}
+
+
+def caches_of(code) -> list:
+    """Every CodeCache of ``code`` (one per set of compile options)."""
+    return [c for (k, _), c in _CODE_CACHES.items() if getattr(k, "__code__", k) is code]
 # Compile contexts of recent compiles, newest last (explain and the debug dump read them).
 _RECORDERS: list[list] = []
 
@@ -153,7 +160,8 @@ class CompiledFunction:
         self.options = dict(options or {})
         func = _unwrap(fn)
         self.code = func.__code__
-        self._cache_key = self.code if not self.code.co_freevars else func
+        opts = (backend, fullgraph, dynamic, mode, tuple(sorted((k, repr(v)) for k, v in self.options.items())))
+        self._cache_key = (self.code if not self.code.co_freevars else func, opts)
         self.globals = func.__globals__
         self.name = getattr(func, "__qualname__", self.code.co_name)
         self._fast_locals = _fast_locals_builder(fn)

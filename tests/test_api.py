@@ -256,3 +256,24 @@ def test_warnings_are_not_raised_on_the_happy_path():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         kiln.compile(transform)(torch.randn(3, 3), torch.randn(3))
+
+
+def test_compile_options_never_share_entries():
+    """One function compiled with another backend or with fullgraph gets its own entries: the
+    kiln compile after an eager-backend one generates kernels, and fullgraph=True still raises
+    at a break an earlier compile resumed."""
+    import io
+    import contextlib
+
+    def f(x):
+        y = x.sin()
+        print("break")
+        return y * 2
+    x = torch.randn(4)
+    with contextlib.redirect_stdout(io.StringIO()):
+        torch.testing.assert_close(kiln.compile(f, backend="eager")(x), f(x))
+        assert kiln.stats()["kernels_generated"] == 0
+        torch.testing.assert_close(kiln.compile(f)(x), f(x))
+        assert kiln.stats()["kernels_generated"] > 0, kiln.stats()
+        with pytest.raises(kiln.GraphBreakError):
+            kiln.compile(f, fullgraph=True)(x)

@@ -49,7 +49,7 @@ def test_module_tables_are_read_directly_and_answers_match():
             assert read in code, (read, code)
         assert ".blocks" not in code and ".fc" not in code and "[1]" not in code, code
     # readable spellings stay what the guards print
-    assert any("L['self'].blocks[1].fc.weight" in g for g in api._CODE_CACHES[Net.forward.__code__].entries[-1].capture.guards)
+    assert any("L['self'].blocks[1].fc.weight" in g for g in api.caches_of(Net.forward.__code__)[0].entries[-1].capture.guards)
 
 
 def test_replaced_submodule_parameter_and_buffer_recompile_with_correct_answers():

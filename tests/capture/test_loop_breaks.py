@@ -271,7 +271,7 @@ def test_example_compiles_every_piece_after_the_first_iteration(capsys):
     assert stats["graphs_compiled"] == 5 and stats["frames_compiled"] == 5, stats
     assert stats["kernels_generated"] > 0 and stats["fallbacks"] == 0, stats
     # one resume function for the four iterations: the frame and one loop resume code
-    codes = [c for c in api._CODE_CACHES if c.co_name.startswith("example")]
+    codes = [k for k, _ in api._CODE_CACHES if k.co_name.startswith("example")]
     assert len(codes) == 2 and sum(starts_in_loop(c) for c in codes) == 1, codes
     run_both(example, compiled, (randn(4, 8), layers), capsys)
     again = kiln.stats()
