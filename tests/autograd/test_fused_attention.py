@@ -192,3 +192,33 @@ def test_gpt_attention_runs_on_views_of_the_projection_and_copies_nothing(monkey
     torch.testing.assert_close(gx, x.grad, rtol=1e-4, atol=1e-5)
     assert copies == [], copies
     assert ex.kernel_count == 0, ex.kernel_count  # addmm, then attention: nothing to fuse
+
+
+def test_at_dynamic_lengths_the_layouts_still_match_without_copies(monkeypatch):
+    from kiln.inductor.codegen import wrapper
+    copies = []
+    real = wrapper.ensure_layout
+
+    def spy(t, shape, stride):
+        if t.stride() != tuple(stride) and t.numel() > 1:
+            copies.append((tuple(t.shape), t.stride(), stride))
+        return real(t, shape, stride)
+    monkeypatch.setattr(wrapper, "ensure_layout", spy)
+    qkv = torch.nn.Linear(32, 96)
+
+    def attend(x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, 4, c // 4).transpose(1, 2) for z in qkv(x).split(c, dim=2))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+
+    g = kiln.compile(attend, dynamic=True)
+    for t in (5, 9, 12):
+        x = torch.randn(2, t, 32, requires_grad=True)
+        got = g(x)
+        got.square().sum().backward()
+        gx, x.grad = x.grad, None
+        want = attend(x)
+        want.square().sum().backward()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(gx, x.grad, rtol=1e-4, atol=1e-5)
+    assert copies == [] and kiln.stats()["recompiles"] == 0, (copies, kiln.stats())
