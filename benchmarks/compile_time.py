@@ -18,6 +18,10 @@ call after call, median per call over back-to-back runs (CUDA: timed with events
 synchronize; the GPU work is a few microseconds, so the host's cost shows): eager, kiln default,
 kiln ``mode="reduce-overhead"``, torch.compile default and ``mode="reduce-overhead"``.
 
+kiln's rows also carry ``stage_s`` (seconds per compile stage, summed over the process's
+compiles: capture, meta, autograd, decomp, lowering, scheduling, codegen, build) and
+``import_kiln_s``, so a cold compile shows where its time went.
+
 One JSON line per measurement to stdout (and ``--out``), a table to stderr.
 """
 from __future__ import annotations
@@ -48,8 +52,13 @@ def _child(backend: str, phase: str, device: str):
     model = GPT(cfg).to(device)
     idx = torch.randint(0, cfg.vocab, (batch, cfg.seq), device=device)
     targets = torch.randint(0, cfg.vocab, (batch, cfg.seq), device=device)
+    recorded = []
     if backend == "kiln":
+        t_import = time.perf_counter()
         import kiln
+        from kiln import api
+        api._RECORDERS.append(recorded)  # every compile context: its time per stage
+        import_s = time.perf_counter() - t_import
         compiled = kiln.compile(model)
     else:
         compiled = torch.compile(model)
@@ -73,6 +82,12 @@ def _child(backend: str, phase: str, device: str):
     if backend == "kiln":
         import kiln
         out["stats"] = kiln.stats()
+        stages: dict = {}
+        for ctx in recorded:
+            for k, v in ctx.stage_times.items():
+                stages[k] = stages.get(k, 0.0) + v
+        out["stage_s"] = {k: round(v, 3) for k, v in stages.items()}
+        out["import_kiln_s"] = round(import_s, 3)
     print(json.dumps(out))
 
 
@@ -192,6 +207,8 @@ def main(argv=None):
                   f"warm {w.get('first_result_s', float('nan')):7.2f} s (process {w.get('process_s', float('nan')):.2f} s)"
                   + (f"   ERROR {c.get('error', w.get('error'))[-300:]}" if "error" in c or "error" in w else ""),
                   file=sys.stderr, flush=True)
+            if c.get("stage_s"):  # where kiln's cold compile went, stage by stage
+                print(f"{'':<9} {'':<14} cold stages (s): {c['stage_s']}", file=sys.stderr, flush=True)
         else:
             print(f"overhead  {r['variant']:<30} {r['us_per_call']:8.1f} us/call", file=sys.stderr, flush=True)
     if out:
