@@ -39,6 +39,9 @@ class Config:
     split_reduction_rows_cpu: int = 0           # 0: 8 x the OpenMP thread count
     # few kept elements over many reduced rows: "cuda" (only there), "always" (tests), "never"
     split_column_reductions: str = "cuda"
+    # the first stage of a split reduction takes in the pointwise kernel producing its input
+    # (scheduler.split_onto): on by default; KILN_FUSE_SPLIT_PROLOGUE=0 for an A/B on the device
+    fuse_split_prologue: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_FUSE_SPLIT_PROLOGUE", True))
     # online softmax: a looped max pass and the sum(exp(x - max)) pass after it run as one
     triton_online_softmax: bool = True
     # autotuning of Triton kernels on CUDA (kiln/runtime/autotune.py); "interpret" also tunes

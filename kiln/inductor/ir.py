@@ -200,14 +200,17 @@ class Reduction(Buffer):
     ``i0 .. i{n-1}``; ``shape`` is ``ranges`` without ``reduced_dims``.
     """
     __slots__ = ("name", "shape", "stride", "dtype", "device", "reduction_type", "ranges",
-                 "reduced_dims", "body", "origins", "_reads")
+                 "reduced_dims", "body", "origins", "_reads", "source")
 
     def __init__(self, name, shape, stride, dtype, device, reduction_type, ranges, reduced_dims,
-                 body, origins=()):
+                 body, origins=(), source=None):
         self.name, self.shape, self.stride = name, tuple(shape), tuple(stride)
         self.dtype, self.device = dtype, device
         self.reduction_type, self.ranges = reduction_type, tuple(ranges)
         self.reduced_dims, self.body, self.origins = tuple(reduced_dims), body, tuple(origins)
+        # the first stage of a split reduction: (the unsplit input's shape, each of its indices
+        # in this node's symbols), so a pointwise producer over that shape can join its kernel
+        self.source = source
 
     @property
     def kept_dims(self):

@@ -286,8 +286,9 @@ def _split_reduction(ctx, meta, x, dims, kind, plan):
     stride1 = contiguous_strides(shape1)
     name1 = ctx.new_name("buf")
     reduced1 = tuple(range(nk + 1, len(ranges1)))
+    source = (tuple(x.shape), tuple(idx)) if how in ("dim", "column") else None
     ctx.add_buffer(ir.Reduction(name1, shape1, stride1, partial_dtype, meta.device, kind,
-                                ranges1, reduced1, body, ctx.current_origins))
+                                ranges1, reduced1, body, ctx.current_origins, source))
     syms2 = ir.index_symbols(nk + 1)
     # no cast here: the partials are combined in float32 and rounded once where stored
     body2 = ir.Load(name1, sum((a * b for a, b in zip(syms2, stride1)), sympy.Integer(0)), partial_dtype)

@@ -25,6 +25,7 @@ import math
 import sympy
 
 from kiln import log
+from kiln.config import config
 from kiln.inductor import ir
 
 
@@ -66,13 +67,14 @@ class Kernel:
     def is_reduction(self):
         return bool(self.reduced_dims)
 
-    def reshape(self, ranges):
+    def reshape(self, ranges, onto=None):
         """Re-index a pointwise kernel over ``ranges`` (same numel): each node's mapping is
-        composed with the map from the old space onto the new one."""
+        composed with ``onto``, the map from the old space onto the new one (default: both
+        row-major views of one flat index)."""
         ranges = tuple(ranges)
         if ranges == tuple(self.ranges):
             return
-        onto = reshape_mapping(self.ranges, ranges)
+        onto = reshape_mapping(self.ranges, ranges) if onto is None else onto
         for n in self.nodes:
             old = self.maps[n.name]
             self.maps[n.name] = ({s: e.xreplace(onto) for s, e in old.items()} if old
@@ -188,9 +190,25 @@ def horizontal_ranges(node, kernel) -> tuple | None:
     return (math.prod(a),) if math.prod(a) <= HORIZONTAL_FLAT_MAX_NUMEL else None
 
 
+def split_onto(node, kernel) -> dict | None:
+    """When ``node`` is the first stage of a split reduction over the pointwise kernel's space
+    (its ``source`` shape), the map from that space onto the stage's iteration space: the
+    kernel's values are then computed, stored and reduced in one pass (a bias gradient's
+    column sums fused with the GELU backward that produces them)."""
+    if not isinstance(node, ir.Reduction) or node.source is None or kernel.reduced_dims \
+            or not config.fuse_split_prologue:
+        return None
+    shape, index = node.source
+    if tuple(shape) != tuple(kernel.ranges) or tuple(node.ranges) == tuple(kernel.ranges):
+        return None
+    return {ir.index_symbol(k): e for k, e in enumerate(index)}
+
+
 def placement(node, kernel):
     """(level, symbol mapping into the kernel's full space), or None if node does not fit."""
     if isinstance(node, ir.Reduction):
+        if split_onto(node, kernel) is not None:
+            return "red", {}
         if node.ranges != tuple(kernel.ranges):
             return None
         if kernel.reduced_dims and node.reduced_dims != tuple(kernel.reduced_dims):
@@ -305,7 +323,7 @@ def _why_not(node, kernel: Kernel) -> str | None:
     level, mapping = place
     inside = {n.name: n for n in kernel.nodes}
     ranges = target_ranges(node, kernel)
-    onto = reshape_mapping(kernel.ranges, ranges) if ranges != tuple(kernel.ranges) else None
+    onto = space_onto(node, kernel, ranges)
     canon = ir.canonical_index_fn(ir.ranges_of(ranges))
     for ld in ir.loads_of(node.body):
         producer = inside.get(ld.buffer)
@@ -324,9 +342,19 @@ def _why_not(node, kernel: Kernel) -> str | None:
     return None
 
 
+def space_onto(node, kernel, ranges) -> dict | None:
+    """The map from the kernel's space onto ``ranges`` (``target_ranges``), None if unchanged."""
+    if ranges == tuple(kernel.ranges):
+        return None
+    return split_onto(node, kernel) or reshape_mapping(kernel.ranges, ranges)
+
+
 def target_ranges(node, kernel) -> tuple:
-    """The kernel's iteration space once node has joined it (changed only by a pointwise node
-    of another shape with the same numel: horizontal fusion)."""
+    """The kernel's iteration space once node has joined it (changed by a pointwise node of
+    another shape with the same numel: horizontal fusion; and by the first stage of a split
+    reduction over the kernel's space)."""
+    if split_onto(node, kernel) is not None:
+        return tuple(node.ranges)
     if not kernel.reduced_dims and not isinstance(node, ir.Reduction) \
             and tuple(node.shape) != tuple(kernel.ranges):
         ranges = horizontal_ranges(node, kernel)
@@ -396,7 +424,8 @@ def schedule(program: ir.LoopProgram) -> Schedule:
             else:
                 kernel = steps[chosen]
                 level, mapping = placement(buf, kernel)  # into the space it is about to take on
-                kernel.reshape(target_ranges(buf, kernel))
+                ranges = target_ranges(buf, kernel)
+                kernel.reshape(ranges, space_onto(buf, kernel, ranges))
                 kernel.add(buf, level, mapping)
                 position[buf.name] = chosen
         elif isinstance(buf, ir.Scatter):
