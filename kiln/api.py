@@ -171,6 +171,7 @@ class CompiledFunction:
         # resume functions made for this function's breaks, shared down the chain (breaks.py),
         # so a loop that breaks every iteration calls one resume function, not one per iteration
         self.resume_family: dict = {}
+        self.is_resume = False  # the rest of a function after a graph break (breaks.py)
         functools.update_wrapper(self, func)
 
     @property
@@ -314,6 +315,11 @@ class CompiledFunction:
                     return None
             except Exception as e:  # noqa: BLE001 - an internal error in capture
                 return self._internal_error(cache, StageError("capture", f"{type(e).__name__}: {e}"), e)
+            if reason is not None and self._plain_python_tail(cache, capture):
+                cache.eager_reason = (f"{self.name} holds no tensor work and a value it was traced "
+                                      f"with changed ({reason}); it runs as plain Python from now on")
+                log.log("recompiles", "%s", cache.eager_reason)
+                return None
             ctx.record("capture", "bytecode", capture.bytecode)
             ctx.record("capture", "guards", capture.guard_source)
             state = capture.break_state
@@ -357,6 +363,16 @@ class CompiledFunction:
                 from kiln.observe.debug import write_dump
                 write_dump(ctx, compiled)
             return entry
+
+    def _plain_python_tail(self, cache, capture) -> bool:
+        """A resume function (outside loops) whose captures hold no tensor op and no break: the
+        rest of a function after ``.item()``, say (``return loss.item() * 2``). Its guards are
+        on the Python values it was handed (a loss changes every step), so recompiling gains
+        nothing; running it as plain Python is the same program."""
+        if not self.is_resume or starts_in_loop(self.code) or capture.break_state is not None:
+            return False
+        return capture.graph.ops_count() == 0 and all(
+            type(e) is CacheEntry and e.capture.graph.ops_count() == 0 for e in cache.entries)
 
     def _internal_error(self, cache, err: StageError, cause):
         counters.bump("fallbacks")

@@ -97,6 +97,7 @@ def _resume_maker(cf):
         made = fn if eager else CompiledFunction(fn, **_opts(cf))
         if not eager:
             made.resume_family = family
+            made.is_resume = True
         family[(code, eager)] = (closure, made)
         return made
     return make

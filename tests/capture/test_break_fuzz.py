@@ -301,8 +301,11 @@ def test_break_fuzz(fn, args, min_breaks, specializes, backend, capsys):
     assert stats["fallbacks"] == 0, stats
     if not specializes:
         assert stats["recompiles"] == first, stats
-    eager = {c: cache.eager_reason for c, cache in api._CODE_CACHES.items() if cache.eager_reason}
-    assert not eager, eager  # every break resumed; no function gave up on compiling
+    eager = {c: cache.eager_reason for c, cache in api._CODE_CACHES.items()
+             if cache.eager_reason and "runs as plain Python" not in cache.eager_reason}
+    # every break resumed; no function gave up on compiling (a tail with no tensor op that was
+    # handed new Python values runs as plain Python: the same program, nothing to compile)
+    assert not eager, eager
     before = stats["frames_compiled"]
     run_both(fn, compiled, again, capsys)  # the same inputs: every frame is a cache hit
     stats = kiln.stats()
