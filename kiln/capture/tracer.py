@@ -34,7 +34,7 @@ from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad
                                         is_structseq, is_user_object)
 from kiln.capture.values import (BuiltinVariable, CellVariable, ConstantVariable, DictVariable,
                                  FunctionVariable, IteratorVariable, LazyVariable, ListVariable,
-                                 ModuleVariable,
+                                 MethodVariable, ModuleVariable,
                                  OpaqueVariable, PYTHON_OPERATORS, PythonModuleVariable,
                                  TensorVariable, TorchFunctionVariable, TupleVariable, Variable,
                                  _Sequence, is_constant)
@@ -199,6 +199,14 @@ class Tracer:
                 self.guards.identity(self.attr_source(source, "__func__"), value.__func__)
             owner = self.wrap(value.__self__, self.attr_source(source, "__self__"), guard)
             return FunctionVariable(value.__func__, self_var=owner)
+        if isinstance(value, types.BuiltinMethodType) and type(getattr(value, "__self__", None)) in (list, dict) \
+                and source is not None:
+            # a list's or dict's bound method handed over a graph break (``vals.append`` on the
+            # stack at ``vals.append(t.item())``): the tracked container's method
+            if guard:
+                self.guards.add(source, _type_check(type(value)) + f" and {{}}.__name__ == {value.__name__!r}")
+            owner = self.wrap(value.__self__, self.attr_source(source, "__self__"), guard)
+            return MethodVariable(owner, value.__name__)
         if guard and _guarded_by_code(value):
             return self._wrap_made_function(value, source)
         if guard:

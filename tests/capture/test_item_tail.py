@@ -46,3 +46,22 @@ def test_a_tail_with_tensor_work_keeps_its_compiled_entries():
         x = torch.randn(5)
         torch.testing.assert_close(g(x), f(x))
     assert kiln.stats()["graphs_compiled"] >= 3, kiln.stats()
+
+
+def test_appending_an_item_breaks_once_per_iteration():
+    """``vals.append(t.item())``: the glue hands the resume function ``vals.append`` on the
+    stack; capture takes it as the tracked list's method (before: a second break per
+    iteration, "call to list.append is not supported")."""
+    def f(x, n):
+        vals = []
+        for _ in range(n):
+            x = x * 2
+            vals.append(x.sum().item())
+        return x, vals
+
+    x = torch.randn(4)
+    ex = kiln.explain(f)(x, 3)
+    assert ex.graph_break_count == 3, [b.reason for b in ex.break_reasons]
+    got, want = kiln.compile(f)(x, 3), f(x, 3)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1]
