@@ -104,11 +104,31 @@ def generate_triton_reduction(kernel, buffers: dict) -> TritonKernel:
     if is_symbolic(xnumel * rnumel) or xnumel * rnumel < REDUCTION_TUNE_MIN or not autotune.enabled():
         return gen
     persistent = gen.constexprs["RBLOCK"] >= rnumel
+    if config.triton_column_reductions and is_column_reduction(kernel, ir.ranges_of(kernel.ranges)):
+        return gen.with_tuning([(gen.source, column_configs(persistent, xnumel, rnumel))])
     variants = [(gen.source, reduction_configs(persistent, xnumel, rnumel))]
     if persistent and rnumel >= 1024:  # the looped form too: long rows may run better looped
         looped = _generate_triton_reduction(kernel, buffers, force_looped=True)
         variants.append((looped.source, reduction_configs(False, xnumel, rnumel)))
     return gen.with_tuning(variants)
+
+
+# Column reductions tune over wide tiles of kept elements: a row reduction's configs (one or two
+# rows per program) would read one 32-byte sector per element of a column.
+COLUMN_TILES = ((64, 32, 4), (128, 16, 4), (128, 32, 8), (32, 64, 4), (64, 64, 8), (256, 8, 4))
+
+
+def column_configs(persistent: bool, xnumel: int, rnumel: int) -> list[dict]:
+    """Configs for a column reduction: [XBLOCK kept, RBLOCK reduced] tiles; a persistent
+    kernel keeps RBLOCK at the whole reduced extent and tunes XBLOCK only."""
+    xcap = max(_pow2(xnumel), 16)
+    if persistent:
+        rblock = _pow2(rnumel)
+        out = [{"XBLOCK": xb, "RBLOCK": rblock, "num_warps": 8 if xb * rblock >= 4096 else 4}
+               for xb in (16, 32, 64, 128, 256) if xb <= xcap and xb * rblock <= 8192]
+        return out or [{"XBLOCK": 16, "RBLOCK": rblock, "num_warps": 4}]
+    return [{"XBLOCK": xb, "RBLOCK": rb, "num_warps": w} for xb, rb, w in COLUMN_TILES
+            if xb <= xcap and rb <= max(_pow2(rnumel), 8)]
 
 
 def reduction_configs(persistent: bool, xnumel: int, rnumel: int) -> list[dict]:
