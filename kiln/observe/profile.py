@@ -98,12 +98,15 @@ class _TimedKernel:
     """Stands in for one kernel in a wrapper's namespace; times each launch, however the wrapper
     spells it: ``k(...)`` (C++ through ctypes), ``k[grid](...)`` or ``k.run(...)`` (Triton)."""
 
-    def __init__(self, fn, label: str, times: list, obs: "Observer", on_cuda: bool):
+    def __init__(self, fn, label: str, times: list, obs: "Observer", on_cuda: bool, key=None):
         self.fn, self.label, self.times, self.obs = fn, label, times, obs
-        self.on_cuda = on_cuda
+        self.on_cuda, self.key = on_cuda, key
 
     def _timed(self, launch):
         def call(*args, **kwargs):
+            if self.key is not None and self.key not in self.obs.nbytes:
+                self.obs.nbytes[self.key] = sum(a.numel() * a.element_size() for a in args
+                                                if isinstance(a, torch.Tensor))
             with torch.profiler.record_function(self.label):
                 if self.on_cuda:  # asynchronous: timed on the device (see the module docstring)
                     if not self.obs.device_events:
@@ -143,6 +146,7 @@ class Observer:
         self._build = None
         self.device_events = False  # CUDA: time each launch with events (the instrumented run)
         self.device_names: dict = {}  # (folder, kernel) -> the device kernel's name, where it differs
+        self.nbytes: dict = {}  # (folder, kernel) -> bytes of its tensor arguments (one launch)
         self.on_cuda = False
 
     def _timed_build(self, wrapper, generated, target, *rest, **kwargs):
@@ -160,7 +164,7 @@ class Observer:
             if binary != name and isinstance(binary, str):
                 self.device_names[(folder, name)] = binary
             namespace[name] = _TimedKernel(namespace[name], f"kiln kernel {folder}/{name}",
-                                           self.times[(folder, name)], self, on_cuda)
+                                           self.times[(folder, name)], self, on_cuda, (folder, name))
         label = f"kiln graph {folder}"
 
         def timed_call(*inputs):
@@ -284,9 +288,15 @@ def kernel_times(obs: Observer, matched: dict, calls: dict) -> list:
             ts, source = obs.times[key], "host (time.perf_counter around the call)"
         else:
             continue
-        rows.append({"folder": folder, "kernel": name, "calls": len(ts), "total_us": sum(ts) * 1e6,
-                     "mean_us": sum(ts) / len(ts) * 1e6, "median_us": sorted(ts)[len(ts) // 2] * 1e6,
-                     "min_us": min(ts) * 1e6, "source": source})
+        median = sorted(ts)[len(ts) // 2]
+        row = {"folder": folder, "kernel": name, "calls": len(ts), "total_us": sum(ts) * 1e6,
+               "mean_us": sum(ts) / len(ts) * 1e6, "median_us": median * 1e6,
+               "min_us": min(ts) * 1e6, "source": source}
+        nbytes = obs.nbytes.get(key)
+        if nbytes:  # each tensor argument read or written once: a floor on the traffic
+            row["bytes"] = nbytes
+            row["gb_per_s"] = nbytes / median / 1e9 if median > 0 else None
+        rows.append(row)
     return rows
 
 

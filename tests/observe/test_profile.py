@@ -74,6 +74,24 @@ def test_profile_on_cpu_times_cpp_kernels_on_the_host(tmp_path):
     assert any(e["lane"] == "kernel" for e in data["timeline"])
 
 
+def test_triton_kernels_report_bytes_moved_and_bandwidth(tmp_path):
+    """Triton kernels take tensors, so each row carries the bytes of its tensor arguments and
+    the bandwidth that implies (C++ kernels take raw pointers: no bytes)."""
+    if not torch.cuda.is_available():
+        from testing import INTERPRET
+        if not INTERPRET:
+            pytest.skip("needs CUDA or the Triton interpreter")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with kiln.config.patch(debug_dir=str(tmp_path), cpu_backend="triton"):
+        run = prof_mod.profile(kiln.compile(_two_graphs), torch.randn(16, 32, device=device), runs=2)
+    data = json.load(open(os.path.join(run, "profile.json")))
+    assert data["kernels"]
+    for k in data["kernels"]:
+        # every kernel reads x or y (16x32 fp32) and writes a result of at least 16 floats
+        assert k["bytes"] >= 16 * 32 * 4 + 16 * 4 and k["gb_per_s"] > 0, k
+        assert k["gb_per_s"] == pytest.approx(k["bytes"] / k["median_us"] / 1e3)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: device timing of Triton kernels")
 def test_cuda_kernel_times_are_device_times(tmp_path):
     x = torch.randn(2048, 2048, device="cuda")
