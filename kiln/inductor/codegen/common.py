@@ -79,6 +79,12 @@ class ScalarOps:
         return fmt.format(*args)
 
 
+def _varies(expr) -> bool:
+    """Does the value differ across a block's lanes (a load or index value over loop symbols)?
+    Only such a condition becomes a load mask; a scalar one would not broadcast as a mask."""
+    return any(isinstance(e, (ir.Load, ir.IndexValue)) and ir.loop_symbols(e.index) for e in ir.walk(expr))
+
+
 class KernelWriter:
     """Emits the body of one fused kernel: loads, math (CSE'd), stores."""
 
@@ -96,6 +102,11 @@ class KernelWriter:
         self._scopes: list = []
         self.indirect: dict = {}  # Let symbol -> symbol named after the register holding it
         self.canon = sympy.expand  # index normal form used to match loads with stores
+        # Backends that can mask a load set guard_ops = (and_fn, not_fn) over mask texts; a
+        # where's branches are then emitted with their condition as the loads' extra mask, so a
+        # cat or a pad reads each element from one source instead of from every source.
+        self.guard_ops = None
+        self.guard = None  # the current extra mask text (load_fn reads it), or None
 
     def recompute_from(self, kernel):
         """Loads of the kernel's own per-element buffers that are not in a register in the
@@ -109,7 +120,11 @@ class KernelWriter:
             index = self.canon(kernel.store_index(producer))
             if self.canon(ld.index) != index:
                 return None
-            value = self.emit(kernel.body(producer))
+            saved, self.guard = self.guard, None  # the register serves every later use: unmasked
+            try:
+                value = self.emit(kernel.body(producer))
+            finally:
+                self.guard = saved
             self.in_registers[(producer.name, index)] = value
             return value
         self.recompute = recompute
@@ -163,6 +178,14 @@ class KernelWriter:
                 reg = self.recompute(expr)
                 if reg is not None:
                     return reg
+            if self.guard is not None:  # already loaded unmasked: reuse it
+                saved, self.guard = self.guard, None
+                try:
+                    hit = self.cache.get(self.load_fn(expr))
+                finally:
+                    self.guard = saved
+                if hit is not None:
+                    return hit
             return self._tmp(self.load_fn(expr), expr.dtype)
         if isinstance(expr, ir.Const):
             return self.const_fn(expr.value, expr.dtype)
@@ -175,12 +198,41 @@ class KernelWriter:
                 # fold: a constant cast at compile time, rounded the way torch rounds it
                 value = torch.tensor(expr.args[0].value, dtype=expr.args[0].dtype).to(expr.dtype).item()
                 return self.const_fn(value, expr.dtype)
+            if expr.op == "where" and self.guard_ops is not None and expr.args[0].dtype == torch.bool \
+                    and _varies(expr.args[0]) and (ir.loads_of(expr.args[1]) or ir.loads_of(expr.args[2])):
+                return self._guarded_where(expr)
             args = [self.emit(a) for a in expr.args]
             if expr.op == "cast":
                 return self._tmp(self.cast_fn(args[0], expr.args[0].dtype, expr.dtype), expr.dtype)
             arg_dtypes = [a.dtype for a in expr.args]
             return self._tmp(self.ops.call(expr.op, args, expr.dtype, arg_dtypes), expr.dtype)
         raise NotImplementedError(f"[codegen:{self.ops.name}] cannot emit {expr!r}")
+
+    def _under(self, expr: ir.Expr, guard: str) -> str:
+        both, negate = self.guard_ops
+        saved = self.guard
+        self.guard = guard if saved is None else self._tmp(both(saved, guard), torch.bool)
+        try:
+            return self.emit(expr)
+        finally:
+            self.guard = saved
+
+    def _guarded_where(self, expr: ir.Call) -> str:
+        """``where(c, a, b)`` with a's loads masked by c and b's by not c: lanes a branch does not
+        select never touch its memory (masked lanes read 0, which the where discards)."""
+        cond = self.emit(expr.args[0])
+        shared = {(ld.buffer, ld.index) for ld in ir.loads_of(expr.args[1])} & \
+            {(ld.buffer, ld.index) for ld in ir.loads_of(expr.args[2])}
+        for ld in ir.loads_of(expr.args[1]):  # loads both branches need are read unmasked
+            if (ld.buffer, ld.index) in shared:
+                self.emit(ld)
+        a = self._under(expr.args[1], cond) if ir.loads_of(expr.args[1]) else self.emit(expr.args[1])
+        if ir.loads_of(expr.args[2]):
+            b = self._under(expr.args[2], self._tmp(self.guard_ops[1](cond), torch.bool))
+        else:
+            b = self.emit(expr.args[2])
+        arg_dtypes = [x.dtype for x in expr.args]
+        return self._tmp(self.ops.call("where", [cond, a, b], expr.dtype, arg_dtypes), expr.dtype)
 
 
 

@@ -209,6 +209,10 @@ def _depends_on_index(expr) -> bool:
     return False
 
 
+# (and, not) over Triton mask texts: KernelWriter.guard_ops
+TRITON_GUARD_OPS = (lambda a, b: f"({a} & {b})", lambda c: f"({c} == 0)")
+
+
 def generate_triton(kernel, buffers: dict) -> TritonKernel:
     if kernel.is_reduction:
         from kiln.inductor.codegen.triton_reduction import generate_triton_reduction
@@ -233,7 +237,9 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
     def load(ld: ir.Load):
         index = ir.simplify_index(ld.index, ranges)
         # A load at a fixed address (a broadcast scalar) is one scalar load, not a masked block.
-        mask = ", xmask, other=0" if ir.loop_symbols(index) else ""
+        mask = ""
+        if ir.loop_symbols(index):
+            mask = ", xmask, other=0" if writer.guard is None else f", xmask & {writer.guard}, other=0"
         text = f"tl.load({ptr(ld.buffer)} + ({printer.doprint(index)}){mask})"
         if ld.dtype in LOW_PRECISION:
             text += ".to(tl.float32)"
@@ -245,6 +251,7 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
     writer.canon = ir.canonical_index_fn(ranges)
     writer.index_value_fn = lambda e: triton_index_value(e, printer, ranges)
     writer.bounds_check = triton_bounds_check
+    writer.guard_ops = TRITON_GUARD_OPS
     body_lines = []
     stores = set(kernel.stores)
     for node in kernel.nodes:

@@ -29,7 +29,7 @@ from kiln.inductor.codegen.common import (IDENTITY, LOW_PRECISION, IndexPrinter,
                                           compute_dtype, decompose_index, is_symbolic, plan_phases,
                                           size_params)
 from kiln.meta.symbolic import py
-from kiln.inductor.codegen.triton import (TL_DTYPES, TritonKernel, TritonOps, interpreter_bf16,
+from kiln.inductor.codegen.triton import (TL_DTYPES, TRITON_GUARD_OPS, TritonKernel, TritonOps, interpreter_bf16,
                                           interpreting, triton_bounds_check, triton_cast, triton_const,
                                           triton_index_value)
 
@@ -175,7 +175,8 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
         syms = ir.loop_symbols(index)
         if not syms:
             return ""
-        return ", xmask & rmask, other=0" if syms & red_syms else ", xmask, other=0"
+        base = "xmask & rmask" if syms & red_syms else "xmask"
+        return f", {base}, other=0" if writer.guard is None else f", {base} & {writer.guard}, other=0"
 
     def load(ld: ir.Load):
         index = ir.simplify_index(ld.index, ranges)
@@ -191,6 +192,7 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
     writer.index_value_fn = lambda e: triton_index_value(e, printer, ranges)
     writer.recompute_from(kernel)
     writer.bounds_check = triton_bounds_check
+    writer.guard_ops = TRITON_GUARD_OPS
     lines = writer.lines
 
     emit_value = writer.emit_node
