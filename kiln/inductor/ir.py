@@ -459,14 +459,15 @@ def _merge_unravelled(terms: list) -> list:
     """``Mod(a, n) + n*floor(a/n)`` -> ``a``: a flat index unravelled and raveled again (split
     reductions over a flattened extent index a contiguous input this way)."""
     for k, t in enumerate(terms):
-        if not isinstance(t, sympy.Mod) or not t.args[1].is_Integer:
+        c, m = t.as_coeff_Mul()  # c*Mod(a, n) + c*n*floor(a/n) -> c*a (a strided unravel)
+        if not isinstance(m, sympy.Mod) or not m.args[1].is_Integer:
             continue
-        a, n = t.args
-        want = n * sympy.floor(a / n)
+        a, n = m.args
+        want = c * n * sympy.floor(a / n)
         for j, u in enumerate(terms):
             if j != k and sympy.expand(u - want) == 0:
                 rest = [v for i, v in enumerate(terms) if i not in (j, k)]
-                return _merge_unravelled(rest + [a])
+                return _merge_unravelled(rest + [sympy.expand(c * a)])
     return terms
 
 

@@ -199,7 +199,8 @@ def split_plan(kind: str, shape, dims, device):
     spreads over threads). ``S`` divides the outermost reduced dim when it can (the chunks are
     then whole slices of it, with linear index math); otherwise it divides the flattened
     reduced extent, whose indices are unravelled. An extent with no suitable divisor is not
-    split. Returns ("dim", S) or ("flat", S).
+    split. Returns ("dim", S) or ("flat", S), or for a column reduction (``_column_split``)
+    ("column", S) or ("column_flat", S).
 
     argmax/argmin stay unsplit: their second stage would need (value, index) pairs.
     """
@@ -246,7 +247,12 @@ def _column_split(shape, dims, rows, rnumel):
     if want < 2:
         return None
     s = _largest_divisor(shape[dims[0]], want)
-    return ("column", s) if s >= max(2, want // 4) else None
+    if s >= max(2, want // 4):
+        return "column", s
+    # the outermost reduced dim is short (a batch of 8 over [8, 1024, 768]): chunk the
+    # flattened reduced extent instead, its indices unravelled
+    s = _largest_divisor(rnumel, want)
+    return ("column_flat", s) if s >= max(2, want // 4) else None
 
 
 def _split_reduction(ctx, meta, x, dims, kind, plan):
@@ -263,7 +269,7 @@ def _split_reduction(ctx, meta, x, dims, kind, plan):
     else:
         chunk_sizes = [math.prod(x.shape[d] for d in dims) // s]
     nk = len(kept)
-    column = how == "column"
+    column = how in ("column", "column_flat")
     ranges1 = ([s] + kept_sizes if column else kept_sizes + [s]) + chunk_sizes
     syms = ir.index_symbols(len(ranges1))
     chunk_id, chunk_syms = (syms[0] if column else syms[nk]), syms[nk + 1:]

@@ -61,6 +61,7 @@ SPLIT_CASES = {
     "bias_grad": lambda x: x.sum((0, 1)),
     "amax0_and_pointwise": lambda x: (lambda y: (y, y.amax(0)))(torch.tanh(x) * 3),
     "mean0": lambda x: x.mean(0),
+    "ln_grads_short_batch": lambda x: (x.sum((0, 1)), (x * x).sum((0, 1))),
 }
 
 
@@ -72,7 +73,7 @@ def test_column_split_matches_eager(name, dtype, target):
     [S, kept] partial buffer, then a column reduction over S (forced on here; CUDA only by
     default)."""
     fn = SPLIT_CASES[name]
-    shape = (4, 512, 24) if name == "bias_grad" else (2048, 24)
+    shape = {"bias_grad": (4, 512, 24), "ln_grads_short_batch": (2, 2048, 24)}.get(name, (2048, 24))
     with on_target(target) as device, kiln.config.patch(split_column_reductions="always"):
         x = randn(shape, dtype, device)
         out = kiln.explain(fn)(x)
@@ -82,3 +83,26 @@ def test_column_split_matches_eager(name, dtype, target):
             assert a.dtype == b.dtype and a.shape == b.shape
             tol = 1e-4 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * 5)
+
+
+def test_short_leading_dim_splits_the_flattened_rows():
+    """A norm-weight gradient over [batch 8, 1024, 768] has a batch too short to cut into enough
+    chunks: the flattened 8192 rows are chunked instead (it used to run unsplit, 12 programs
+    each walking all 8192 rows)."""
+    from kiln.inductor.lowering import split_plan
+    cuda = torch.device("cuda")
+    assert split_plan("sum", (8, 1024, 768), (0, 1), cuda) == ("column_flat", 64)
+    assert split_plan("sum", (8192, 3072), (0,), cuda) == ("column", 32)
+    assert split_plan("sum", (8192, 768), (0,), cuda) == ("column", 64)
+
+
+def test_strided_unravel_simplifies_to_a_linear_index():
+    """c*Mod(a, n) + c*n*floor(a/n) is c*a: a flattened chunk of rows, unravelled over
+    [batch, seq] and raveled with the row stride, indexes linearly again."""
+    import sympy
+    from kiln.inductor import ir
+    i0, i1, i2 = ir.index_symbols(3)
+    a = 128 * i0 + i2
+    expr = i1 + 96 * sympy.Mod(a, 1024) + 98304 * sympy.floor(a / 1024)
+    got = ir.simplify_index(expr, ir.ranges_of((64, 96, 128)))
+    assert sympy.expand(got - (12288 * i0 + i1 + 96 * i2)) == 0 and not got.has(sympy.Mod), got
