@@ -41,6 +41,9 @@ class Config:
     split_column_reductions: str = "cuda"
     # the first stage of a split reduction takes in the pointwise kernel producing its input
     # (scheduler.split_onto): on by default; KILN_FUSE_SPLIT_PROLOGUE=0 for an A/B on the device
+    # the scheduler first moves each pointwise buffer to just before its first reader
+    # (scheduler.sink_pointwise); KILN_SINK_POINTWISE=0 for an A/B
+    sink_pointwise: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_SINK_POINTWISE", True))
     fuse_split_prologue: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_FUSE_SPLIT_PROLOGUE", True))
     # online softmax: a looped max pass and the sum(exp(x - max)) pass after it run as one
     triton_online_softmax: bool = True

@@ -371,7 +371,9 @@ def _nbytes(buf):
 def _peak_reason(buf, i: int, steps: list, position: dict, program) -> str | None:
     """Why moving ``buf`` from the end of the schedule into step ``i`` (a kernel it reads
     nothing from: horizontal fusion) would raise peak memory, or None. Its result becomes live
-    across the steps after ``i``, while the buffers it is the last reader of die earlier."""
+    across the steps after ``i``, while the buffers it is the last reader of die earlier. Up to
+    the bytes of the inputs it shares with the kernel are allowed on top: those are read once
+    instead of twice."""
     later = steps[i + 1:]
     if not later:
         return None
@@ -386,13 +388,44 @@ def _peak_reason(buf, i: int, steps: list, position: dict, program) -> str | Non
             continue
         size = _nbytes(program.buffer(b))
         freed += size or 0
-    if out > freed:
+    # reading an input the kernel already reads is the gain: the fused kernel loads it once
+    # (a GELU backward joining the GELU recompute of the same pre-activation)
+    shared = sum(_nbytes(program.buffer(b)) or 0 for b in buf.reads() & steps[i].reads())
+    if out > freed + shared:
         return (f"its result ({out} bytes) would be live across {len(later)} later steps, "
-                f"freeing only {freed} bytes earlier: peak memory could rise")
+                f"freeing only {freed} bytes earlier and sharing {shared} bytes of reads: "
+                f"peak memory could rise")
     return None
 
 
+def sink_pointwise(program: ir.LoopProgram) -> ir.LoopProgram:
+    """Move each pointwise buffer down to just before its first reader (program order is the
+    order the scheduler fuses in). A backward recomputes GELU's output for the weight gradient's
+    matmul, and GELU's backward reads the same pre-activation after the other matmul; sunk next
+    to each other they fuse into one kernel that reads the pre-activation once, and each value
+    lives shorter. A buffer never moves past a scatter into a buffer it reads."""
+    from kiln.config import config
+    if not config.sink_pointwise:
+        return program
+    order = list(program.buffers)
+    reads = {b.name: b.reads() for b in order}
+    for b in reversed(program.buffers):
+        if not isinstance(b, ir.Pointwise):
+            continue
+        i = order.index(b)
+        j = i + 1
+        while j < len(order) and b.name not in reads[order[j].name] and not (
+                isinstance(order[j], ir.Scatter) and order[j].target in reads[b.name]):
+            j += 1
+        if j == len(order) or j == i + 1:
+            continue  # read by no later step (an output), or already next to its reader
+        order.insert(j - 1, order.pop(i))
+    program.buffers = order
+    return program
+
+
 def schedule(program: ir.LoopProgram) -> Schedule:
+    program = sink_pointwise(program)
     steps: list = []
     position: dict[str, int] = {}  # buffer -> index of the step that produces it
     kernel_ids = 0
