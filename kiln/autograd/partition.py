@@ -15,8 +15,9 @@ Two strategies:
   (networkx), as AOTAutograd's rematerializing partitioner does.
 
 Cost model (what the cut minimizes): **the bytes kept alive between forward and backward**,
-i.e. ``numel * element size`` of each saved tensor, plus an eighth for a recomputable
-(pointwise) value, which the forward would otherwise not write at all. Saving a primal costs its bytes like any
+i.e. ``numel * element size`` of each saved tensor. (Charging a saved pointwise value more,
+for the forward's extra write, was tried: the cut then recomputed whole residual streams in the
+backward, and their normalized activations all ran in the backward's first kernel.) Saving a primal costs its bytes like any
 other value (it is kept alive by the saved-tensor reference). Recomputation is taken to be free
 for ops that fuse into the backward's kernels: elementwise core ops, dtype casts and views,
 since they are inlined into the backward's own loops and only add arithmetic, not memory traffic.
@@ -166,12 +167,7 @@ def _capacity(n: Node) -> int:
     values, save a primal (alive anyway) before a computed value, and a computed value before a
     view of one (a saved view would be copied out of the forward; its base recomputes it free)."""
     tie = 0 if n.op == PLACEHOLDER else (4 if n.target in VIEWS else 1)
-    size = nbytes(n.meta["val"])
-    # a recomputable value fuses into its consumers' kernels, so saving it makes the forward
-    # write it too (traffic, not only memory kept alive): an eighth of its bytes more, enough
-    # to prefer an equally big value that a library op or a reduction writes anyway
-    extra = size if recomputable(n) and n.target not in VIEWS else 0
-    return size * 8 + extra + tie
+    return nbytes(n.meta["val"]) * 8 + tie
 
 
 STRATEGIES = {"min_cut": min_cut, "save_all": save_all}

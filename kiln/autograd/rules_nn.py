@@ -250,13 +250,16 @@ def _nll_grad(g, x, target, weight, ignore_index, reduction, label_smoothing):
 
 def _through_log_softmax(dlogp, input, cd):
     """``dlogp - softmax(input) * sum(dlogp)``, the softmax recomputed from the logits and their
-    per-row log-sum-exp (float32). The backward then keeps the logits (alive anyway: a matmul
+    per-row max and sum of exponentials (float32). The backward then keeps the logits (alive anyway: a matmul
     wrote them) and one float per row, instead of a full-size log-probability tensor the forward
     would have to write (824 MB per GPT-2 step at vocab 50304); the arithmetic runs in float32
     and rounds once to the input's dtype."""
     x = input if input.dtype in (torch.float32, torch.float64) else core.to_dtype(input, torch.float32)
-    lse = core.logsumexp(x, (cd,), True)
-    gx = core.sub(dlogp, core.mul(core.exp(core.sub(x, lse)), core.sum(dlogp, (cd,), True)))
+    # the forward's log_softmax computes the same max and sum (the prims graph's CSE merges
+    # them: one pass over the logits, one exp per element)
+    shifted = core.sub(x, core.amax(x, (cd,), True))
+    log_s = core.log(core.sum(core.exp(shifted), (cd,), True))
+    gx = core.sub(dlogp, core.mul(core.exp(core.sub(shifted, log_s)), core.sum(dlogp, (cd,), True)))
     return core.to_dtype(gx, input.dtype) if gx.dtype != input.dtype else gx
 
 

@@ -368,6 +368,9 @@ def _nbytes(buf):
     return int(n) if isinstance(n, int) or getattr(n, "is_Integer", False) else None
 
 
+SHARED_READ_REACH = 3  # kernels a horizontal fusion may skip back over on shared reads
+
+
 def _peak_reason(buf, i: int, steps: list, position: dict, program) -> str | None:
     """Why moving ``buf`` from the end of the schedule into step ``i`` (a kernel it reads
     nothing from: horizontal fusion) would raise peak memory, or None. Its result becomes live
@@ -390,7 +393,10 @@ def _peak_reason(buf, i: int, steps: list, position: dict, program) -> str | Non
         freed += size or 0
     # reading an input the kernel already reads is the gain: the fused kernel loads it once
     # (a GELU backward joining the GELU recompute of the same pre-activation)
-    shared = sum(_nbytes(program.buffer(b)) or 0 for b in buf.reads() & steps[i].reads())
+    # (only next door: a result moved far up would stay live across the whole program; the
+    # normalized activations of every layer's norm once joined the backward's first kernel)
+    near = sum(isinstance(s, Kernel) for s in later) <= SHARED_READ_REACH
+    shared = sum(_nbytes(program.buffer(b)) or 0 for b in buf.reads() & steps[i].reads()) if near else 0
     if out > freed + shared:
         return (f"its result ({out} bytes) would be live across {len(later)} later steps, "
                 f"freeing only {freed} bytes earlier and sharing {shared} bytes of reads: "
