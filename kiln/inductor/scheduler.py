@@ -369,6 +369,7 @@ def _nbytes(buf):
 
 
 SHARED_READ_REACH = 3  # kernels a horizontal fusion may skip back over on shared reads
+PEAK_IGNORE_BYTES = 1 << 20  # a result this small never matters to peak memory
 
 
 def _peak_reason(buf, i: int, steps: list, position: dict, program) -> str | None:
@@ -383,6 +384,8 @@ def _peak_reason(buf, i: int, steps: list, position: dict, program) -> str | Non
     out = _nbytes(buf)
     if out is None:
         return f"its {list(buf.shape)} result would be live across {len(later)} later steps (symbolic size)"
+    if out <= PEAK_IGNORE_BYTES:
+        return None
     graph_inputs = {b.name for b in program.inputs}
     graph_inputs |= {o.buffer for o in program.outputs if isinstance(o, ir.TensorRef)}
     freed = 0
@@ -430,6 +433,24 @@ def sink_pointwise(program: ir.LoopProgram) -> ir.LoopProgram:
     return program
 
 
+def _sibling_reading_the_same(buf, i: int, earliest: int, steps: list, position: dict, program):
+    """An earlier kernel than ``i`` that reads what ``buf`` reads and may take it, or None.
+    ``buf`` was about to join kernel ``i`` horizontally while sharing no input with it; a kernel
+    that already loads its input saves that read (a variance a norm's backward saves, computed
+    late in the forward, belongs with the norm's own kernel, not with the last norm's)."""
+    deps = buf.reads()
+    for k in range(i - 1, max(earliest, 0) - 1, -1):
+        step = steps[k]
+        if not isinstance(step, Kernel) or not (deps & step.reads()):
+            continue
+        if any(d in position and position[d] > k for d in deps):
+            continue
+        if _why_not(buf, step) is None and not (deps & step.buffer_names()) \
+                and _peak_reason(buf, k, steps, position, program) is None:
+            return k
+    return None
+
+
 def schedule(program: ir.LoopProgram) -> Schedule:
     program = sink_pointwise(program)
     steps: list = []
@@ -452,6 +473,9 @@ def schedule(program: ir.LoopProgram) -> Schedule:
                     reason = _peak_reason(buf, i, steps, position, program)
                 if reason is None:
                     chosen = i
+                    if horizontal and not (buf.reads() & step.reads()):
+                        chosen = _sibling_reading_the_same(buf, i, earliest, steps, position, program) or i
+                        step = steps[chosen]
                     log.log("schedule", "fuse %s into %s%s", buf.name, step.name,
                             " (horizontal: independent, same number of elements)" if horizontal else "")
                     break

@@ -82,3 +82,8 @@ def test_no_backward_kernel_normalizes_every_layer(target):
         norms = [sum("rsqrt" in o for o in (k.origins or ())) for c in rec if "backward" in c.name
                  for k in c.kernels]
         assert norms and max(norms) <= 2, norms
+        # the forward: each norm's saved variance is computed by that norm's own kernel, which
+        # reads the same rows, not piled into the last norm's kernel (re-reading every layer)
+        variances = [sum("core.var(" in o for o in (k.origins or ())) for c in rec
+                     if "backward" not in c.name for k in c.kernels]
+        assert variances and max(variances) <= 3, variances

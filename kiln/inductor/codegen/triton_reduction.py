@@ -94,6 +94,16 @@ def is_column_reduction(kernel, ranges) -> bool:
     return column
 
 
+def _is_literal(text: str) -> bool:
+    if text in ("True", "False") or text.startswith("float("):
+        return True
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
 REDUCTION_TUNE_MIN = 1 << 16  # elements; smaller kernels keep the heuristic
 
 
@@ -206,6 +216,8 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
             value = writer._tmp(interpreter_bf16(value), node.dtype)
         shape = "[XBLOCK, RBLOCK]" if level == "r" else "[XBLOCK, 1]"
         mask = "xmask & rmask" if level == "r" else "xmask"
+        if _is_literal(value):  # a constant node (all() over nothing): a block of it
+            value = writer._tmp(f"tl.full({shape}, {value}, {TL_DTYPES[node.dtype]})", node.dtype)
         value = writer._tmp(f"tl.broadcast_to({value}, {shape})", node.dtype)
         offset = printer.doprint(index)
         if not ir.loop_symbols(index):  # a scalar address still needs a block of pointers
