@@ -18,6 +18,8 @@ import math
 import sympy
 import torch
 
+from kiln.meta import sympy_compat  # noqa: F401  (sympy 1.14's Mod squares inner Mods)
+
 
 @functools.lru_cache(maxsize=None)
 def index_symbol(k: int) -> sympy.Symbol:

@@ -16,6 +16,7 @@ import operator
 import sympy
 
 from kiln import log
+from kiln.meta import sympy_compat  # noqa: F401  (sympy 1.14's Mod squares inner Mods)
 
 
 def is_symbolic(x) -> bool:
