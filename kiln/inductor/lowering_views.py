@@ -27,6 +27,10 @@ def _index_in(i, offset: int, size: int):
 
 
 def _const(value, dtype):
+    """A constant, or the value of a symbolic size (a pad's or cat's bound under dynamic
+    shapes: ``lo + s0``), which kernels receive as an argument."""
+    if isinstance(value, sympy.Basic) and value.free_symbols:
+        return ir.IndexValue(value, dtype)
     return ir.Const(value, dtype)
 
 
