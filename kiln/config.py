@@ -41,6 +41,10 @@ class Config:
     split_column_reductions: str = "cuda"
     # the first stage of a split reduction takes in the pointwise kernel producing its input
     # (scheduler.split_onto): on by default; KILN_FUSE_SPLIT_PROLOGUE=0 for an A/B on the device
+    # Triton: a where's branches load under its condition (codegen.common KernelWriter.guard_ops).
+    # Off by default: on the H200 it gave wrong max_pool2d gradients for a [2, 3, 9, 7] input
+    # (the interpreter agrees with eager); KILN_GUARDED_LOADS=1 turns it on
+    triton_guarded_loads: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_GUARDED_LOADS", False))
     # the scheduler first moves each pointwise buffer to just before its first reader
     # (scheduler.sink_pointwise); KILN_SINK_POINTWISE=0 for an A/B
     sink_pointwise: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_SINK_POINTWISE", True))

@@ -43,7 +43,8 @@ def test_split_sum_is_two_kernels_with_many_partial_rows(target):
         assert out.kernel_count == 2
         wrapper = str(out.wrappers[0])
         assert "empty_strided((64,)" in wrapper  # 64 partial sums, one per chunk
-        assert_close(out.result, x.sum())
+        # 8192 terms summed in another order: float32 rounding scales with their magnitudes
+        torch.testing.assert_close(out.result, x.sum(), rtol=1e-5, atol=1e-6 * x.abs().sum().item())
     with on_target(target) as device, kiln.config.patch(split_reductions=False, **SMALL):
         assert kiln.explain(lambda x: x.sum())(x).kernel_count == 1
 

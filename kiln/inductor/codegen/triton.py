@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from kiln.config import config
 from kiln.inductor import ir
 from kiln.inductor.codegen.common import (LOW_PRECISION, IndexPrinter, KernelWriter, ScalarOps,
                                           compute_dtype, is_symbolic, size_params, size_text)
@@ -251,7 +252,7 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
     writer.canon = ir.canonical_index_fn(ranges)
     writer.index_value_fn = lambda e: triton_index_value(e, printer, ranges)
     writer.bounds_check = triton_bounds_check
-    writer.guard_ops = TRITON_GUARD_OPS
+    writer.guard_ops = TRITON_GUARD_OPS if config.triton_guarded_loads else None
     body_lines = []
     stores = set(kernel.stores)
     for node in kernel.nodes:

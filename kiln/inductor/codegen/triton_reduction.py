@@ -202,7 +202,7 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
     writer.index_value_fn = lambda e: triton_index_value(e, printer, ranges)
     writer.recompute_from(kernel)
     writer.bounds_check = triton_bounds_check
-    writer.guard_ops = TRITON_GUARD_OPS
+    writer.guard_ops = TRITON_GUARD_OPS if config.triton_guarded_loads else None
     lines = writer.lines
 
     emit_value = writer.emit_node
