@@ -45,6 +45,10 @@ class Config:
     # Off by default: on the H200 it gave wrong max_pool2d gradients for a [2, 3, 9, 7] input
     # (the interpreter agrees with eager); KILN_GUARDED_LOADS=1 turns it on
     triton_guarded_loads: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_GUARDED_LOADS", False))
+    # Triton pointwise kernels that store along the last dim and load a transposed input run
+    # over [YBLOCK, XBLOCK] tiles (codegen/triton_tiled.py); off by default until an H200 A/B,
+    # KILN_TILE_2D=1 turns it on
+    triton_tile_2d: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_TILE_2D", False))
     # the scheduler first moves each pointwise buffer to just before its first reader
     # (scheduler.sink_pointwise); KILN_SINK_POINTWISE=0 for an A/B
     sink_pointwise: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_SINK_POINTWISE", True))

@@ -235,13 +235,27 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
             in_names[buf] = f"in_ptr{len(in_names)}"
         return in_names[buf]
 
+    from kiln.inductor.codegen import triton_tiled
+    tile = triton_tiled.tile_plan(kernel, shape, ranges) if config.triton_tile_2d and not symbolic else None
+    tile_syms = {ir.index_symbol(d) for d in tile} if tile else set()
+    block = "[YBLOCK, XBLOCK]" if tile else "[XBLOCK]"
+
+    def block_offset(index) -> str:
+        """An offset over the program's scalars only (the untiled dims of a tile) as a block."""
+        text = printer.doprint(index)
+        if tile and not (index.free_symbols & tile_syms):
+            text += f" + tl.zeros({block}, tl.int32)"
+        return text
+
     def load(ld: ir.Load):
         index = ir.simplify_index(ld.index, ranges)
         # A load at a fixed address (a broadcast scalar) is one scalar load, not a masked block.
         mask = ""
         if ir.loop_symbols(index):
             mask = ", xmask, other=0" if writer.guard is None else f", xmask & {writer.guard}, other=0"
-        text = f"tl.load({ptr(ld.buffer)} + ({printer.doprint(index)}){mask})"
+            text = f"tl.load({ptr(ld.buffer)} + ({block_offset(index)}){mask})"
+        else:
+            text = f"tl.load({ptr(ld.buffer)} + ({printer.doprint(index)}))"
         if ld.dtype in LOW_PRECISION:
             text += ".to(tl.float32)"
         return text
@@ -258,7 +272,7 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
     for node in kernel.nodes:
         value = writer.emit(kernel.body(node))  # in the kernel's symbols (horizontal fusion remaps)
         if not _depends_on_index(node.body):  # a scalar value still needs a block to store
-            value = writer._tmp(f"tl.zeros([XBLOCK], {TL_DTYPES[compute_dtype(node.dtype)]}) + {value}",
+            value = writer._tmp(f"tl.zeros({block}, {TL_DTYPES[compute_dtype(node.dtype)]}) + {value}",
                                 node.dtype)
         index = kernel.store_index(node)
         writer.in_registers[(node.name, writer.canon(index))] = value
@@ -266,14 +280,17 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
             out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
             if node.dtype == torch.bfloat16 and interpreting():
                 value = writer._tmp(interpreter_bf16(value), node.dtype)
-            offset = index_text(index)
-            if not ir.loop_symbols(ir.simplify_index(index, ranges)):  # scalar address: make a block
-                offset += " + tl.zeros([XBLOCK], tl.int32)"
+            simple = ir.simplify_index(index, ranges)
+            offset = block_offset(simple)
+            if not ir.loop_symbols(simple):  # scalar address: make a block
+                offset += f" + tl.zeros({block}, tl.int32)"
             writer.lines.append(f"tl.store({out} + ({offset}), {value}, xmask)")
     body_lines = writer.lines
 
     index_lines = []
-    if len(shape) == 1:
+    if tile:
+        pass  # the tile's own index lines, below
+    elif len(shape) == 1:
         index_lines.append("i0 = xindex")
     elif len(shape) > 1:
         inner = 1
@@ -295,13 +312,17 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
         for b in list(in_names) + list(out_names))
     pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
     jit = "@triton.jit(debug=True)" if any("tl.device_assert" in ln for ln in body_lines) else "@triton.jit"
-    lines = [
-        jit,
-        f"def {name}({', '.join(params + ['xnumel', 'XBLOCK: tl.constexpr'])}):",
-        f"    xoffset = {pid} * XBLOCK",
-        "    xindex = xoffset + tl.arange(0, XBLOCK)",
-        "    xmask = xindex < xnumel",
-    ]
+    if tile:
+        lines = [jit, f"def {name}({', '.join(params + ['xnumel', 'XBLOCK: tl.constexpr', 'YBLOCK: tl.constexpr'])}):"]
+        lines += ["    " + ln for ln in triton_tiled.tiled_index_lines(shape, tile, pid)]
+    else:
+        lines = [
+            jit,
+            f"def {name}({', '.join(params + ['xnumel', 'XBLOCK: tl.constexpr'])}):",
+            f"    xoffset = {pid} * XBLOCK",
+            "    xindex = xoffset + tl.arange(0, XBLOCK)",
+            "    xmask = xindex < xnumel",
+        ]
     lines += ["    " + ln for ln in index_lines + body_lines]
     header = ["import triton", "import triton.language as tl"]
     if any("libdevice." in ln for ln in body_lines):
@@ -315,6 +336,11 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
         return TritonKernel(name, source, list(in_names) + list(out_names), sizes + [py(numel)],
                             {"XBLOCK": xblock}, f"-(-({py(numel)}) // {xblock})", warps,
                             list(kernel.origins))
+    if tile:
+        yblock, xblock, warps = triton_tiled.tile_blocks(shape, tile)
+        return TritonKernel(name, source, list(in_names) + list(out_names), sizes + [numel],
+                            {"XBLOCK": xblock, "YBLOCK": yblock},
+                            triton_tiled.tile_grid(shape, tile, yblock, xblock), warps, list(kernel.origins))
     xblock, warps = _block_config(numel)
     # static ranges, but symbolic sizes used as values (``y * n``) still come in as arguments
     gen = TritonKernel(name, source, list(in_names) + list(out_names), sizes + [numel], {"XBLOCK": xblock},
