@@ -238,3 +238,16 @@ def sum_all(device: str, quick: bool) -> list[Setup]:
     shape = (64, 64) if quick else ((8192, 8192) if device == "cuda" else (2048, 2048))
     return [Setup(fn=lambda x: x.sum(), dtype=torch.float32, rtol=1e-3, atol=1e-2,
                   make_inputs=lambda: (_randn(shape, device, torch.float32),), label=f"sum {list(shape)}")]
+
+
+@case("transpose")
+def transpose(device: str, quick: bool) -> list[Setup]:
+    """A transposed add, out[i, j] = x[j, i] + y[i, j]: one input read across its rows, so a
+    1-D block reads it one element per sector. kiln's 2D tiles (KILN_TILE_2D=1) read both
+    inputs along their contiguous dims."""
+    n = 64 if quick else (8192 if device == "cuda" else 2048)
+    return [Setup(fn=lambda x, y: x.t() + y, dtype=dt, rtol=2e-2 if dt == torch.bfloat16 else 1e-5,
+                  atol=2e-2 if dt == torch.bfloat16 else 1e-5,
+                  make_inputs=lambda dt=dt: (_randn((n, n), device, dt), _randn((n, n), device, dt)),
+                  label=f"x.t() + y [{n}, {n}]")
+            for dt in (torch.float32, torch.bfloat16)]
