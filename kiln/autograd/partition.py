@@ -17,8 +17,8 @@ Two strategies:
 Cost model (what the cut minimizes): **the bytes kept alive between forward and backward**,
 i.e. ``numel * element size`` of each saved tensor. (Charging a saved pointwise value more,
 for the forward's extra write, was tried: the cut then recomputed whole residual streams in the
-backward, and their normalized activations all ran in the backward's first kernel.) Saving a primal costs its bytes like any
-other value (it is kept alive by the saved-tensor reference). Recomputation is taken to be free
+backward, and their normalized activations all ran in the backward's first kernel.) Saving a
+primal costs its bytes like any other value (it is kept alive by the saved-tensor reference). Recomputation is taken to be free
 for ops that fuse into the backward's kernels: elementwise core ops, dtype casts and views,
 since they are inlined into the backward's own loops and only add arithmetic, not memory traffic.
 Recomputation is banned (the value is computed in the forward, and saved if the backward needs

@@ -250,10 +250,10 @@ def _nll_grad(g, x, target, weight, ignore_index, reduction, label_smoothing):
 
 def _through_log_softmax(dlogp, input, cd):
     """``dlogp - softmax(input) * sum(dlogp)``, the softmax recomputed from the logits and their
-    per-row max and sum of exponentials (float32). The backward then keeps the logits (alive anyway: a matmul
-    wrote them) and one float per row, instead of a full-size log-probability tensor the forward
-    would have to write (824 MB per GPT-2 step at vocab 50304); the arithmetic runs in float32
-    and rounds once to the input's dtype."""
+    per-row max and sum of exponentials (float32). The backward then keeps the logits (alive
+    anyway: a matmul wrote them) and two floats per row, instead of a full-size tensor the
+    forward would have to write (824 MB per GPT-2 step at vocab 50304); the arithmetic runs in
+    float32 and rounds once to the input's dtype."""
     x = input if input.dtype in (torch.float32, torch.float64) else core.to_dtype(input, torch.float32)
     # the forward's log_softmax computes the same max and sum (the prims graph's CSE merges
     # them: one pass over the logits, one exp per element)

@@ -474,7 +474,8 @@ def schedule(program: ir.LoopProgram) -> Schedule:
                 if reason is None:
                     chosen = i
                     if horizontal and not (buf.reads() & step.reads()):
-                        chosen = _sibling_reading_the_same(buf, i, earliest, steps, position, program) or i
+                        sibling = _sibling_reading_the_same(buf, i, earliest, steps, position, program)
+                        chosen = i if sibling is None else sibling
                         step = steps[chosen]
                     log.log("schedule", "fuse %s into %s%s", buf.name, step.name,
                             " (horizontal: independent, same number of elements)" if horizontal else "")

@@ -209,7 +209,7 @@ class KernelWriter:
         raise NotImplementedError(f"[codegen:{self.ops.name}] cannot emit {expr!r}")
 
     def _under(self, expr: ir.Expr, guard: str) -> str:
-        both, negate = self.guard_ops
+        both = self.guard_ops[0]
         saved = self.guard
         self.guard = guard if saved is None else self._tmp(both(saved, guard), torch.bool)
         try:
