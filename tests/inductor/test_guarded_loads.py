@@ -1,8 +1,8 @@
-"""Guarded loads (codegen.common.KernelWriter.guard_ops, ``config.triton_guarded_loads``, off
-by default until a CUDA failure is understood; on here): on Triton, the branches of a
-``where`` load under its condition, so a cat, a pad or a gradient summed from slices reads each
-element from the one source that provides it (it used to load every source at every element
-and select afterwards: three times the reads for a q/k/v gradient)."""
+"""Guarded loads (codegen.common.KernelWriter.guard_ops, ``config.triton_guarded_loads``): on
+Triton, the branches of a ``where`` whose condition reads indices only load under that
+condition, so a cat, a pad or a gradient summed from slices reads each element from the one
+source that provides it (it used to load every source at every element and select afterwards:
+three times the reads for a q/k/v gradient). A condition that reads memory masks nothing."""
 import re
 
 import pytest
@@ -54,6 +54,8 @@ def test_each_cat_source_is_loaded_under_its_condition(target):
         (k,) = out.kernels
         assert len(re.findall(r"tl\.load\(in_ptr0 ", k.source)) == 1, k.source
         assert_close(out.result, CASES["where_shared"](a, b, c))
+        # a data-dependent condition (a > 0) masks no load: every load is under xmask alone
+        assert re.findall(r"tl\.load\(in_ptr\d+ .*, (xmask[^,]*), other=0\)", k.source) == ["xmask"] * 3, k.source
 
 
 @pytest.mark.parametrize("target", TARGETS)

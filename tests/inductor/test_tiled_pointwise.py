@@ -1,5 +1,5 @@
-"""2D tiled Triton pointwise kernels (codegen/triton_tiled.py, ``config.triton_tile_2d``, off by
-default until an H200 A/B; on here): a kernel that stores along its last dim and loads an input
+"""2D tiled Triton pointwise kernels (codegen/triton_tiled.py, ``config.triton_tile_2d``, on by
+default): a kernel that stores along its last dim and loads an input
 contiguous along another dim runs over [YBLOCK, XBLOCK] tiles. Values match eager for
 transposes and permutes, with broadcast and scalar operands, in every float dtype; kernels
 without a transposed load keep the 1-D form."""

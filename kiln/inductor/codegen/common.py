@@ -79,10 +79,15 @@ class ScalarOps:
         return fmt.format(*args)
 
 
-def _varies(expr) -> bool:
-    """Does the value differ across a block's lanes (a load or index value over loop symbols)?
-    Only such a condition becomes a load mask; a scalar one would not broadcast as a mask."""
-    return any(isinstance(e, (ir.Load, ir.IndexValue)) and ir.loop_symbols(e.index) for e in ir.walk(expr))
+def _guards_loads(cond) -> bool:
+    """Can a where's condition mask its branches' loads? Only a condition on indices alone: one
+    that differs across a block's lanes (a scalar one would not broadcast as a mask) and reads no
+    memory. Cats, pads and slice gradients select by index, which is where the reads are saved.
+    A data-dependent mask saves little (both branches are read somewhere in most sectors), and on
+    the H200 (Triton 3.6) one gave wrong max_pool2d gradients that the interpreter got right."""
+    walked = list(ir.walk(cond))
+    return not any(isinstance(e, ir.Load) for e in walked) and \
+        any(isinstance(e, ir.IndexValue) and ir.loop_symbols(e.index) for e in walked)
 
 
 class KernelWriter:
@@ -199,7 +204,7 @@ class KernelWriter:
                 value = torch.tensor(expr.args[0].value, dtype=expr.args[0].dtype).to(expr.dtype).item()
                 return self.const_fn(value, expr.dtype)
             if expr.op == "where" and self.guard_ops is not None and expr.args[0].dtype == torch.bool \
-                    and _varies(expr.args[0]) and (ir.loads_of(expr.args[1]) or ir.loads_of(expr.args[2])):
+                    and _guards_loads(expr.args[0]) and (ir.loads_of(expr.args[1]) or ir.loads_of(expr.args[2])):
                 return self._guarded_where(expr)
             args = [self.emit(a) for a in expr.args]
             if expr.op == "cast":
