@@ -221,8 +221,11 @@ def _one_hot(g, target, x):
     return core.eq(core.unsqueeze(target, cd) if x.ndim > 1 else target, classes)
 
 
-def _nll_grad(g, x, target, weight, ignore_index, reduction, label_smoothing):
-    """d loss / d log-probabilities for class-index targets (the decomposition's formula)."""
+def _nll_grad(g, x, target, weight, ignore_index, reduction, label_smoothing, row_sum=False):
+    """d loss / d log-probabilities for class-index targets (the decomposition's formula); with
+    ``row_sum``, also its sum over the classes (keepdim), which without label smoothing is the
+    one picked value: a sum over the classes would be a whole pass of the backward kernel
+    (8192 x 50304 compares per GPT-2 step) to find it."""
     cd = _class_dim(x)
     c = x.shape[cd]
     valid = core.ne(target, ignore_index)
@@ -245,10 +248,12 @@ def _nll_grad(g, x, target, weight, ignore_index, reduction, label_smoothing):
         smooth = core.where(valid, core.mul(coef, label_smoothing / c), 0.0)
         smooth = core.unsqueeze(smooth, cd) if x.ndim > 1 else smooth
         dlogp = core.sub(dlogp, smooth)
+    if row_sum:
+        return dlogp, (None if label_smoothing else core.neg(picked))
     return dlogp
 
 
-def _through_log_softmax(dlogp, input, cd):
+def _through_log_softmax(dlogp, input, cd, dsum=None):
     """``dlogp - softmax(input) * sum(dlogp)``, the softmax recomputed from the logits and their
     per-row max and sum of exponentials (float32). The backward then keeps the logits (alive
     anyway: a matmul wrote them) and two floats per row, instead of a full-size tensor the
@@ -259,7 +264,9 @@ def _through_log_softmax(dlogp, input, cd):
     # them: one pass over the logits, one exp per element)
     shifted = core.sub(x, core.amax(x, (cd,), True))
     log_s = core.log(core.sum(core.exp(shifted), (cd,), True))
-    gx = core.sub(dlogp, core.mul(core.exp(core.sub(shifted, log_s)), core.sum(dlogp, (cd,), True)))
+    if dsum is None:
+        dsum = core.sum(dlogp, (cd,), True)
+    gx = core.sub(dlogp, core.mul(core.exp(core.sub(shifted, log_s)), dsum))
     return core.to_dtype(gx, input.dtype) if gx.dtype != input.dtype else gx
 
 
@@ -289,8 +296,8 @@ def cross_entropy_vjp(g, out, input, target, weight=None, ignore_index=-100, red
             if label_smoothing:
                 gt = core.mul(gt, 1.0 - label_smoothing)
         return gx, gt, None, None, None, None
-    dlogp = _nll_grad(g, input, target, weight, ignore_index, reduction, label_smoothing)
-    return _through_log_softmax(dlogp, input, cd), None, None, None, None, None
+    dlogp, dsum = _nll_grad(g, input, target, weight, ignore_index, reduction, label_smoothing, row_sum=True)
+    return _through_log_softmax(dlogp, input, cd, dsum), None, None, None, None, None
 
 
 @VJP_RULES.register(core.nll_loss)
