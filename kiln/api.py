@@ -12,6 +12,7 @@ import torch
 
 from kiln import context, counters, log
 from kiln.capture import Unsupported, frame_locals, trace
+from kiln.capture.tracer import CLOSURE_KEY
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
 from kiln.config import config
 from kiln.observe import logs
@@ -108,30 +109,56 @@ def _unwrap(fn):
 
 
 def _fast_locals_builder(fn):
-    """A cheap L builder for the common call shape (positional args only, no defaults used,
-    no closure); None when the general frame_locals binding is needed."""
+    """A cheap L builder for the common call shapes: arguments by position or keyword, defaults
+    filled in, a closure's free variables read from its cells. It gives what ``frame_locals``
+    gives, in parameter order; None (per call: the general binding, which raises Python's own
+    errors) for a call it cannot bind, and for ``*args``/``**kwargs`` and keyword-only
+    parameters. ``inspect.signature(...).bind`` costs
+    about 15 us per call, a third of the host time of a small compiled call."""
     func = _unwrap(fn)
     if not isinstance(func, types.FunctionType):
         return None
     code = func.__code__
-    if code.co_flags & (0x04 | 0x08) or code.co_kwonlyargcount or code.co_freevars:
+    if code.co_flags & (0x04 | 0x08) or code.co_kwonlyargcount:
         return None
     names = code.co_varnames[:code.co_argcount]
-    if isinstance(fn, types.MethodType):
-        self_obj = fn.__self__
-        n = len(names) - 1
-
-        def build(args, kwargs):
-            if kwargs or len(args) != n:
-                return None
-            return dict(zip(names, (self_obj, *args)))
-        return build
+    free = code.co_freevars
+    bound = (fn.__self__,) if isinstance(fn, types.MethodType) else ()
     n = len(names)
 
+    by_keyword = frozenset(names[code.co_posonlyargcount:])
+
     def build(args, kwargs):
-        if kwargs or len(args) != n:
-            return None
-        return dict(zip(names, args))
+        if bound:
+            args = (*bound, *args)
+        if len(args) == n and not kwargs:
+            L = dict(zip(names, args))
+        else:
+            if len(args) > n or not by_keyword.issuperset(kwargs):
+                return None  # the general binding raises Python's own TypeError
+            defaults = func.__defaults__ or ()
+            first_default = n - len(defaults)
+            L = {}
+            for i, name in enumerate(names):
+                if i < len(args):
+                    if name in kwargs:
+                        return None
+                    L[name] = args[i]
+                elif name in kwargs:
+                    L[name] = kwargs[name]
+                elif i >= first_default:
+                    L[name] = defaults[i - first_default]
+                else:
+                    return None
+        if free:
+            cells = func.__closure__
+            for name, cell in zip(free, cells):
+                try:
+                    L[name] = cell.cell_contents
+                except ValueError:  # an empty cell (assigned later in the enclosing function)
+                    pass
+            L[CLOSURE_KEY] = cells
+        return L
     return build
 
 

@@ -1,0 +1,91 @@
+"""The per-call L builder (api._fast_locals_builder) gives exactly what the general binding
+(capture.tracer.frame_locals, inspect.signature) gives, for every call shape it accepts, and
+declines the rest; compiled closures see their cells' current values."""
+import pytest
+import torch
+
+import kiln
+from kiln.api import _fast_locals_builder
+from kiln.capture import frame_locals
+
+
+def plain(a, b, c=3, d=4):
+    return a
+
+
+def posonly(a, /, b, c=5):
+    return a
+
+
+def make_closure():
+    k = 2.0
+    late = None
+
+    def f(x, y=1):
+        return x * k + (late or 0)
+    late = 1.5
+    return f
+
+
+def make_empty_cell():
+    def f(x):
+        return x + later  # noqa: F821 - assigned after f is made, never here
+
+    if False:
+        later = 1
+    return f
+
+
+class M:
+    def method(self, x, scale=2):
+        return x * scale
+
+
+CALLS = [
+    (plain, (1, 2), {}), (plain, (1, 2, 9), {}), (plain, (1, 2, 9, 8), {}), (plain, (1,), {"b": 2}),
+    (plain, (), {"a": 1, "b": 2, "d": 7}), (plain, (1, 2), {"d": 0}),
+    (posonly, (1, 2), {}), (posonly, (1,), {"b": 2, "c": 3}),
+    (make_closure(), (torch.ones(2),), {}), (make_closure(), (torch.ones(2),), {"y": 3}),
+    (make_empty_cell(), (1,), {}), (M().method, (4,), {}), (M().method, (4,), {"scale": 3}),
+]
+DECLINED = [(plain, (1,), {}), (plain, (1, 2), {"a": 1}), (plain, (1, 2, 3, 4, 5), {}),
+            (plain, (1, 2), {"e": 1}), (posonly, (), {"a": 1, "b": 2})]
+
+
+@pytest.mark.parametrize("i", range(len(CALLS)))
+def test_fast_locals_match_the_general_binding(i):
+    fn, args, kwargs = CALLS[i]
+    build = _fast_locals_builder(fn)
+    assert build is not None
+    fast, general = build(args, kwargs), frame_locals(fn, args, kwargs)
+    assert list(fast) == list(general)  # the same names in the same order
+    for name in general:
+        assert fast[name] is general[name], name
+
+
+@pytest.mark.parametrize("i", range(len(DECLINED)))
+def test_calls_it_cannot_bind_go_to_the_general_binding(i):
+    fn, args, kwargs = DECLINED[i]
+    assert _fast_locals_builder(fn)(args, kwargs) is None
+    with pytest.raises(TypeError):
+        frame_locals(fn, args, kwargs)
+
+
+def test_varargs_and_keyword_only_functions_have_no_fast_builder():
+    assert _fast_locals_builder(lambda *xs: xs) is None
+    assert _fast_locals_builder(lambda x, *, k=1: x) is None
+    assert _fast_locals_builder(lambda x, **kw: x) is None
+
+
+def test_a_compiled_closure_sees_its_cell_change():
+    scale = 2.0
+
+    def f(x, bias=1.0):
+        return x * scale + bias
+    g = kiln.compile(f)
+    x = torch.randn(8)
+    torch.testing.assert_close(g(x), f(x))
+    torch.testing.assert_close(g(x, bias=3.0), f(x, bias=3.0))
+    scale = 5.0  # noqa: F841 - read through f's cell
+    torch.testing.assert_close(g(x), f(x))
+    torch.testing.assert_close(g(x, 0.5), f(x, 0.5))
