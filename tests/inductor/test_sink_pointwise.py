@@ -87,3 +87,37 @@ def test_no_backward_kernel_normalizes_every_layer(target):
         variances = [sum("core.var(" in o for o in (k.origins or ())) for c in rec
                      if "backward" not in c.name for k in c.kernels]
         assert variances and max(variances) <= 3, variances
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gelu_backward_computes_tanh_once(target):
+    """GPT-2's MLP in bf16: the backward kernel that recomputes GELU for the weight gradient's
+    GEMM (reading the pre-activation as bf16, widened) and computes GELU's derivative (reading
+    it as float32) shares one load and one tanh: widening to the computed type is no op."""
+    import re
+    torch.manual_seed(0)
+    with on_target(target) as device:
+        fc = torch.nn.Linear(32, 96).to(device, torch.bfloat16)
+        proj = torch.nn.Linear(96, 32).to(device, torch.bfloat16)
+
+        def mlp(x):
+            return x + proj(F.gelu(fc(x), approximate="tanh"))
+        x = torch.randn(2, 16, 32, device=device, dtype=torch.bfloat16, requires_grad=True)
+        rec = []
+        api._RECORDERS.append(rec)
+        try:
+            kiln.compile(mlp)(x).float().square().sum().backward()
+        finally:
+            api._RECORDERS.remove(rec)
+        got = [x.grad] + [p.grad for p in (*fc.parameters(), *proj.parameters())]
+        for t in [x, *fc.parameters(), *proj.parameters()]:
+            t.grad = None
+        mlp(x).float().square().sum().backward()
+        want = [x.grad] + [p.grad for p in (*fc.parameters(), *proj.parameters())]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2)
+        bodies = [re.split(r'extern "C"|@triton\.jit', k.source)[-1]  # the kernel, not its helpers
+                  for c in rec for k in c.kernels]
+        derivative = [b for b in bodies if "0.134145" in b]  # d/dx of 0.044715 x^3: GELU's backward
+        assert len(derivative) == 1, "\n\n".join(bodies)
+        assert len(re.findall(r"tanh[f]?\(|tl\.sigmoid\(2\.0 \*", derivative[0])) == 1, derivative[0]

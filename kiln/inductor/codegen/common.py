@@ -208,6 +208,11 @@ class KernelWriter:
                 return self._guarded_where(expr)
             args = [self.emit(a) for a in expr.args]
             if expr.op == "cast":
+                if expr.dtype == compute_dtype(expr.args[0].dtype):
+                    # widening to the type the value is already computed in (bf16 -> float32):
+                    # the same register, so values computed from either side CSE together (a
+                    # GELU recomputed for a GEMM and its backward share one tanh)
+                    return args[0]
                 return self._tmp(self.cast_fn(args[0], expr.args[0].dtype, expr.dtype), expr.dtype)
             arg_dtypes = [a.dtype for a in expr.args]
             return self._tmp(self.ops.call(expr.op, args, expr.dtype, arg_dtypes), expr.dtype)
