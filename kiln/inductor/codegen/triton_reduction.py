@@ -279,21 +279,9 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
         for node, x in sums:
             s_acc = accs[node.name][0]
             g_old, g_new = shift_of(m_node, x, m_acc), shift_of(m_node, x, m_new)
-            if _one_exp_shift(m_node, x):
-                # the term's exponent E - X(new) and the rescale's X(old) - X(new): while the
-                # max is finite one of them is exactly 0 (the max grew to E, or it did not), so
-                # one exp of their sum gives the other; the cases with infinities and NaN give
-                # what the two exps give (tests/inductor/test_online_softmax_specials.py)
-                ta = writer._tmp(f"{e} - {g_new}", torch.float32)
-                aa = writer._tmp(f"{g_old} - {g_new}", torch.float32)
-                ex = writer._tmp(f"tl.exp({ta} + {aa})", torch.float32)
-                term = writer._tmp(f"tl.where(xmask & rmask & ({g_new} != float('-inf')), "
-                                   f"tl.where({ta} == 0.0, 1.0, {ex}), 0.0)", torch.float32)
-                alpha = writer._tmp(f"tl.where({g_old} == {g_new}, 1.0, {ex})", torch.float32)
-            else:
-                term = writer._tmp(f"tl.where(xmask & rmask & ({g_new} != float('-inf')), tl.exp({e} - {g_new}), 0.0)",
-                                   torch.float32)
-                alpha = writer._tmp(f"tl.where({g_old} == {g_new}, 1.0, tl.exp({g_old} - {g_new}))", torch.float32)
+            term = writer._tmp(f"tl.where(xmask & rmask & ({g_new} != float('-inf')), tl.exp({e} - {g_new}), 0.0)",
+                               torch.float32)
+            alpha = writer._tmp(f"tl.where({g_old} == {g_new}, 1.0, tl.exp({g_old} - {g_new}))", torch.float32)
             lines.append(f"{s_acc} = {s_acc} * {alpha} + {term}")
         lines.append(f"{m_acc} = {m_new}")
 
@@ -427,22 +415,6 @@ def _combine_inline(kind, acc, value):
     if kind == "prod":
         return f"{acc} * {value}"
     raise NotImplementedError(f"[codegen:triton] no combine rule for reduction {kind!r}")
-
-
-def _one_exp_shift(m_node, x) -> bool:
-    """Is the shift X(M) of an online sum the max itself (softmax, log-softmax, cross-entropy)
-    or logsumexp's ``where(|M| == inf, 0, M)``? For those one exp per element serves both the
-    term and the rescale (``online_step``); another X keeps two."""
-    def is_m(e):
-        return isinstance(e, ir.Load) and e.buffer == m_node.name
-    if is_m(x):
-        return True
-    if not (isinstance(x, ir.Call) and x.op == "where" and len(x.args) == 3 and is_m(x.args[2])):
-        return False
-    cond, zero = x.args[0], x.args[1]
-    return isinstance(zero, ir.Const) and zero.value == 0 and isinstance(cond, ir.Call) and cond.op == "eq" \
-        and isinstance(cond.args[0], ir.Call) and cond.args[0].op == "abs" and is_m(cond.args[0].args[0]) \
-        and isinstance(cond.args[1], ir.Const) and cond.args[1].value == float("inf")
 
 
 def _match_exp_sub(body):
