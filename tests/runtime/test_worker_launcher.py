@@ -46,3 +46,12 @@ def test_a_failing_launcher_build_is_left_to_the_first_launch(fake_nvidia_driver
     fake_nvidia_driver.CudaLauncher = boom
     build_worker._build_launcher(_Kernel())  # no exception
     build_worker._build_launcher(None)
+
+
+def test_the_launcher_build_can_be_switched_off(fake_nvidia_driver, monkeypatch):
+    built = []
+    fake_nvidia_driver.make_launcher = lambda *a: "src"
+    fake_nvidia_driver.CudaLauncher = lambda src, metadata: built.append(src)
+    monkeypatch.setenv("KILN_AOT_LAUNCHERS", "0")
+    build_worker._build_launcher(_Kernel())
+    assert built == []
