@@ -50,6 +50,9 @@ class Config:
     # over [YBLOCK, XBLOCK] tiles (codegen/triton_tiled.py): x.t() + y at 8192^2 went from 37%
     # to 99% of copy bandwidth on the H200; KILN_TILE_2D=0 for an A/B
     triton_tile_2d: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_TILE_2D", True))
+    # C++ pointwise kernels with a transposed load walk [32, 64] tiles (codegen/cpp.py
+    # _tiled_loops); KILN_CPP_TILE_2D=0 for an A/B
+    cpp_tile_2d: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_TILE_2D", True))
     # the scheduler first moves each pointwise buffer to just before its first reader
     # (scheduler.sink_pointwise); KILN_SINK_POINTWISE=0 for an A/B
     sink_pointwise: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_SINK_POINTWISE", True))

@@ -11,6 +11,7 @@ import math
 import sympy
 import torch
 
+from kiln.config import config
 from kiln.inductor import ir
 from kiln.inductor.codegen.common import (IndexPrinter, KernelWriter, ScalarOps, compute_dtype,
                                           is_symbolic, size_params, size_text)
@@ -361,7 +362,19 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
             in_names[buf] = f"in_ptr{len(in_names)}"
         return in_names[buf]
 
+    plan = None
+    if config.cpp_tile_2d and not collapse and not is_symbolic(numel):
+        from kiln.inductor.codegen.triton_tiled import tile_plan
+        plan = tile_plan(kernel, shape, ranges)
+    tiles: dict = {}  # (buffer, index) of a transposed load -> (tile array, raw element read, dtype)
+
     def load(ld: ir.Load):
+        if plan is not None and _transposed(ld.index, plan, ranges):
+            key = (ld.buffer, ir.simplify_index(ld.index, ranges))
+            if key not in tiles:
+                tiles[key] = (f"tile{len(tiles)}", f"{ptr(ld.buffer)}[{index_text(ld.index)}]", ld.dtype)
+            ydim, xdim = plan
+            return cpp_load(tiles[key][0], f"(i{ydim} - ty0) * {CPP_TILE_X} + (i{xdim} - tx0)", ld.dtype)
         return cpp_load(ptr(ld.buffer), index_text(ld.index), ld.dtype)
 
     writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast, cpp_declare)
@@ -389,7 +402,9 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
     lines = []
     # threads cost more than they save on small loops (decided at run time for symbolic sizes)
     clause = (f" if({text(numel)} >= 65536)" if symbolic else "") if symbolic or numel >= 1 << 16 else " if(0)"
-    if ndim == 0:
+    if plan is not None:
+        lines += _tiled_loops(shape, plan, body, clause, tiles)
+    elif ndim == 0:
         lines += ["    {"] + body + ["    }"]
     elif ndim == 1:
         lines += [f"    #pragma omp parallel for simd{clause}", f"    for (int64_t i0 = 0; i0 < {text(shape[0])}; ++i0) {{"]
@@ -414,3 +429,54 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
     code = "\n".join(lines)
     source = "\n".join(header) + PRELUDE + _helpers_for(code) + "\n" + index_check_support(name, code) + "\n" + code + "\n"
     return CppKernel(name, source, list(in_names) + list(out_names), numel, list(kernel.origins), sizes)
+
+
+# A pointwise kernel that stores along its last dim and loads an input contiguous along another
+# dim (a transpose) walks [CPP_TILE_Y, CPP_TILE_X] tiles. Each transposed input's tile is first
+# copied into a local array reading along its own contiguous dim, then the kernel reads that
+# array along the store's dim: both sides run contiguous and vectorize, where one side used to
+# miss the cache (and the TLB) at every element.
+CPP_TILE_Y, CPP_TILE_X = 32, 32
+
+
+def _transposed(index, plan, ranges) -> bool:
+    """Is a load contiguous along the tile's y dim (and not along, or constant in, x)?"""
+    ydim, xdim = plan
+    idx = sympy.expand(ir.simplify_index(index, ranges))
+    syms = ir.index_symbols(len(ranges))
+    if not idx.free_symbols <= set(syms) or idx.has(sympy.Mod, sympy.floor):
+        return False
+    return idx.coeff(syms[ydim], 1) == 1 and idx.coeff(syms[xdim], 1) not in (0, 1)
+
+
+def _tiled_loops(shape, plan, body, clause, tiles: dict) -> list[str]:
+    """OpenMP over (other dims x tile rows x tile columns); per tile, each transposed input is
+    copied to a local array, then rows of ``y`` each run along the last dim ``x`` (vectorized).
+    codegen/triton_tiled.tile_plan picks the dims."""
+    ydim, xdim = plan
+    ny, nx = -(-shape[ydim] // CPP_TILE_Y), -(-shape[xdim] // CPP_TILE_X)
+    rest = math.prod(s for d, s in enumerate(shape) if d not in plan)
+    lines = [f"    #pragma omp parallel for{clause}",
+             f"    for (int64_t t = 0; t < {rest * ny * nx}; ++t) {{",
+             f"        const int64_t tx0 = (t % {nx}) * {CPP_TILE_X}, ty0 = ((t / {nx}) % {ny}) * {CPP_TILE_Y};",
+             f"        const int64_t r = t / {nx * ny};"]
+    inner = 1
+    for d in range(len(shape) - 1, -1, -1):
+        if d in plan:
+            continue
+        lines.append(f"        const int64_t i{d} = (r / {inner}) % {shape[d]};")
+        inner *= shape[d]
+    lines += [f"        const int64_t y_end = ty0 + {CPP_TILE_Y} < {shape[ydim]} ? ty0 + {CPP_TILE_Y} : {shape[ydim]};",
+              f"        const int64_t x_end = tx0 + {CPP_TILE_X} < {shape[xdim]} ? tx0 + {CPP_TILE_X} : {shape[xdim]};"]
+    for name, raw, dtype in tiles.values():  # raw: the element as stored (bf16 bits, half, ...)
+        lines += [f"        {C_TYPES[dtype]} {name}[{CPP_TILE_Y * CPP_TILE_X}];",
+                  f"        for (int64_t i{xdim} = tx0; i{xdim} < x_end; ++i{xdim}) {{",
+                  "            #pragma omp simd",
+                  f"            for (int64_t i{ydim} = ty0; i{ydim} < y_end; ++i{ydim}) {{",
+                  f"                {name}[(i{ydim} - ty0) * {CPP_TILE_X} + (i{xdim} - tx0)] = {raw};",
+                  "            }", "        }"]
+    lines += [f"        for (int64_t i{ydim} = ty0; i{ydim} < y_end; ++i{ydim}) {{",
+              "            #pragma omp simd",
+              f"            for (int64_t i{xdim} = tx0; i{xdim} < x_end; ++i{xdim}) {{"]
+    lines += ["        " + ln for ln in body] + ["            }", "        }", "    }"]
+    return lines
