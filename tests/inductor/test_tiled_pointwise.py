@@ -63,11 +63,12 @@ EDGES = {  # sizes that leave partial tiles on both sides, and a transposed inpu
 
 
 @pytest.mark.parametrize("target", CPP)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("name", list(CASES) + list(EDGES))
 def test_cpp_tiled_transposes_match_eager(name, dtype, target):
     """C++: each tile of a transposed input is copied to a local array along its own
-    contiguous dim, then read along the store's (codegen/cpp.py _tiled_loops)."""
+    contiguous dim (full tiles through 8x8 register transposes, ragged ones element by
+    element), then read along the store's (codegen/cpp.py _tiled_loops)."""
     fn, shape = {**CASES, **EDGES}[name]
     with on_target(target) as device:
         x = randn(shape, dtype, device)
@@ -75,6 +76,9 @@ def test_cpp_tiled_transposes_match_eager(name, dtype, target):
         out = kiln.explain(fn)(x, b)
         assert_close(out.result, fn(x, b), dtype)
         assert any("tile0[" in k.source for k in out.kernels), [k.source for k in out.kernels]
+        if name in ("transpose_copy", "ragged_transpose"):  # both have full 32x32 tiles
+            size = torch.empty((), dtype=dtype).element_size()
+            assert any(f"kiln_t8x8_{size}(" in k.source for k in out.kernels)
         if name == "two_transposed_reads":  # one local copy serves both reads
             assert not any("tile1[" in k.source for k in out.kernels)
         with kiln.config.patch(cpp_tile_2d=False):
@@ -93,3 +97,16 @@ def test_cpp_kernels_without_a_transposed_load_are_not_tiled(target):
         out = kiln.explain(lambda y: torch.tanh(y) + 1)(y)
         assert not any("tile0[" in k.source for k in out.kernels)
         assert_close(out.result, torch.tanh(y) + 1)
+
+
+@pytest.mark.parametrize("target", CPP)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.bool], ids=str)
+def test_cpp_tiled_integer_and_bool_transposes(dtype, target):
+    """8-, 4- and 2-byte elements move through the register transposes; 1-byte ones (bool)
+    take the element-by-element copy."""
+    with on_target(target) as device:
+        x = torch.randint(0, 50, (160, 130), device=device).to(dtype)
+        fn = (lambda x: x.t() | (x.t() & False)) if dtype == torch.bool else (lambda x: x.t() * 3 + 1)
+        out = kiln.explain(fn)(x)
+        assert torch.equal(out.result, fn(x))
+        assert any("tile0[" in k.source for k in out.kernels), [k.source for k in out.kernels]

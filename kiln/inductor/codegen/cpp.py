@@ -44,6 +44,34 @@ HELPERS = {
     "kiln_max": "template <typename T> static inline T kiln_max(T a, T b) { return (a > b || a != a) ? a : b; }",
     "kiln_min": "template <typename T> static inline T kiln_min(T a, T b) { return (a < b || a != a) ? a : b; }",
 }
+
+
+def _transpose8_helper(nbytes: int) -> str:
+    """``kiln_t8x8_{nbytes}``: an 8x8 block of nbytes-byte elements transposed in vector
+    registers (three butterfly stages of shuffles: 1x1, 2x2 then 4x4 sub-blocks swap),
+    ``d[b * ds + a] = s[a * ss + b]``; the bits move, so one helper serves every type of a size."""
+    bits, width = 8 * nbytes, 8 * nbytes
+    v, i = f"kiln_v8u{bits}", f"kiln_v8i{bits}"
+
+    def stage(src, dst, pairs, lo, hi):
+        return "".join(f"    {dst}[{a}] = __builtin_shuffle({src}[{a}], {src}[{b}], ({i}){{{lo}}});\n"
+                       f"    {dst}[{b}] = __builtin_shuffle({src}[{a}], {src}[{b}], ({i}){{{hi}}});\n"
+                       for a, b in pairs)
+    return (f"typedef uint{bits}_t {v} __attribute__((vector_size({width})));\n"
+            f"typedef int{bits}_t {i} __attribute__((vector_size({width})));\n"
+            f"static inline void kiln_t8x8_{nbytes}(const void* src, int64_t ss, void* dst, int64_t ds) {{\n"
+            f"    const uint{bits}_t* s = (const uint{bits}_t*)src; uint{bits}_t* d = (uint{bits}_t*)dst;\n"
+            f"    {v} r[8], t[8];\n"
+            f"    for (int k = 0; k < 8; ++k) std::memcpy(&r[k], s + k * ss, {width});\n"
+            + stage("r", "t", [(0, 1), (2, 3), (4, 5), (6, 7)], "0, 8, 2, 10, 4, 12, 6, 14", "1, 9, 3, 11, 5, 13, 7, 15")
+            + stage("t", "r", [(0, 2), (1, 3), (4, 6), (5, 7)], "0, 1, 8, 9, 4, 5, 12, 13", "2, 3, 10, 11, 6, 7, 14, 15")
+            + stage("r", "t", [(0, 4), (1, 5), (2, 6), (3, 7)], "0, 1, 2, 3, 8, 9, 10, 11", "4, 5, 6, 7, 12, 13, 14, 15")
+            + f"    for (int k = 0; k < 8; ++k) std::memcpy(d + k * ds, &t[k], {width});\n}}")
+
+
+for _n in (2, 4, 8):
+    HELPERS[f"kiln_t8x8_{_n}"] = _transpose8_helper(_n)
+
 HELPERS["kiln_rand"] = r"""// Philox-4x32-10, counter = element index, key = per-call seed and stream: uniform [0, 1)
 static inline float kiln_rand(int64_t seed, int64_t stream, int64_t offset) {
     uint64_t key = (uint64_t)seed + (uint64_t)stream * 0x9E3779B97F4A7C15ull;
@@ -372,7 +400,8 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
         if plan is not None and _transposed(ld.index, plan, ranges):
             key = (ld.buffer, ir.simplify_index(ld.index, ranges))
             if key not in tiles:
-                tiles[key] = (f"tile{len(tiles)}", f"{ptr(ld.buffer)}[{index_text(ld.index)}]", ld.dtype)
+                cx = sympy.expand(key[1]).coeff(ir.index_symbol(plan[1]), 1)
+                tiles[key] = (f"tile{len(tiles)}", f"{ptr(ld.buffer)}[{index_text(ld.index)}]", ld.dtype, cx)
             ydim, xdim = plan
             return cpp_load(tiles[key][0], f"(i{ydim} - ty0) * {CPP_TILE_X} + (i{xdim} - tx0)", ld.dtype)
         return cpp_load(ptr(ld.buffer), index_text(ld.index), ld.dtype)
@@ -468,13 +497,25 @@ def _tiled_loops(shape, plan, body, clause, tiles: dict) -> list[str]:
         inner *= shape[d]
     lines += [f"        const int64_t y_end = ty0 + {CPP_TILE_Y} < {shape[ydim]} ? ty0 + {CPP_TILE_Y} : {shape[ydim]};",
               f"        const int64_t x_end = tx0 + {CPP_TILE_X} < {shape[xdim]} ? tx0 + {CPP_TILE_X} : {shape[xdim]};"]
-    for name, raw, dtype in tiles.values():  # raw: the element as stored (bf16 bits, half, ...)
-        lines += [f"        {C_TYPES[dtype]} {name}[{CPP_TILE_Y * CPP_TILE_X}];",
-                  f"        for (int64_t i{xdim} = tx0; i{xdim} < x_end; ++i{xdim}) {{",
-                  "            #pragma omp simd",
-                  f"            for (int64_t i{ydim} = ty0; i{ydim} < y_end; ++i{ydim}) {{",
-                  f"                {name}[(i{ydim} - ty0) * {CPP_TILE_X} + (i{xdim} - tx0)] = {raw};",
-                  "            }", "        }"]
+    for name, raw, dtype, cx in tiles.values():  # raw: the element as stored (bf16 bits, half, ...)
+        copy = [f"for (int64_t i{xdim} = tx0; i{xdim} < x_end; ++i{xdim}) {{",
+                "    #pragma omp simd",
+                f"    for (int64_t i{ydim} = ty0; i{ydim} < y_end; ++i{ydim}) {{",
+                f"        {name}[(i{ydim} - ty0) * {CPP_TILE_X} + (i{xdim} - tx0)] = {raw};",
+                "    }", "}"]
+        lines.append(f"        {C_TYPES[dtype]} {name}[{CPP_TILE_Y * CPP_TILE_X}];")
+        size = torch.empty((), dtype=dtype).element_size()
+        if size in (2, 4, 8) and isinstance(cx, (int, sympy.Integer)):
+            # a full tile goes through 8x8 register transposes; a ragged edge element by element
+            lines += [f"        if (y_end - ty0 == {CPP_TILE_Y} && x_end - tx0 == {CPP_TILE_X}) {{",
+                      f"            for (int64_t bx = 0; bx < {CPP_TILE_X}; bx += 8) {{",
+                      f"                for (int64_t by = 0; by < {CPP_TILE_Y}; by += 8) {{",
+                      f"                    const int64_t i{xdim} = tx0 + bx, i{ydim} = ty0 + by;",
+                      f"                    kiln_t8x8_{size}(&{raw}, {int(cx)}, &{name}[by * {CPP_TILE_X} + bx], {CPP_TILE_X});",
+                      "                }", "            }", "        } else {"]
+            lines += ["            " + ln for ln in copy] + ["        }"]
+        else:
+            lines += ["        " + ln for ln in copy]
     lines += [f"        for (int64_t i{ydim} = ty0; i{ydim} < y_end; ++i{ydim}) {{",
               "            #pragma omp simd",
               f"            for (int64_t i{xdim} = tx0; i{xdim} < x_end; ++i{xdim}) {{"]
