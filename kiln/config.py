@@ -50,7 +50,7 @@ class Config:
     # over [YBLOCK, XBLOCK] tiles (codegen/triton_tiled.py): x.t() + y at 8192^2 went from 37%
     # to 99% of copy bandwidth on the H200; KILN_TILE_2D=0 for an A/B
     triton_tile_2d: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_TILE_2D", True))
-    # C++ pointwise kernels with a transposed load walk [32, 64] tiles (codegen/cpp.py
+    # C++ pointwise kernels with a transposed load walk 32x32 tiles (codegen/cpp.py
     # _tiled_loops); KILN_CPP_TILE_2D=0 for an A/B
     cpp_tile_2d: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_TILE_2D", True))
     # the scheduler first moves each pointwise buffer to just before its first reader
