@@ -44,8 +44,9 @@ def _example(meta: TensorMeta, requires_grad=False) -> torch.Tensor:
     return t.requires_grad_(requires_grad)
 
 
-def choose_backend(q, k, v, attn_mask, is_causal, scale) -> str | None:
-    """The fused kernel torch would run for these metas with gradients, or None (math)."""
+def fused_choice(q, k, v, attn_mask, is_causal, scale, grad=True) -> str | None:
+    """The fused kernel torch picks for these metas (``grad``: as if they needed gradients,
+    else as they are), or None (its math kernel)."""
     if not all(isinstance(t, TensorMeta) and t.ndim == 4 for t in (q, k, v)):
         return None
     if attn_mask is not None and not isinstance(attn_mask, TensorMeta):
@@ -53,7 +54,7 @@ def choose_backend(q, k, v, attn_mask, is_causal, scale) -> str | None:
     if q.device.type not in ("cpu", "cuda"):
         return None
     try:
-        ex = [_example(t, True) for t in (q, k, v)]
+        ex = [_example(t, grad or t.requires_grad) for t in (q, k, v)]
         mask = _example(attn_mask) if attn_mask is not None else None
         choice = torch._fused_sdp_choice(*ex, mask, 0.0, is_causal, scale=scale)
     except Exception:  # an old torch, or inputs torch itself refuses: keep the math path
@@ -62,8 +63,12 @@ def choose_backend(q, k, v, attn_mask, is_causal, scale) -> str | None:
     names = {SDPBackend.CUDNN_ATTENTION.value: "cudnn", SDPBackend.FLASH_ATTENTION.value: "flash",
              SDPBackend.EFFICIENT_ATTENTION.value: "efficient"}
     name = names.get(choice)
-    if name == "flash" and q.device.type == "cpu":
-        return "cpu_flash"
+    return "cpu_flash" if name == "flash" and q.device.type == "cpu" else name
+
+
+def choose_backend(q, k, v, attn_mask, is_causal, scale) -> str | None:
+    """The fused kernel torch would run for these metas with gradients, or None (math)."""
+    name = fused_choice(q, k, v, attn_mask, is_causal, scale)
     if attn_mask is not None and q.device.type == "cuda":
         # torch's front end reshapes and pads masks per kernel before these ops see them;
         # masked attention on CUDA keeps the recomputing backward, which calls that front end

@@ -84,6 +84,15 @@ def _sdpa_meta(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
                           "do not fit")
     shape = tuple(q.shape[:-1]) + (v.shape[-1],)
     grad = q.requires_grad or k.requires_grad or v.requires_grad
+    if q.ndim == 4 and q.stride[-1] == 1 and not dropout_p:
+        # torch's fused kernels (flash, memory-efficient, cuDNN; flash on the CPU) return the
+        # result laid out like q: over x.view(B, T, H, D).transpose(1, 2) that is [B, T, H, D]
+        # memory, so the usual transpose(1, 2).reshape(B, T, C) after attention is a view. A
+        # contiguous promise made the wrapper copy it to [B, H, T, D] and a kernel copy it back.
+        # Its math kernel returns a contiguous result, which the meta then promises too.
+        from kiln.ops.attention import _dense_like, fused_choice
+        if fused_choice(q, k, v, attn_mask, is_causal, scale, grad=False) is not None:
+            return TensorMeta(shape, _dense_like(shape, q), q.dtype, q.device, grad)
     return TensorMeta.contiguous(shape, q.dtype, q.device, grad)
 
 
