@@ -390,14 +390,12 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
             in_names[buf] = f"in_ptr{len(in_names)}"
         return in_names[buf]
 
-    plan = None
-    if config.cpp_tile_2d and not collapse and not is_symbolic(numel):
-        from kiln.inductor.codegen.triton_tiled import tile_plan
-        plan = tile_plan(kernel, shape, ranges)
+    from kiln.inductor.codegen.triton_tiled import is_transposed_load, tile_plan
+    plan = tile_plan(kernel, shape, ranges) if config.cpp_tile_2d and not collapse and not is_symbolic(numel) else None
     tiles: dict = {}  # (buffer, index) of a transposed load -> (tile array, raw element read, dtype)
 
     def load(ld: ir.Load):
-        if plan is not None and _transposed(ld.index, plan, ranges):
+        if plan is not None and is_transposed_load(ld.index, plan, ranges):
             key = (ld.buffer, ir.simplify_index(ld.index, ranges))
             if key not in tiles:
                 cx = sympy.expand(key[1]).coeff(ir.index_symbol(plan[1]), 1)
@@ -466,16 +464,6 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
 # array along the store's dim: both sides run contiguous and vectorize, where one side used to
 # miss the cache (and the TLB) at every element.
 CPP_TILE_Y, CPP_TILE_X = 32, 32
-
-
-def _transposed(index, plan, ranges) -> bool:
-    """Is a load contiguous along the tile's y dim (and not along, or constant in, x)?"""
-    ydim, xdim = plan
-    idx = sympy.expand(ir.simplify_index(index, ranges))
-    syms = ir.index_symbols(len(ranges))
-    if not idx.free_symbols <= set(syms) or idx.has(sympy.Mod, sympy.floor):
-        return False
-    return idx.coeff(syms[ydim], 1) == 1 and idx.coeff(syms[xdim], 1) not in (0, 1)
 
 
 def _tiled_loops(shape, plan, body, clause, tiles: dict) -> list[str]:

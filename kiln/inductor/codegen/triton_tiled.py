@@ -58,6 +58,17 @@ def tile_plan(kernel, shape, ranges) -> tuple[int, int] | None:
     return None if ydim is None else (ydim, n - 1)
 
 
+def is_transposed_load(index, plan, ranges) -> bool:
+    """Is a load contiguous along the plan's y dim (and not along, or constant in, x)? The
+    C++ tiles copy such an input through a local array (codegen/cpp.py _tiled_loops)."""
+    ydim, xdim = plan
+    idx = sympy.expand(ir.simplify_index(index, ranges))
+    syms = ir.index_symbols(len(ranges))
+    if not idx.free_symbols <= set(syms) or not _linear(idx):
+        return False
+    return idx.coeff(syms[ydim], 1) == 1 and idx.coeff(syms[xdim], 1) not in (0, 1)
+
+
 def tile_blocks(shape, plan) -> tuple[int, int, int]:
     """(YBLOCK, XBLOCK, num_warps)."""
     ydim, xdim = plan
