@@ -25,7 +25,10 @@ class Config:
     # inductor
     cpu_backend: str = dataclasses.field(default_factory=lambda: os.environ.get("KILN_CPU_BACKEND", "cpp"))
     triton_max_persistent_rblock: int = 4096  # longer rows use looped reductions
-    triton_looped_rblock: int = 1024
+    # RBLOCK of a looped (long-row) reduction. KILN_LOOPED_RBLOCK for an A/B: a row of bf16
+    # moves 2 KB per step at 1024, and GPT-2's cross-entropy forward ran at 1.86 TB/s on the
+    # H200 (fp32 rows: 80% of copy), which suggests too few bytes in flight (not yet measured)
+    triton_looped_rblock: int = dataclasses.field(default_factory=lambda: int(os.environ.get("KILN_LOOPED_RBLOCK", "1024")))
     # reductions over strided dims tile [XBLOCK contiguous kept elements, RBLOCK reduced]
     triton_column_reductions: bool = True
     # attention's backward calls torch's fused backward (else: decomposed, probabilities materialized)
