@@ -91,9 +91,21 @@ class RowScratchWriter(KernelWriter):
                 return False
         return per_element and cheap
 
+    def _per_element(self, expr) -> bool:
+        return any(isinstance(e, (ir.Load, ir.IndexValue)) and e.index.free_symbols & self.reduced_syms
+                   for e in ir.walk(expr))
+
     def emit(self, expr):
         if self.phase is None or not isinstance(expr, ir.Call) or expr.op == "cast":
             return super().emit(expr)
+        if expr.op == "div" and expr.dtype == torch.float32 and self._per_element(expr.args[0]) \
+                and not self._per_element(expr.args[1]):
+            # x / s with s per row (softmax's normalization): x * (1 / s), the reciprocal once
+            # per row (gcc hoists it), as ATen's CPU softmax does; a vector divide per element
+            # was a tenth of the pass
+            s = self.emit(expr.args[1])
+            inv = self._tmp(f"(1.0f / {s})", torch.float32)
+            return self._tmp(f"({self.emit(expr.args[0])} * {inv})", torch.float32)
         key = (repr(expr), expr.dtype)
         scr = self.plan.get(key)
         if scr is not None and key in self.saved and self.saved[key] < self.phase:
