@@ -22,6 +22,10 @@ kiln's rows also carry ``stage_s`` (seconds per compile stage, summed over the p
 compiles: capture, meta, autograd, decomp, lowering, scheduling, codegen, build) and
 ``import_kiln_s``, so a cold compile shows where its time went.
 
+``KILN_BENCH_PROFILE=PREFIX`` makes each child cProfile its first call into
+``PREFIX.<backend>.<phase>.<pid>.txt`` and keeps its stderr (with ``KILN_LOGS=perf,kernels``,
+each build's time) in ``PREFIX.<backend>.<phase>.stderr.txt``.
+
 One JSON line per measurement to stdout (and ``--out``), a table to stderr.
 """
 from __future__ import annotations
@@ -68,6 +72,12 @@ def _child(backend: str, phase: str, device: str):
         if device == "cuda":
             torch.cuda.synchronize()
     sync()
+    profile_path = os.environ.get("KILN_BENCH_PROFILE")  # cProfile the first call into this file
+    prof = None
+    if profile_path:
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
     t0 = time.perf_counter()
     with amp:
         if phase == "inference":
@@ -78,6 +88,9 @@ def _child(backend: str, phase: str, device: str):
             loss.backward()
     sync()
     first = time.perf_counter() - t0
+    if prof is not None:
+        prof.disable()
+        _write_profile(prof, f"{profile_path}.{backend.replace('.', '_')}.{phase}.{os.getpid()}.txt")
     out = {"first_result_s": first, "process_s": time.perf_counter() - t_start, "loss": float(loss)}
     if backend == "kiln":
         import kiln
@@ -89,6 +102,17 @@ def _child(backend: str, phase: str, device: str):
         out["stage_s"] = {k: round(v, 3) for k, v in stages.items()}
         out["import_kiln_s"] = round(import_s, 3)
     print(json.dumps(out))
+
+
+def _write_profile(prof, path):
+    import io
+    import pstats
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf)
+    stats.sort_stats("cumulative").print_stats(70)
+    stats.sort_stats("tottime").print_stats(40)
+    with open(path, "w") as f:
+        f.write(buf.getvalue())
 
 
 class _null:
@@ -108,6 +132,9 @@ def _spawn(backend, phase, device, cache):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.compile_time", "--child", backend, phase, device],
                           cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    if os.environ.get("KILN_BENCH_PROFILE"):  # the child's logs (KILN_LOGS=perf,...) beside its profile
+        with open(f"{os.environ['KILN_BENCH_PROFILE']}.{backend.replace('.', '_')}.{phase}.stderr.txt", "a") as f:
+            f.write(proc.stderr)
     if proc.returncode != 0:
         return {"error": proc.stderr[-2000:]}
     res = json.loads(proc.stdout.strip().splitlines()[-1])
