@@ -313,6 +313,9 @@ class CompiledFunction:
                     _note_changed_sizes(cache, L, self.globals)
                 if self.dynamic is not False and cache.entries:
                     _note_changed_ints(cache, L, self.globals)
+                if self.backend == "kiln":
+                    from kiln.runtime.builder import prestart_if_gpu
+                    prestart_if_gpu()  # build workers warm up while capture and lowering run
                 try:
                     with context.timed("capture"):
                         capture = self._trace(cache, args, kwargs)

@@ -42,6 +42,8 @@ class CompileContext:
 
     def add_time(self, stage: str, seconds: float):
         self.stage_times[stage] = self.stage_times.get(stage, 0.0) + seconds
+        from kiln.counters import stage_seconds
+        stage_seconds[stage] += seconds
 
 
 def current() -> CompileContext | None:

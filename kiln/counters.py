@@ -8,6 +8,9 @@ COUNTER_NAMES = ("frames_compiled", "recompiles", "graph_breaks", "kernels_gener
                  "kernel_builds", "graph_cache_hits", "partition_cache_hits")
 
 counters: collections.Counter = collections.Counter()
+# seconds per compile stage, summed over every compile of the process (benchmarks read it
+# without registering a recorder, which would turn the graph cache off)
+stage_seconds: collections.Counter = collections.Counter()
 
 
 def bump(name: str, n: int = 1):
@@ -20,5 +23,10 @@ def snapshot() -> dict:
     return out
 
 
+def stage_totals() -> dict:
+    return {k: round(v, 4) for k, v in stage_seconds.items()}
+
+
 def reset():
     counters.clear()
+    stage_seconds.clear()

@@ -13,7 +13,14 @@ and answers one JSON line on stdout:
         binary lands in Triton's disk cache (TRITON_CACHE_DIR) under exactly the key the
         parent's first launch computes, and its C launcher where Triton builds one per
         signature (``_build_launcher``); no GPU context is created here
-    {"id": 5, "kind": "ping"}   warms the imports
+    {"id": 5, "kind": "ping"}   warms the imports (with "triton": true, Triton's compiler, its
+        backend and its cache key too, so the first build pays only its own compile)
+
+The worker keeps torch out: Triton's argument specializer imports it when it can (to recognize
+``torch.Tensor``), and importing torch costs a fresh process seconds (4.5 s of a 5 s first build
+on the H200 host), while the stand-in pointers here are not tensors anyway. An import of torch
+fails in the worker (``_NoTorch``); a build that fails for want of torch
+lifts the block and runs again with it.
 
 Answers: {"id": ..., "ok": true, "seconds": s} or {"id": ..., "ok": false, "error": text}.
 """
@@ -108,7 +115,60 @@ def _tl_dtype(name):
     return tl.int1 if name == "bool" else getattr(tl, name)
 
 
+class _NoTorch:
+    """A meta-path finder that refuses ``torch`` (and its submodules) with an ImportError,
+    which Triton's specializer catches; ``sys.modules["torch"] = None`` would not do: the C
+    API hands that None back as the module."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"kiln's build worker keeps torch out (import of {name})")
+        return None
+
+
+def _block_torch():
+    if os.environ.get("KILN_WORKER_TORCH", "0") != "1" and "torch" not in sys.modules:
+        sys.meta_path.insert(0, _NoTorch)
+
+
+def _torch_blocked() -> bool:
+    return _NoTorch in sys.meta_path
+
+
+def _unblock_torch():
+    if _NoTorch in sys.meta_path:
+        sys.meta_path.remove(_NoTorch)
+
+
+def warm_triton():
+    """Import what every compile needs, and compute Triton's own cache key (a hash of its
+    sources and libraries, computed once per process)."""
+    import triton  # noqa: F401
+    import triton.compiler  # noqa: F401
+    try:
+        from triton.backends.nvidia import compiler  # noqa: F401
+        from triton.backends.nvidia import driver  # noqa: F401
+    except Exception:  # noqa: BLE001 - another backend; its first build imports it
+        pass
+    try:
+        from triton.runtime.cache import triton_key
+        triton_key()
+    except Exception:  # noqa: BLE001 - a Triton without it
+        pass
+
+
 def build_triton(req):
+    try:
+        _build_triton(req)
+    except Exception as e:
+        if not _torch_blocked() or not (isinstance(e, ImportError) or "torch" in str(e)):
+            raise
+        _unblock_torch()  # this Triton needs torch here after all
+        _build_triton(req)
+
+
+def _build_triton(req):
     _target_driver(req["target"])
     path = req["path"]
     module = _modules.get(path)
@@ -142,6 +202,7 @@ def _build_launcher(kernel):
 
 
 def main():
+    _block_torch()
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nothing else may write to the protocol
     for line in sys.stdin:
@@ -157,11 +218,12 @@ def main():
                 build_triton(req)
             elif kind == "ping":
                 if req.get("triton"):
-                    import triton  # noqa: F401
-                    import triton.compiler  # noqa: F401
+                    warm_triton()
             else:
                 raise ValueError(f"unknown request kind {kind!r}")
             reply = {"id": req.get("id"), "ok": True, "seconds": time.perf_counter() - t0}
+            if kind == "ping":
+                reply["torch_loaded"] = sys.modules.get("torch") is not None
         except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
             reply = {"id": req.get("id"), "ok": False, "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
         out.write(json.dumps(reply) + "\n")

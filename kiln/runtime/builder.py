@@ -58,6 +58,15 @@ def prestart(target: str):
             p.prestart(triton=True)
 
 
+def prestart_if_gpu():
+    """At a compile's start, before capture: a process that already uses CUDA starts its
+    Triton build workers now. A worker's imports take about a second (several with 16 of them
+    starting at once), which capture, lowering and codegen then hide."""
+    import torch
+    if torch.cuda.is_initialized():
+        prestart("triton")
+
+
 def load_kernels(kernels, target: str, launches: dict, reps=None) -> list:
     """The loaded function of each kernel; kernels with one representative (see
     ``representatives``) build and load once."""

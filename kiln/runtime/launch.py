@@ -53,6 +53,11 @@ class FastLauncher:
             from triton.runtime import driver
             get_device = driver.active.get_current_device
             get_stream = driver.active.get_current_stream
+            import torch
+            if get_device is torch.cuda.current_device and hasattr(torch._C, "_cuda_getDevice"):
+                # the same answer without current_device's lazy-init check: the device is only
+                # asked after a launch, so CUDA is up (about 1 us of a 16 us call on the H200)
+                get_device = torch._C._cuda_getDevice
         self._get_device, self._get_stream = get_device, get_stream
         self._hooks = hooks if hooks is not None else _launch_hooks
 

@@ -78,33 +78,68 @@ class BuildPool:
         self.size = size
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
         self._all: list[Worker] = []
+        self._count = 0  # workers running or being started; never more than size
         self._lock = threading.Lock()
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=size, thread_name_prefix="kiln-build")
 
-    def _checkout(self) -> Worker:
-        try:
-            w = self._idle.get_nowait()
-            if w.alive():
-                return w
-        except queue.Empty:
-            pass
+    def _reserve(self, n: int) -> int:
         with self._lock:
+            n = max(0, min(n, self.size - self._count))
+            self._count += n
+            return n
+
+    def _start(self) -> Worker:
+        try:
             w = Worker()
+        except BaseException:
+            with self._lock:
+                self._count -= 1
+            raise
+        with self._lock:
             self._all.append(w)
         return w
 
+    def _drop(self, w: Worker):
+        w.close()
+        with self._lock:
+            if w in self._all:
+                self._all.remove(w)
+                self._count -= 1
+
+    def _checkout(self) -> Worker:
+        """An idle worker; a new one while the pool has fewer than ``size``; else the next
+        worker to come free (a prestarted one still importing, or one finishing a build)."""
+        while True:
+            try:
+                w = self._idle.get_nowait()
+            except queue.Empty:
+                if self._reserve(1):
+                    return self._start()
+                try:
+                    w = self._idle.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+            if w.alive():
+                return w
+            self._drop(w)
+
     def prestart(self, triton: bool = False):
-        """Start the workers now (and import Triton in them) while the compile goes on."""
-        def start():
-            while True:
-                with self._lock:
-                    if len(self._all) >= self.size:
-                        return
-                    w = Worker()
-                    self._all.append(w)
+        """Start every worker now, each from its own thread, and warm its imports (Triton's
+        compiler with ``triton``) while the compile goes on."""
+        def start_one():
+            try:
+                w = self._start()
+            except Exception as e:  # noqa: BLE001 - a build starts its own worker later
+                log.log("kernels", "build worker did not start: %s", e)
+                return
+            try:
                 w.request({"kind": "ping", "triton": triton})
-                self._idle.put(w)
-        self._threads.submit(start)
+            except BuildError:
+                self._drop(w)
+                return
+            self._idle.put(w)
+        for _ in range(self._reserve(self.size)):
+            threading.Thread(target=start_one, name="kiln-build-start", daemon=True).start()
 
     def in_worker(self, msg: dict) -> dict:
         """Send a request to a worker process; raise BuildError with its message on failure."""
@@ -112,7 +147,7 @@ class BuildPool:
         try:
             reply = w.request(msg)
         except BuildError:
-            w.close()
+            self._drop(w)
             raise
         self._idle.put(w)
         if not reply.get("ok"):
@@ -134,9 +169,11 @@ class BuildPool:
 
     def shutdown(self):
         self._threads.shutdown(wait=False)
-        for w in self._all:
+        with self._lock:
+            workers, self._all = list(self._all), []
+            self._count = 0
+        for w in workers:
             w.close()
-        self._all.clear()
 
 
 _pool: BuildPool | None = None

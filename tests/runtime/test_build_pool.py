@@ -116,6 +116,7 @@ def test_worker_compiles_triton_ahead_under_the_key_the_launch_uses(tmp_path, dt
                              "args": [["ptr", dtype, 16], ["ptr", dtype, 16], ["int", 4096]],
                              "kwargs": {"XBLOCK": 1024, "num_warps": 4}})
         assert reply["ok"]
+        assert not p.in_worker({"kind": "ping"})["torch_loaded"]  # the build kept torch out
     finally:
         p.shutdown()
         if old is None:
@@ -150,3 +151,41 @@ def test_progress_on_a_terminal_only(monkeypatch):
     with kiln.config.patch(progress_min=1):
         pool.run_jobs(lambda i: i, range(5))
     assert quiet.getvalue() == ""
+
+
+def test_prestart_starts_every_worker_at_once_and_never_more_than_the_size():
+    p = pool.BuildPool(3)
+    try:
+        p.prestart(triton=False)
+        p.prestart(triton=False)  # already full: starts nothing
+        # requests made while the workers are still starting wait for one of them
+        replies = p.map(lambda i: p.in_worker({"kind": "ping"}), range(8))
+        assert all(r["ok"] for r in replies)
+        assert len(p._all) == 3 and p._count == 3
+        pids = {w.proc.pid for w in p._all}
+        p.map(lambda i: p.in_worker({"kind": "ping"}), range(6))
+        assert {w.proc.pid for w in p._all} == pids  # the same three serve every request
+    finally:
+        p.shutdown()
+
+
+def test_a_dead_worker_is_replaced():
+    p = pool.BuildPool(1)
+    try:
+        assert p.in_worker({"kind": "ping"})["ok"]
+        (w,) = p._all
+        w.proc.kill()
+        w.proc.wait()
+        assert p.in_worker({"kind": "ping"})["ok"]  # a new worker took its place
+        assert len(p._all) == 1 and p._all[0] is not w
+    finally:
+        p.shutdown()
+
+
+def test_a_worker_keeps_torch_out():
+    """Importing torch costs a fresh worker seconds; Triton's specializer would import it."""
+    p = pool.BuildPool(1)
+    try:
+        assert p.in_worker({"kind": "ping", "triton": True})["torch_loaded"] is False
+    finally:
+        p.shutdown()
