@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import re
+import threading
 
 from kiln import log
 from kiln.config import config
@@ -45,8 +46,12 @@ def representatives(kernels, launches: dict) -> list:
     return out
 
 
-def prestart(target: str):
-    """Start the build workers while lowering and codegen run (Triton on a GPU only)."""
+EARLY_WORKERS = 4  # started before capture; the rest once a compile misses the graph cache
+
+
+def prestart(target: str, count: int | None = None):
+    """Start the build workers (all, or ``count`` of them) while lowering and codegen run
+    (Triton on a GPU only)."""
     if target != "triton":
         return
     from kiln.runtime import triton_aot
@@ -55,7 +60,28 @@ def prestart(target: str):
         if p is not None:
             from kiln.runtime.triton_load import ensure_triton_cache_dir
             ensure_triton_cache_dir()
-            p.prestart(triton=True)
+            p.prestart(triton=True, count=count)
+            _warm_triton_key()
+
+
+_key_warmed = []
+
+
+def _warm_triton_key():
+    """Triton's own cache key hashes its sources and libraries (0.36 s on the H200 host) at
+    the process's first launch. Hashing releases the GIL, so a thread computes it now, while
+    capture and lowering run."""
+    if _key_warmed:
+        return
+    _key_warmed.append(True)
+
+    def warm():
+        try:
+            from triton.runtime.cache import triton_key
+            triton_key()
+        except Exception:  # noqa: BLE001 - a Triton without it; the first launch does its own
+            pass
+    threading.Thread(target=warm, name="kiln-triton-key", daemon=True).start()
 
 
 def prestart_if_gpu():
@@ -64,7 +90,9 @@ def prestart_if_gpu():
     starting at once), which capture, lowering and codegen then hide."""
     import torch
     if torch.cuda.is_initialized():
-        prestart("triton")
+        # a few only: a graph found in the graph cache builds nothing, and the workers' imports
+        # would compete with the parent's capture; a miss starts the rest (pipeline.py)
+        prestart("triton", count=EARLY_WORKERS)
 
 
 def load_kernels(kernels, target: str, launches: dict, reps=None) -> list:

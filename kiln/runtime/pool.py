@@ -71,6 +71,10 @@ class Worker:
             self.proc.wait(timeout=5)
         except Exception:  # noqa: BLE001
             self.proc.kill()
+        try:
+            self.proc.stdout.close()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 class BuildPool:
@@ -123,9 +127,9 @@ class BuildPool:
                 return w
             self._drop(w)
 
-    def prestart(self, triton: bool = False):
-        """Start every worker now, each from its own thread, and warm its imports (Triton's
-        compiler with ``triton``) while the compile goes on."""
+    def prestart(self, triton: bool = False, count: int | None = None):
+        """Start every worker (or up to ``count`` of them) now, each from its own thread, and
+        warm its imports (Triton's compiler with ``triton``) while the compile goes on."""
         def start_one():
             try:
                 w = self._start()
@@ -138,7 +142,7 @@ class BuildPool:
                 self._drop(w)
                 return
             self._idle.put(w)
-        for _ in range(self._reserve(self.size)):
+        for _ in range(self._reserve(self.size if count is None else count)):
             threading.Thread(target=start_one, name="kiln-build-start", daemon=True).start()
 
     def in_worker(self, msg: dict) -> dict:

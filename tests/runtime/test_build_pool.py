@@ -189,3 +189,16 @@ def test_a_worker_keeps_torch_out():
         assert p.in_worker({"kind": "ping", "triton": True})["torch_loaded"] is False
     finally:
         p.shutdown()
+
+
+def test_prestart_can_start_a_few_first_and_the_rest_later():
+    p = pool.BuildPool(3)
+    try:
+        p.prestart(count=2)  # before capture: a few
+        assert p._count == 2
+        p.prestart()  # a graph-cache miss: the rest
+        assert p._count == 3
+        assert all(r["ok"] for r in p.map(lambda i: p.in_worker({"kind": "ping"}), range(4)))
+        assert len(p._all) == 3
+    finally:
+        p.shutdown()
