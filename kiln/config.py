@@ -56,6 +56,8 @@ class Config:
     # C++ pointwise kernels with a transposed load walk 32x32 tiles (codegen/cpp.py
     # _tiled_loops); KILN_CPP_TILE_2D=0 for an A/B
     cpp_tile_2d: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_TILE_2D", True))
+    # C++ pointwise kernels store bf16 outputs a chunk at a time (codegen/cpp_runs.py)
+    cpp_bf16_runs: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_BF16_RUNS", True))
     # the scheduler first moves each pointwise buffer to just before its first reader
     # (scheduler.sink_pointwise); KILN_SINK_POINTWISE=0 for an A/B
     sink_pointwise: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_SINK_POINTWISE", True))

@@ -13,6 +13,7 @@ import torch
 
 from kiln.config import config
 from kiln.inductor import ir
+from kiln.inductor.codegen import cpp_runs
 from kiln.inductor.codegen.common import (IndexPrinter, KernelWriter, ScalarOps, compute_dtype,
                                           is_symbolic, size_params, size_text)
 
@@ -150,7 +151,9 @@ HELPERS["kiln_tanhf"] = r"""static inline float kiln_tanhf(float x) {
 HELPERS["kiln_sigmoidf"] = "static inline float kiln_sigmoidf(float x) { return 1.0f / (1.0f + kiln_expf(-x)); }"
 # ops whose float32 form is the vectorizable helper above
 VECTOR_MATH = {"exp": "kiln_expf", "log": "kiln_logf", "tanh": "kiln_tanhf", "sigmoid": "kiln_sigmoidf"}
+HELPERS["kiln_store_bf16_run"] = cpp_runs.HELPER
 HELPER_DEPS = {"kiln_round_bf16": ("kiln_bf16_to_float", "kiln_float_to_bf16"),
+               "kiln_store_bf16_run": ("kiln_float_to_bf16",),
                "kiln_expf": ("kiln_bits",), "kiln_logf": ("kiln_bits",),
                "kiln_tanhf": ("kiln_expf", "kiln_bits"), "kiln_sigmoidf": ("kiln_expf", "kiln_bits")}
 
@@ -410,6 +413,8 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
     writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({printer.doprint(ir.simplify_index(e.index, ranges))})"
     writer.bounds_check = cpp_bounds_check
     stores = set(kernel.stores)
+    last = len(shape) - 1
+    runs = []  # bf16 stores contiguous along the inner loop: written a chunk at a time (cpp_runs.py)
     for node in kernel.nodes:
         # in the kernel's symbols (horizontal fusion remaps), trailing dims collapsed
         value = writer.emit(remap(kernel.body(node), collapse))
@@ -418,7 +423,14 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
         if node.name in stores:
             out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
             stored = cpp_store_value(writer, value, node.dtype)
-            writer.lines.append(f"{out}[{index_text(index)}] = {stored};")
+            fv = cpp_runs.float_value(stored) if node.dtype == torch.bfloat16 else None
+            if (fv is not None and plan is None and last >= 0 and config.cpp_bf16_runs
+                    and cpp_runs.is_run_store(index, last, ranges)):
+                arr = f"kiln_run{len(runs)}"
+                runs.append((arr, out, index_text(index)))
+                writer.lines.append(f"{arr}[i{last} - kc] = {fv};")
+            else:
+                writer.lines.append(f"{out}[{index_text(index)}] = {stored};")
 
     params = [f"const {C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
     params += [f"{C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
@@ -433,6 +445,9 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
         lines += _tiled_loops(shape, plan, body, clause, tiles)
     elif ndim == 0:
         lines += ["    {"] + body + ["    }"]
+    elif ndim == 1 and runs:
+        lines += [f"    #pragma omp parallel for{clause}"]
+        lines += cpp_runs.chunk_loop("i0", text(shape[0]), writer.lines, runs, "    ")
     elif ndim == 1:
         lines += [f"    #pragma omp parallel for simd{clause}", f"    for (int64_t i0 = 0; i0 < {text(shape[0])}; ++i0) {{"]
         lines += body + ["    }"]
@@ -446,8 +461,12 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
             lines.append(f"        const int64_t i{k} = {div} % {text(shape[k])};" if k > 0
                          else f"        const int64_t i0 = {div};")
             inner = inner * shape[k]
-        lines += ["        #pragma omp simd", f"        for (int64_t i{last} = 0; i{last} < {text(shape[-1])}; ++i{last}) {{"]
-        lines += ["    " + ln for ln in body] + ["        }", "    }"]
+        if runs:
+            lines += cpp_runs.chunk_loop(f"i{last}", text(shape[-1]), writer.lines, runs, "        ")
+            lines += ["    }"]
+        else:
+            lines += ["        #pragma omp simd", f"        for (int64_t i{last} = 0; i{last} < {text(shape[-1])}; ++i{last}) {{"]
+            lines += ["    " + ln for ln in body] + ["        }", "    }"]
     sizes = size_params(lines)
     params += [f"const int64_t {p}" for p in sizes]
     lines = [f'extern "C" void {name}({", ".join(params)}) {{'] + lines
