@@ -70,3 +70,21 @@ def test_float32_outputs_and_the_switch_keep_plain_stores(target):
             out = kiln.explain(lambda x: x * 2)(xb)
             assert_close(out.result, xb * 2, torch.bfloat16)
             assert not any("kiln_store_bf16_run(" in k.source for k in out.kernels)
+
+
+@pytest.mark.parametrize("target", [CPP])
+@pytest.mark.parametrize("shape", [(5, 300), (3, 2, 48)], ids=str)
+def test_a_row_pass_rounds_its_rows_bit_for_bit(shape, target):
+    """A row reduction's output pass (here x - rowmax) stores its bf16 row through a float
+    row; rows of denormal-scale values and of ties round as eager does."""
+    with on_target(target) as device:
+        x = _special_floats(torch.Size(shape).numel()).reshape(shape)
+        x = torch.where(x.isfinite(), x, torch.zeros(()))  # rows without inf/nan: a finite max
+        x[0] = x[0].abs() * 1e-38  # a row of denormal-scale values
+        x = x.to(device)
+        f = lambda x: (x - x.amax(-1, keepdim=True)).to(torch.bfloat16)  # noqa: E731
+        out = kiln.explain(f)(x)
+        _same_bits(out.result.flatten(), f(x).flatten())
+        assert any("kiln_store_bf16_run(" in k.source for k in out.kernels)
+        assert_close(kiln.compile(torch.nn.functional.layer_norm)(x.to(torch.bfloat16), shape[-1:]),
+                     torch.nn.functional.layer_norm(x.to(torch.bfloat16), shape[-1:]), torch.bfloat16)

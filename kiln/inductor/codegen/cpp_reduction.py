@@ -11,7 +11,9 @@ import math
 import sympy
 import torch
 
+from kiln.config import config
 from kiln.inductor import ir
+from kiln.inductor.codegen import cpp_runs
 from kiln.inductor.codegen.common import (IDENTITY, IndexPrinter, KernelWriter, compute_dtype,
                                           decompose_index, is_symbolic, plan_phases, size_params,
                                           size_text)
@@ -164,12 +166,23 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
 
     emit_value = writer.emit_node
 
-    def store(node, value):
+    runs = []  # this pass's bf16 row stores, written to a float row and rounded after it (cpp_runs.py)
+    row_runs = config.cpp_bf16_runs and isinstance(rnumel, int) and 0 < rnumel <= cpp_runs.ROW_MAX
+    r_sym = ir.index_symbol(kernel.reduced_dims[0]) if len(kernel.reduced_dims) == 1 else R0
+
+    def store(node, value, in_row_pass=False):
         if node.name not in kernel.stores:
             return
         out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
         index = index_text(kernel.store_index(node))
         stored = cpp_store_value(writer, value, node.dtype)
+        fv = cpp_runs.float_value(stored) if node.dtype == torch.bfloat16 else None
+        if in_row_pass and row_runs and fv is not None and cpp_runs.moves_by_one(
+                flat(ir.simplify_index(kernel.store_index(node), ranges)), r_sym):
+            arr = f"kiln_run{len(runs)}"
+            runs.append((arr, out, index))
+            lines.append(f"{arr}[r0] = {fv};")
+            return
         lines.append(f"{out}[{index}] = {stored};")
 
     def acc_type(node):
@@ -226,8 +239,9 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
                 cmp = ">" if kind == "argmax" else "<"
                 lines.append(f"if (!{acc}_seen || {value} {cmp} {acc} || ({value} != {value} && {acc} == {acc})) "
                              f"{{ {acc} = {value}; {idx} = {arg_dim}; {acc}_seen = true; }}")
+        runs.clear()
         for node in phase.stores:
-            store(node, emit_value(node))
+            store(node, emit_value(node), in_row_pass=not phase.reductions)
         body = lines[body_start:]
         del lines[body_start:]
         writer.pop_scope()
@@ -249,10 +263,15 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
                 lines.append(f"{ctype(dt)} {acc} = {acc}_v[0];")
                 lines.append(f"for (int64_t rl = 1; rl < {LANES}; ++rl) {_combine(node.reduction_type, acc, f'{acc}_v[rl]', dt)};")
         else:
+            lines += [f"float {arr}[{rtext}];" for arr, _, _ in runs]
             if not phase.reductions:
                 lines.append("#pragma omp simd")
             lines.append(f"for (int64_t r0 = 0; r0 < {rtext}; ++r0) {{")
             lines += ["    " + ln for ln in body] + ["}"]
+            if runs:  # each run's row starts where its index has r0 = 0
+                lines += ["{", "    const int64_t r0 = 0;"] + ["    " + ln for ln in rdecomp]
+                lines += [f"    kiln_store_bf16_run(&{ptr_}[{idx}], {arr}, {rtext});" for arr, ptr_, idx in runs]
+                lines += ["}"]
         for node in phase.reductions:
             acc, idx, dt = accs[node.name]
             value = idx if idx is not None else acc

@@ -14,7 +14,9 @@ loop writes its float values to a local chunk of ``RUN`` elements instead, and
 - elsewhere, element by element through ``kiln_float_to_bf16`` in a loop of its own, which gcc
   also vectorizes better than the fused one.
 
-The chunk loop keeps ``omp simd``; loads and everything else are unchanged.
+The chunk loop keeps ``omp simd``; loads and everything else are unchanged. A row pass of a
+C++ row reduction (softmax's or layer norm's output pass) writes its bf16 row stores to a float
+row of up to ``ROW_MAX`` elements and rounds the row after the pass (``cpp_reduction.py``).
 ``config.cpp_bf16_runs`` (``KILN_CPP_BF16_RUNS=0``) turns this off for an A/B.
 """
 from __future__ import annotations
@@ -48,10 +50,16 @@ static inline void kiln_store_bf16_run(uint16_t* __restrict__ dst, const float* 
 }"""
 
 
+ROW_MAX = 8192  # a row pass rounds a whole row at once: a float row on each thread's stack
+
+
 def is_run_store(index, last: int, ranges) -> bool:
     """Whether a store index moves by exactly one element per step of loop ``i{last}``."""
-    expr = sympy.expand(ir.simplify_index(index, ranges))
-    sym = ir.index_symbol(last)
+    return moves_by_one(ir.simplify_index(index, ranges), ir.index_symbol(last))
+
+
+def moves_by_one(index, sym) -> bool:
+    expr = sympy.expand(index)
     if sym not in expr.free_symbols:
         return False
     return expr.coeff(sym, 1) == 1 and sym not in (expr - sym).free_symbols
