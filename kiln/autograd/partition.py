@@ -12,7 +12,7 @@ Two strategies:
   needs"); the rules' nodes all run in the backward. Nothing is recomputed.
 - ``min_cut`` (the default): choose the cheapest set of values to save such that everything the
   backward reads can be recomputed from them, with a max-flow/min-cut over the forward nodes
-  (networkx), as AOTAutograd's rematerializing partitioner does.
+  (``maxflow.py``), as AOTAutograd's rematerializing partitioner does.
 
 Cost model (what the cut minimizes): **the bytes kept alive between forward and backward**,
 i.e. ``numel * element size`` of each saved tensor. (Charging a saved pointwise value more,
@@ -136,27 +136,32 @@ def min_cut(joint: JointGraph, bw_nodes: set) -> list:
     frontier = _backward_frontier(joint, bw_nodes)
     if not frontier:
         return []
-    import networkx as nx  # imported here: a cached partition (runtime/graph_cache.py) never needs it
+    from kiln.autograd.maxflow import FlowGraph, minimum_cut
 
     candidates = _ancestors(frontier) - bw_nodes
-    g = nx.DiGraph()
-    for n in joint.graph.nodes:
-        if n not in candidates:
-            continue
-        val = n.meta.get("val")
-        weight = _capacity(n) if isinstance(val, TensorMeta) else math.inf
-        g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=weight)
+    order = [n for n in joint.graph.nodes if n in candidates]
+    weights = {n: _capacity(n) if isinstance(n.meta.get("val"), TensorMeta) else None for n in order}
+    inf = sum(w for w in weights.values() if w is not None) + 1  # more than every finite cut
+    g = FlowGraph()
+    source, sink = g.node(), g.node()
+    ends = {n: (g.node(), g.node()) for n in order}  # (in, out): the value's edge between them
+    for n in order:
+        n_in, n_out = ends[n]
+        g.edge(n_in, n_out, inf if weights[n] is None else weights[n])
         if n.op == GET_ATTR:  # a constant: the backward graph holds it too, never saved
             continue
         if n.op == PLACEHOLDER or not recomputable(n):
-            g.add_edge("source", f"{n.name}_in", capacity=math.inf)
+            g.edge(source, n_in, inf)
         for i in n.inputs():
-            g.add_edge(f"{i.name}_out", f"{n.name}_in", capacity=math.inf)
+            if i in ends:
+                g.edge(ends[i][1], n_in, inf)
     for n in frontier:
-        g.add_edge(f"{n.name}_out", "sink", capacity=math.inf)
-    _, (reachable, _) = nx.minimum_cut(g, "source", "sink")
-    return [n for n in joint.graph.nodes
-            if n in candidates and f"{n.name}_in" in reachable and f"{n.name}_out" not in reachable]
+        g.edge(ends[n][1], sink, inf)
+    value, source_side = minimum_cut(g, source, sink)
+    if value >= inf:
+        raise RuntimeError("[autograd] min-cut partition: every cut saves a value that is not a tensor "
+                           f"({[n.name for n in order if weights[n] is None]})")
+    return [n for n in order if ends[n][0] in source_side and ends[n][1] not in source_side]
 
 
 VIEWS = {core.reshape, core.permute, core.transpose, core.expand, core.unsqueeze, core.squeeze}
