@@ -23,10 +23,9 @@ class Node:
 
     def inputs(self):
         """The nodes this node reads, in argument order, without repeats."""
-        seen = {}
-        for a in flatten_args((self.args, self.kwargs)):
-            if isinstance(a, Node):
-                seen[a] = None
+        seen: dict = {}
+        _collect_nodes(self.args, seen)
+        _collect_nodes(self.kwargs, seen)
         return list(seen)
 
     @property
@@ -56,12 +55,27 @@ def flatten_args(obj):
         yield obj
 
 
+def _collect_nodes(obj, out: dict):
+    """The Node leaves of nested tuples/lists/dicts into ``out``, in order (plain recursion:
+    a chain of generators cost a compile's graph passes a third of their time)."""
+    for x in (obj.values() if isinstance(obj, dict) else obj):
+        if type(x) is Node:
+            out[x] = None
+        elif isinstance(x, (tuple, list, dict)):
+            _collect_nodes(x, out)
+
+
+_LEAF_TYPES = (int, float, bool, str, type(None))
+
+
 def map_args(obj, fn):
     """Apply fn to every Node leaf of nested tuples/lists/dicts."""
+    if type(obj) is Node:
+        return fn(obj)
     if isinstance(obj, tuple):
-        return tuple(map_args(x, fn) for x in obj)
+        return tuple([x if type(x) in _LEAF_TYPES else map_args(x, fn) for x in obj])
     if isinstance(obj, list):
-        return [map_args(x, fn) for x in obj]
+        return [x if type(x) in _LEAF_TYPES else map_args(x, fn) for x in obj]
     if isinstance(obj, dict):
         return {k: map_args(v, fn) for k, v in obj.items()}
     if isinstance(obj, Node):
