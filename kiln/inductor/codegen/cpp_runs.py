@@ -45,8 +45,9 @@ static inline void kiln_store_bf16_run(uint16_t* __restrict__ dst, const float* 
         _mm256_storeu_si256((__m256i*)(dst + j), (__m256i)_mm512_cvtneps_pbh(v));
     }
 #endif
+    const int64_t rest = n - j;
     #pragma omp simd
-    for (int64_t k = j; k < n; ++k) dst[k] = kiln_float_to_bf16(src[k]);
+    for (int64_t k = 0; k < rest; ++k) dst[j + k] = kiln_float_to_bf16(src[j + k]);
 }"""
 
 
