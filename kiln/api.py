@@ -18,7 +18,14 @@ from kiln.config import config
 from kiln.observe import logs
 from kiln.pipeline import StageError, compile_graph
 
-_local = threading.local()
+class _Local(threading.local):
+    """Per-thread call-path flags, with class defaults: reading a missing attribute through
+    ``getattr(..., default)`` raised and caught an AttributeError on every call."""
+    disabled = 0
+    compiling = False
+
+
+_local = _Local()
 _COUNTS = counters.counters  # the call path bumps its counter without a function call
 
 
@@ -93,6 +100,7 @@ class CodeCache:
 # (code object, or the function for a closure; the compile options) -> its entries: a function
 # compiled with another backend, fullgraph, dynamic or mode never reuses these
 _CODE_CACHES: dict[tuple, CodeCache] = {}
+_CACHE_GEN = [0]  # moves on when _CODE_CACHES is cleared
 
 
 def caches_of(code) -> list:
@@ -193,6 +201,7 @@ class CompiledFunction:
         self.name = getattr(func, "__qualname__", self.code.co_name)
         self._fast_locals = _fast_locals_builder(fn)
         self._private = CodeCache() if private_cache else None
+        self._cache_obj, self._cache_gen = None, -1  # the shared CodeCache, remembered (cache)
         # captured graph -> callable; kiln.distributed swaps in one that splits at DDP buckets
         self.compile_graph = compile_graph
         # resume functions made for this function's breaks, shared down the chain (breaks.py),
@@ -205,10 +214,14 @@ class CompiledFunction:
     def cache(self) -> CodeCache:
         if self._private is not None:
             return self._private
+        c = self._cache_obj
+        if c is not None and self._cache_gen == _CACHE_GEN[0]:
+            return c  # no hash of the key tuple per call; kiln.reset() moves the generation on
         # a closure's resume functions hold its cells: closures are cached per function object
         c = _CODE_CACHES.get(self._cache_key)
         if c is None:
             c = _CODE_CACHES[self._cache_key] = CodeCache()
+        self._cache_obj, self._cache_gen = c, _CACHE_GEN[0]
         return c
 
     def __get__(self, obj, objtype=None):
@@ -224,7 +237,7 @@ class CompiledFunction:
 
     def call_raw(self, args, kwargs):
         """A call whose result may be a ``TailCall`` (capture/resume_loops.py) still to run."""
-        if config.disable or getattr(_local, "disabled", 0) or getattr(_local, "compiling", False):
+        if config.disable or _local.disabled or _local.compiling:
             return self.fn(*args, **kwargs)
         cache = self.cache
         if cache.eager_reason is not None:
@@ -462,6 +475,7 @@ def reset():
     from kiln.runtime import cpp_build, triton_load
 
     _CODE_CACHES.clear()
+    _CACHE_GEN[0] += 1
     cpp_build.clear_memory()
     triton_load.clear_memory()
     counters.reset()

@@ -8,6 +8,7 @@ import kiln
 from kiln import api, context
 from kiln.observe.explain import summarize
 from kiln.runtime.launch import FastLauncher
+from testing import assert_close
 
 
 class _Kernel:
@@ -142,3 +143,16 @@ def test_cuda_kernels_launch_through_the_compiled_launcher(monkeypatch):
         x, y = torch.randn(64, 96, device="cuda"), torch.randn(64, 96, device="cuda")
         torch.testing.assert_close(f(x, y), torch.relu(x) * y - x.sum(1, keepdim=True))
     assert slow and len(slow) == len(set(slow)), slow  # each kernel's first launch only
+
+
+def test_the_remembered_code_cache_follows_kiln_reset():
+    """The call path keeps its CodeCache on the CompiledFunction (no hash of the cache key per
+    call); kiln.reset() must still start it afresh."""
+    f = kiln.compile(lambda x: torch.relu(x) * 3)
+    x = torch.randn(5, 3).t()  # non-contiguous
+    assert_close(f(x), torch.relu(x) * 3)
+    first = f.cache
+    assert f.cache is first and first.entries
+    kiln.reset()
+    assert_close(f(x), torch.relu(x) * 3)
+    assert f.cache is not first and kiln.stats()["frames_compiled"] == 1
