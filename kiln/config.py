@@ -86,6 +86,9 @@ class Config:
     aot_min_kernels: int = 4          # fewer Triton kernels compile lazily in-process
     # Triton kernels launched through their compiled launcher (kiln/runtime/launch.py)
     triton_fast_launch: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_FAST_LAUNCH", True))
+    # a first launch loads the binary from kiln's record of it, skipping Triton's JIT and its
+    # cache key (runtime/triton_binary.py); KILN_TRITON_RECORDS=0 for an A/B
+    triton_binary_records: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_TRITON_RECORDS", True))
     # observe
     debug: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_DEBUG", False))
     debug_dir: str = dataclasses.field(default_factory=lambda: os.environ.get("KILN_DEBUG_DIR", "kiln_debug"))

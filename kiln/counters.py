@@ -5,7 +5,9 @@ import collections
 
 COUNTER_NAMES = ("frames_compiled", "recompiles", "graph_breaks", "kernels_generated",
                  "cache_hits", "disk_cache_hits", "fallbacks", "eager_runs", "graphs_compiled",
-                 "kernel_builds", "graph_cache_hits", "partition_cache_hits")
+                 "kernel_builds", "graph_cache_hits", "partition_cache_hits",
+                 # first launches of Triton kernels: from kiln's binary records, through Triton's JIT
+                 "triton_binary_loads", "triton_jit_launches")
 
 counters: collections.Counter = collections.Counter()
 # seconds per compile stage, summed over every compile of the process (benchmarks read it

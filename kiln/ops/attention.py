@@ -54,6 +54,13 @@ def fused_choice(q, k, v, attn_mask, is_causal, scale, grad=True) -> str | None:
     if q.device.type not in ("cpu", "cuda"):
         return None
     try:
+        key = (tuple(_meta_key(t, grad) for t in (q, k, v, attn_mask)), is_causal, scale, _sdp_flags())
+        hash(key)
+    except Exception:  # noqa: BLE001 - a symbolic size without a hint: ask torch below
+        key = None
+    if key is not None and key in _CHOICES:
+        return _CHOICES[key]
+    try:
         ex = [_example(t, grad or t.requires_grad) for t in (q, k, v)]
         mask = _example(attn_mask) if attn_mask is not None else None
         choice = torch._fused_sdp_choice(*ex, mask, 0.0, is_causal, scale=scale)
@@ -63,7 +70,28 @@ def fused_choice(q, k, v, attn_mask, is_causal, scale, grad=True) -> str | None:
     names = {SDPBackend.CUDNN_ATTENTION.value: "cudnn", SDPBackend.FLASH_ATTENTION.value: "flash",
              SDPBackend.EFFICIENT_ATTENTION.value: "efficient"}
     name = names.get(choice)
-    return "cpu_flash" if name == "flash" and q.device.type == "cpu" else name
+    name = "cpu_flash" if name == "flash" and q.device.type == "cpu" else name
+    if key is not None and len(_CHOICES) < 1024:
+        _CHOICES[key] = name
+    return name
+
+
+# torch's choice per (metas, causal, scale, enabled kernels): a 12-layer model asks the same
+# question 36 times, and each asking allocates three example tensors on the device
+_CHOICES: dict = {}
+
+
+def _meta_key(t, grad):
+    if t is None:
+        return None
+    return (tuple(hint_of(s) for s in t.shape), tuple(hint_of(s) for s in t.stride), t.dtype, t.device,
+            bool(grad or t.requires_grad))
+
+
+def _sdp_flags():
+    b = torch.backends.cuda
+    return (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled(),
+            getattr(b, "cudnn_sdp_enabled", lambda: None)())
 
 
 def choose_backend(q, k, v, attn_mask, is_causal, scale) -> str | None:

@@ -12,7 +12,8 @@ and answers one JSON line on stdout:
         own JIT entry point (``warmup``), with a stand-in driver that names the target, so the
         binary lands in Triton's disk cache (TRITON_CACHE_DIR) under exactly the key the
         parent's first launch computes, and its C launcher where Triton builds one per
-        signature (``_build_launcher``); no GPU context is created here
+        signature (``_build_launcher``); no GPU context is created here. With "record": true
+        the answer carries kiln's record of the binary (``triton_record.py``)
     {"id": 5, "kind": "ping"}   warms the imports (with "triton": true, Triton's compiler, its
         backend and its cache key too, so the first build pays only its own compile)
 
@@ -160,12 +161,31 @@ def warm_triton():
 
 def build_triton(req):
     try:
-        _build_triton(req)
+        return _build_triton(req)
     except Exception as e:
         if not _torch_blocked() or not (isinstance(e, ImportError) or "torch" in str(e)):
             raise
         _unblock_torch()  # this Triton needs torch here after all
-        _build_triton(req)
+        return _build_triton(req)
+
+
+_record_module = []
+
+
+def describe_kernel(kernel):
+    """(record, None) or (None, why): kiln's record of the binary (``triton_record.py``, loaded
+    by its path: the worker imports no kiln), which the parent keeps so that its first launch
+    loads the binary without Triton's JIT."""
+    try:
+        if not _record_module:
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_record.py")
+            spec = importlib.util.spec_from_file_location("kiln_worker_triton_record", path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            _record_module.append(mod)
+        return _record_module[0].describe(kernel), None
+    except Exception as e:  # noqa: BLE001 - the parent's first launch goes through the JIT
+        return None, f"{type(e).__name__}: {e}"
 
 
 def _build_triton(req):
@@ -182,6 +202,7 @@ def _build_triton(req):
     args = [_Pointer(_tl_dtype(a[1]), a[2]) if a[0] == "ptr" else a[1] for a in req["args"]]
     kernel = fn.warmup(*args, grid=(1,), **req["kwargs"])
     _build_launcher(kernel)
+    return kernel
 
 
 def _build_launcher(kernel):
@@ -215,7 +236,7 @@ def main():
             if kind == "cpp":
                 build_cpp(req)
             elif kind == "triton":
-                build_triton(req)
+                kernel = build_triton(req)
             elif kind == "ping":
                 if req.get("triton"):
                     warm_triton()
@@ -224,6 +245,8 @@ def main():
             reply = {"id": req.get("id"), "ok": True, "seconds": time.perf_counter() - t0}
             if kind == "ping":
                 reply["torch_loaded"] = sys.modules.get("torch") is not None
+            elif kind == "triton" and req.get("record"):
+                reply["record"], reply["record_error"] = describe_kernel(kernel)
         except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
             reply = {"id": req.get("id"), "ok": False, "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
         out.write(json.dumps(reply) + "\n")

@@ -15,7 +15,8 @@ or runs on another device, takes the JIT path, which picks the right binary. Lau
 """
 from __future__ import annotations
 
-from kiln import log
+from kiln import counters, log
+from kiln.runtime import triton_binary
 
 
 def _int_class(v: int):
@@ -65,16 +66,60 @@ class FastLauncher:
         return _GridLaunch(self, grid)
 
     def slow(self, grid, args, kwargs):
+        """A launch the bound kernels do not cover: the first of this grid, or arguments that
+        specialize differently. The kernel comes from kiln's binary record when there is one
+        (``triton_binary``), else from Triton's JIT, which launches it too."""
+        hooks = self._hooks()
+        key = None if self.failed or hooks else self._record_key(args, kwargs)
+        if key is not None:
+            kernel = triton_binary.load(key, self.fn, self._get_device(), self.name)
+            b = None if kernel is None else self._bind(grid, kernel, args, kwargs)
+            if b is not None:
+                _launch(b, grid, args, self._get_stream)
+                return kernel
         kernel = self.fn[grid](*args, **kwargs)
-        if not self.failed and grid not in self.bound and len(self.bound) < 16 and not self._hooks():
-            try:
-                names = list(self.fn.arg_names)
-                self.bound[grid] = _Bound(kernel, names, args, kwargs, self._get_device())
-            except Exception as e:  # noqa: BLE001 - this Triton's kernel is not like ours
-                self.failed = True
-                log.log("kernels", "%s: launching through the JIT on every call (%s: %s)", self.name,
-                        type(e).__name__, e)
+        counters.bump("triton_jit_launches")
+        if key is not None:
+            triton_binary.save_from_kernel(key, kernel, self.name)
+        if not self.failed and not hooks:
+            self._bind(grid, kernel, args, kwargs)
         return kernel
+
+    def _record_key(self, args, kwargs):
+        from kiln.config import config
+        if not config.triton_binary_records:
+            return None
+        try:
+            facts = triton_binary.runtime_facts(args)
+            if facts is None:
+                return None
+            inner = getattr(self.fn, "fn", self.fn)
+            return triton_binary.record_key(inner.__module__, inner.__name__, facts, kwargs,
+                                            triton_binary.arch_of(self._get_device()))
+        except Exception as e:  # noqa: BLE001 - no record: the JIT path as before
+            log.log("kernels", "%s: no binary record key (%s: %s)", self.name, type(e).__name__, e)
+            return None
+
+    def _bind(self, grid, kernel, args, kwargs):
+        """The kernel bound to these arguments, kept for the grid's later calls when the grid
+        has none yet; None (and the JIT on every call) when this Triton's kernel is not like
+        ours."""
+        try:
+            b = _Bound(kernel, list(self.fn.arg_names), args, kwargs, self._get_device())
+        except Exception as e:  # noqa: BLE001
+            self.failed = True
+            log.log("kernels", "%s: launching through the JIT on every call (%s: %s)", self.name,
+                    type(e).__name__, e)
+            return None
+        if grid not in self.bound and len(self.bound) < 16:
+            self.bound[grid] = b
+        return b
+
+
+def _launch(b, grid, args, get_stream):
+    n = len(grid)
+    b.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, get_stream(b.device), b.function,
+          b.packed, None, None, None, *args, *b.const_tail)
 
 
 class _GridLaunch:

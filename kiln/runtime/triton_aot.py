@@ -19,6 +19,7 @@ import os
 import time
 
 from kiln import counters, log
+from kiln.config import config
 
 _DTYPE_NAMES = {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
                 "uint8", "bool"}
@@ -92,6 +93,20 @@ def symbol_hints(graph) -> dict:
     return {} if env is None else {s.name: int(v) for s, v in env.hints.items()}
 
 
+def _keep_record(req, reply):
+    """Save the worker's record of the binary under the key the parent's first launch computes
+    from its real arguments (``triton_binary``): the launch then skips Triton's JIT."""
+    record = reply.get("record")
+    if record is None:
+        if req.get("record"):
+            log.log("kernels", "%s: no binary record (%s)", req["name"], reply.get("record_error"))
+        return
+    from kiln.runtime import triton_binary
+    key = triton_binary.record_key(req["module"], req["name"], triton_binary.predicted_facts(req["args"]),
+                                   req["kwargs"], triton_binary.arch_of_target(req["target"]))
+    triton_binary.save(key, record)
+
+
 def build_ahead(kernels, launches: dict, pool) -> None:
     """Compile every describable kernel in the pool's workers (errors are logged: the lazy
     path at launch reports a real compile error with its own message)."""
@@ -103,7 +118,7 @@ def build_ahead(kernels, launches: dict, pool) -> None:
         req = launches.get(k.name)
         if req is not None:
             jobs.append(dict(req, kind="triton", path=source_path(k.source), module=module_name(k.source),
-                             target=target))
+                             target=target, record=config.triton_binary_records))
     if not jobs:
         return
     t0 = time.perf_counter()
@@ -113,6 +128,7 @@ def build_ahead(kernels, launches: dict, pool) -> None:
             reply = pool.in_worker(req)
             counters.bump("kernel_builds")
             log.log("kernels", "built %s ahead of time in %.0f ms", req["name"], reply["seconds"] * 1e3)
+            _keep_record(req, reply)
         except Exception as e:  # noqa: BLE001
             log.log("kernels", "ahead-of-time build of %s failed; it compiles at its first launch: %s",
                     req["name"], str(e).splitlines()[0] if str(e) else type(e).__name__)
