@@ -117,6 +117,25 @@ class _null:
         return False
 
 
+def prime_pycache(prefix: str):
+    """Compile the bytecode of every installed package (and kiln) into ``prefix``, which every
+    child then reads through PYTHONPYCACHEPREFIX: the imports of a normal install, which has its
+    .pyc files, where the machine's packages were installed without them (the H200 host's are,
+    and there every module a child imports is compiled from source, in both backends)."""
+    import sysconfig
+    marker = os.path.join(prefix, ".primed")
+    if os.path.exists(marker):
+        return
+    t0 = time.perf_counter()
+    dirs = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], os.path.join(ROOT, "kiln")})
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *dirs],
+                   env=dict(os.environ, PYTHONPYCACHEPREFIX=prefix), capture_output=True)
+    os.makedirs(prefix, exist_ok=True)
+    open(marker, "w").close()
+    print(f"bytecode of {', '.join(dirs)} compiled into {prefix} in {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr, flush=True)
+
+
 def _spawn(backend, phase, device, cache):
     env = dict(os.environ, KILN_CACHE_DIR=os.path.join(cache, "kiln"),
                TRITON_CACHE_DIR=os.path.join(cache, "triton"),
@@ -145,7 +164,7 @@ def compile_rows(device, backends, phases=("inference", "train")):
                 cold = _spawn(backend, phase, device, cache)
                 warm = _spawn(backend, phase, device, cache)
             yield {"case": "compile_time", "device": device, "phase": phase, "backend": backend,
-                   "cold": cold, "warm": warm}
+                   "pycache_prefix": os.environ.get("PYTHONPYCACHEPREFIX"), "cold": cold, "warm": warm}
 
 
 # ---------------------------------------------------------------------- per-call overhead
@@ -205,6 +224,9 @@ def main(argv=None):
     ap.add_argument("--skip-overhead", action="store_true", help="only the compile times")
     ap.add_argument("--phases", default="inference,train", help="compile phases to measure")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--pycache", default=None, metavar="DIR",
+                    help="compile every package's bytecode into DIR first and run the children with "
+                         "PYTHONPYCACHEPREFIX=DIR (for machines whose packages lack their .pyc files)")
     ap.add_argument("--child", nargs=3, metavar=("BACKEND", "PHASE", "DEVICE"))
     args = ap.parse_args(argv)
     if args.child:
@@ -212,6 +234,9 @@ def main(argv=None):
     import torch
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     backends = ["kiln"] + ([] if args.no_torch_compile else ["torch.compile"])
+    if args.pycache and not args.skip_compile:
+        prime_pycache(os.path.abspath(args.pycache))
+        os.environ["PYTHONPYCACHEPREFIX"] = os.path.abspath(args.pycache)  # the children inherit it
     rows = iter(()) if args.skip_compile else compile_rows(device, backends, tuple(args.phases.split(",")))
     if not args.skip_overhead:
         rows = itertools.chain(rows, _lazy(lambda: overhead_rows(device, not args.no_torch_compile)))

@@ -64,6 +64,7 @@ class Autotuned:
     def __init__(self, spec: TuneSpec, fns):
         self.spec, self.fns = spec, fns
         self.choice = None
+        self.line = None  # the chosen config's launch line (runtime/launch.py)
         self.key = cache.content_key(*(src for src, _ in spec.variants), repr(spec.scalars),
                                      json.dumps([cfgs for _, cfgs in spec.variants]), _device_name())
         self.path = os.path.join(cache.subdir("autotune"), self.key[:2], self.key + ".json")
@@ -109,10 +110,19 @@ class Autotuned:
         return v, cfg
 
     def run(self, *args):
-        if self.choice is None:
-            self.choice = self._load() or self.tune(args)
-        v, cfg = self.choice
-        _launch(self.fns[v], cfg, args, self.spec.scalars[0])
+        line = self.line
+        if line is None:
+            if self.choice is None:
+                self.choice = self._load() or self.tune(args)
+            v, cfg = self.choice
+            xnumel = self.spec.scalars[0]
+            if not isinstance(xnumel, int):
+                return _launch(self.fns[v], cfg, args, xnumel)
+            from kiln.runtime.launch import line_of
+            consts = {k: x for k, x in cfg.items() if k != "num_warps"}
+            line = self.line = line_of(self.fns[v], (-(-xnumel // cfg["XBLOCK"]),), **consts,
+                                       num_warps=cfg["num_warps"])
+        line(*args)
 
 
 # ---------------------------------------------------------------------- C++ chunk sizes

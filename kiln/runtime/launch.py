@@ -150,6 +150,60 @@ class _GridLaunch:
         return None
 
 
+class LaunchLine:
+    """One launch line of a wrapper, with its grid and constexprs fixed when the wrapper is
+    built: ``kiln_kernel3_launch(ptrs..., scalars...)``. A call checks the bound kernel's facts
+    and calls its launcher, with no grid object, keyword dict or keyword comparison per call;
+    anything unusual takes the launcher's ``slow`` path, as ``_GridLaunch`` does."""
+    __slots__ = ("launcher", "grid", "kwargs", "b", "g0", "g1", "g2")
+
+    def __init__(self, launcher: FastLauncher, grid: tuple, kwargs: dict):
+        self.launcher, self.grid, self.kwargs = launcher, tuple(grid), dict(kwargs)
+        n = len(self.grid)
+        self.g0, self.g1, self.g2 = self.grid[0], self.grid[1] if n > 1 else 1, self.grid[2] if n > 2 else 1
+        self.b = None
+
+    def __call__(self, *args):
+        b = self.b
+        if b is None:
+            return self._first(args)
+        for i in b.aligned:
+            if args[i].data_ptr() & 15:
+                return self.launcher.slow(self.grid, args, self.kwargs)
+        for i, cls in b.ints:
+            v = args[i]
+            if (v == 1, v % 16 == 0, -2 ** 31 <= v < 2 ** 31) != cls:
+                return self.launcher.slow(self.grid, args, self.kwargs)
+        lau = self.launcher
+        device = lau._get_device()
+        if device != b.device:
+            return lau.slow(self.grid, args, self.kwargs)
+        b.run(self.g0, self.g1, self.g2, lau._get_stream(device), b.function, b.packed, None, None, None,
+              *args, *b.const_tail)
+        return None
+
+    def _first(self, args):
+        lau = self.launcher
+        out = lau.slow(self.grid, args, self.kwargs)
+        b = lau.bound.get(self.grid)
+        if b is not None and b.kwargs == self.kwargs:
+            self.b = b
+        return out
+
+
+def _jit_line(fn, grid, kwargs, *args):
+    return fn[grid](*args, **kwargs)
+
+
+def line_of(fn, grid, **kwargs):
+    """The wrapper's callable for one launch line of ``fn`` (a ``FastLauncher``, or a JIT
+    function when fast launches are off or Triton interprets)."""
+    if isinstance(fn, FastLauncher):
+        return LaunchLine(fn, grid, kwargs)
+    import functools
+    return functools.partial(_jit_line, fn, tuple(grid), dict(kwargs))
+
+
 def _hook_set(hook) -> bool:
     """Whether a launch hook would run: Triton 3.5+ keeps a ``HookChain`` in each knob, present
     (and truthy) even when nothing is registered on it, so its list of calls decides."""

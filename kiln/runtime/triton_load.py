@@ -37,10 +37,10 @@ def clear_memory():
 def load_triton(source: str, name: str, tune=None):
     """The @triton.jit function ``name`` defined in ``source``, or an ``autotune.Autotuned``
     over its variants when codegen gave it a tuning spec (``tune``)."""
-    from kiln.runtime import autotune
+    from kiln.runtime import autotune, launch
     spec = tune
-    if spec is not None:
-        return autotune.Autotuned(spec, [_load_one(src, name) for src, _ in spec.variants])
+    if spec is not None:  # each variant launches through its compiled launcher too
+        return autotune.Autotuned(spec, [launch.wrap(_load_one(src, name), name) for src, _ in spec.variants])
     return _load_one(source, name)
 
 

@@ -80,6 +80,35 @@ def test_specialization_changes_take_the_jit_path():
     assert jit.log[-1][0] == "jit"
 
 
+def test_a_launch_line_fixes_grid_and_constexprs_once():
+    from kiln.runtime.launch import LaunchLine, line_of
+    jit = _Jit()
+    lau, dev = _launcher(jit)
+    line = line_of(lau, (4,), XBLOCK=1024, num_warps=4)
+    assert isinstance(line, LaunchLine)
+    a, b = _Ptr(1024), _Ptr(2048)
+    line(a, b, 4096)
+    line(a, b, 4096)
+    assert [e[0] for e in jit.log] == ["jit", "fast"]
+    assert jit.log[0][2:] == ((a, b, 4096), {"XBLOCK": 1024, "num_warps": 4})
+    assert jit.log[1][1] == (4, 1, 1, 77, "fn", "meta", None, None, None, a, b, 4096, 1024)
+    line(_Ptr(1028), b, 4096)   # unaligned: the JIT (or a record) decides
+    line(a, b, 4095)            # another integer class
+    dev[0] = 1
+    line(a, b, 4096)            # another device
+    dev[0] = 0
+    line(a, b, 8192)            # same class: fast
+    assert [e[0] for e in jit.log] == ["jit", "fast", "jit", "jit", "jit", "fast"]
+
+
+def test_a_launch_line_over_a_plain_jit_function_passes_everything():
+    from kiln.runtime.launch import line_of
+    jit = _Jit()
+    line = line_of(jit, (2, 3), XBLOCK=64, num_warps=2)
+    line(_Ptr(1024), 7)
+    assert jit.log == [("jit", (2, 3), (jit.log[0][2][0], 7), {"XBLOCK": 64, "num_warps": 2})]
+
+
 def test_unaligned_first_launch_stays_correct_for_any_pointer():
     jit = _Jit()
     lau, _ = _launcher(jit)

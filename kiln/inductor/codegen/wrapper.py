@@ -70,10 +70,21 @@ def ensure_layout(t, shape, stride):
     return out
 
 
-def _launch(gen, target) -> str:
+def _launch(gen, target, defs: list) -> str:
     if target == "triton":
-        return gen.launch_line()
+        return _triton_call(gen, defs)
     return f"{gen.name}({', '.join([f'{a}.data_ptr()' for a in gen.args] + list(gen.sizes))})"
+
+
+def _triton_call(gen, defs: list) -> str:
+    """A Triton kernel's launch. A static grid gets a launch line built once, beside the
+    wrapper (``runtime/launch.py``'s ``LaunchLine``: the call passes only pointers and
+    scalars); a grid computed from the call's sizes, or a tuned kernel, keeps its own form."""
+    if getattr(gen, "tune", None) is not None or not isinstance(gen.grid, int):
+        return gen.launch_line()
+    consts = ", ".join([f"{k}={v}" for k, v in gen.constexprs.items()] + [f"num_warps={gen.num_warps}"])
+    defs.append(f"{gen.name}_launch = launch_line({gen.name}, ({gen.grid},), {consts})")
+    return f"{gen.name}_launch({', '.join(list(gen.args) + [str(s) for s in gen.scalars])})"
 
 
 def _dense(shape, stride) -> bool:
@@ -136,6 +147,7 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
         if isinstance(s, ir.Extern) and s.op.name not in FRESH_RESULT_EXTERNS:
             aliased |= s.reads()
     devices = {}
+    launch_defs: list = []  # module-level launch lines (_triton_call)
     if program.seed is not None:  # fresh randomness per call, from torch's own generator
         dev = _device_name(program.seed.device)
         devices[dev] = program.seed.device
@@ -144,7 +156,7 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
         if isinstance(step, ScatterStep):
             gen = generated[step.name]
             if math.prod(step.node.src_ranges):
-                lines.append(f"    {_launch(gen, target)}")
+                lines.append(f"    {_launch(gen, target, launch_defs)}")
                 if getattr(gen, "checked", False):
                     lines.append(f"    if {gen.name}_check():")
                     lines.append(f"        raise IndexError('kiln: an index read by {gen.name} is out of range "
@@ -172,7 +184,7 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
             if math.prod(step.xshape if step.is_reduction else step.shape) == 0:
                 lines.append(f"    # {step.name} skipped: empty iteration space")
             elif target == "triton":
-                lines.append(f"    {gen.launch_line()}")
+                lines.append(f"    {_triton_call(gen, launch_defs)}")
             else:
                 ptrs = ", ".join([f"{a}.data_ptr()" for a in gen.args] + gen.sizes)
                 lines.append(f"    {gen.name}({ptrs})")
@@ -207,7 +219,7 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
     for o in program.outputs:
         outs.append(_ref_expr(o, buffers) if isinstance(o, ir.TensorRef) else _value_text(o))
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-    header = [f"{d} = torch.device({str(dev)!r})" for d, dev in devices.items()]
+    header = [f"{d} = torch.device({str(dev)!r})" for d, dev in devices.items()] + launch_defs
     lines = [ln for ln in lines if ln is not None]
     source = "\n".join(header + [""] + lines) + "\n"
     return WrapperSource(source, list(generated.values()), sched.externs, size_args)
