@@ -88,6 +88,9 @@ class Config:
     triton_fast_launch: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_FAST_LAUNCH", True))
     # a first launch loads the binary from kiln's record of it, skipping Triton's JIT and its
     # cache key (runtime/triton_binary.py); KILN_TRITON_RECORDS=0 for an A/B
+    # a launch line hands the launcher tensor addresses as integers (runtime/launch.py);
+    # KILN_POINTER_INTS=0 for an A/B
+    triton_pointer_ints: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_POINTER_INTS", True))
     triton_binary_records: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_TRITON_RECORDS", True))
     # observe
     debug: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_DEBUG", False))

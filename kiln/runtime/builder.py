@@ -61,15 +61,19 @@ def prestart(target: str, count: int | None = None):
             from kiln.runtime.triton_load import ensure_triton_cache_dir
             ensure_triton_cache_dir()
             p.prestart(triton=True, count=count)
-            _warm_triton_key()
+            if count is None or not config.triton_binary_records:
+                # a compile that missed the graph cache: its first launches may go through
+                # the JIT (kernels too few to build ahead). A graph from the cache launches
+                # from kiln's binary records, which need no Triton cache key.
+                _warm_triton_key()
 
 
 _key_warmed = []
 
 
 def _warm_triton_key():
-    """Triton's own cache key hashes its sources and libraries (0.36 s on the H200 host) at
-    the process's first launch. Hashing releases the GIL, so a thread computes it now, while
+    """Triton's own cache key hashes its sources and libraries (0.36-0.6 s on the H200 host) at
+    the process's first JIT launch. Hashing releases the GIL, so a thread computes it now, while
     capture and lowering run."""
     if _key_warmed:
         return

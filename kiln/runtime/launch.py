@@ -25,7 +25,7 @@ def _int_class(v: int):
 
 class _Bound:
     """The compiled kernel of one launch line, with what the per-call checks need."""
-    __slots__ = ("run", "function", "packed", "const_tail", "aligned", "ints", "device", "kwargs")
+    __slots__ = ("run", "function", "packed", "const_tail", "aligned", "ints", "device", "kwargs", "ptrs")
 
     def __init__(self, kernel, names, args, kwargs, device):
         n = len(args)
@@ -36,6 +36,8 @@ class _Bound:
         self.packed = kernel.packed_metadata
         self.const_tail = tuple(kwargs[k] for k in names[n:])
         self.aligned = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr") and a.data_ptr() % 16 == 0)
+        # every pointer argument, and whether the binary assumed it aligned
+        self.ptrs = tuple((i, a.data_ptr() % 16 == 0) for i, a in enumerate(args) if hasattr(a, "data_ptr"))
         self.ints = tuple((i, _int_class(a)) for i, a in enumerate(args)
                           if isinstance(a, int) and not isinstance(a, bool))
         self.device = device
@@ -155,21 +157,33 @@ class LaunchLine:
     built: ``kiln_kernel3_launch(ptrs..., scalars...)``. A call checks the bound kernel's facts
     and calls its launcher, with no grid object, keyword dict or keyword comparison per call;
     anything unusual takes the launcher's ``slow`` path, as ``_GridLaunch`` does."""
-    __slots__ = ("launcher", "grid", "kwargs", "b", "g0", "g1", "g2")
+    __slots__ = ("launcher", "grid", "kwargs", "b", "g0", "g1", "g2", "ints")
 
     def __init__(self, launcher: FastLauncher, grid: tuple, kwargs: dict):
         self.launcher, self.grid, self.kwargs = launcher, tuple(grid), dict(kwargs)
         n = len(self.grid)
         self.g0, self.g1, self.g2 = self.grid[0], self.grid[1] if n > 1 else 1, self.grid[2] if n > 2 else 1
         self.b = None
+        self.ints = False
 
     def __call__(self, *args):
         b = self.b
         if b is None:
             return self._first(args)
-        for i in b.aligned:
-            if args[i].data_ptr() & 15:
-                return self.launcher.slow(self.grid, args, self.kwargs)
+        if self.ints:
+            # the launcher takes addresses as integers, and then skips its own data_ptr call
+            # and the driver's pointer query per tensor (config.triton_pointer_ints)
+            a = list(args)
+            for i, aligned in b.ptrs:
+                p = a[i].data_ptr()
+                if aligned and p & 15:
+                    return self.launcher.slow(self.grid, args, self.kwargs)
+                a[i] = p
+        else:
+            a = args
+            for i in b.aligned:
+                if args[i].data_ptr() & 15:
+                    return self.launcher.slow(self.grid, args, self.kwargs)
         for i, cls in b.ints:
             v = args[i]
             if (v == 1, v % 16 == 0, -2 ** 31 <= v < 2 ** 31) != cls:
@@ -179,14 +193,16 @@ class LaunchLine:
         if device != b.device:
             return lau.slow(self.grid, args, self.kwargs)
         b.run(self.g0, self.g1, self.g2, lau._get_stream(device), b.function, b.packed, None, None, None,
-              *args, *b.const_tail)
+              *a, *b.const_tail)
         return None
 
     def _first(self, args):
+        from kiln.config import config
         lau = self.launcher
         out = lau.slow(self.grid, args, self.kwargs)
         b = lau.bound.get(self.grid)
         if b is not None and b.kwargs == self.kwargs:
+            self.ints = config.triton_pointer_ints
             self.b = b
         return out
 

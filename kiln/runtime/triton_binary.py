@@ -43,6 +43,8 @@ _arch: dict = {}
 
 # ------------------------------------------------------------------ the key
 def _triton_stamp() -> str:
+    """This Triton and its environment, once per process (the ``TRITON_*`` variables are read
+    at the first launch; Triton's own compile options come from them)."""
     if not _stamp:
         import triton
         lib = os.path.join(os.path.dirname(triton.__file__), "_C")
@@ -53,9 +55,9 @@ def _triton_stamp() -> str:
                 facts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
         except OSError:
             pass
-        _stamp.append("|".join(facts))
-    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TRITON_") and k != "TRITON_CACHE_DIR")
-    return _stamp[0] + repr(env)
+        env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TRITON_") and k != "TRITON_CACHE_DIR")
+        _stamp.append("|".join(facts) + repr(env))
+    return _stamp[0]
 
 
 def arch_of(device: int) -> str:

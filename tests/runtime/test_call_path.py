@@ -91,7 +91,8 @@ def test_a_launch_line_fixes_grid_and_constexprs_once():
     line(a, b, 4096)
     assert [e[0] for e in jit.log] == ["jit", "fast"]
     assert jit.log[0][2:] == ((a, b, 4096), {"XBLOCK": 1024, "num_warps": 4})
-    assert jit.log[1][1] == (4, 1, 1, 77, "fn", "meta", None, None, None, a, b, 4096, 1024)
+    # addresses go to the launcher as integers (config.triton_pointer_ints)
+    assert jit.log[1][1] == (4, 1, 1, 77, "fn", "meta", None, None, None, 1024, 2048, 4096, 1024)
     line(_Ptr(1028), b, 4096)   # unaligned: the JIT (or a record) decides
     line(a, b, 4095)            # another integer class
     dev[0] = 1
@@ -99,6 +100,20 @@ def test_a_launch_line_fixes_grid_and_constexprs_once():
     dev[0] = 0
     line(a, b, 8192)            # same class: fast
     assert [e[0] for e in jit.log] == ["jit", "fast", "jit", "jit", "jit", "fast"]
+
+
+def test_a_launch_line_can_pass_tensors_themselves(monkeypatch):
+    from kiln.runtime.launch import line_of
+    monkeypatch.setattr(kiln.config, "triton_pointer_ints", False)
+    jit = _Jit()
+    lau, _ = _launcher(jit)
+    line = line_of(lau, (4,), XBLOCK=1024, num_warps=4)
+    a, b = _Ptr(1024), _Ptr(2052)  # b unaligned at bind: never checked
+    line(a, b, 4096)
+    line(a, _Ptr(2048), 4096)
+    line(_Ptr(1028), b, 4096)
+    assert [e[0] for e in jit.log] == ["jit", "fast", "jit"]
+    assert jit.log[1][1][9:11] == (a, jit.log[1][1][10]) and isinstance(jit.log[1][1][10], _Ptr)
 
 
 def test_a_launch_line_over_a_plain_jit_function_passes_everything():
