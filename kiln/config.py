@@ -64,6 +64,9 @@ class Config:
     fuse_split_prologue: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_FUSE_SPLIT_PROLOGUE", True))
     # online softmax: a looped max pass and the sum(exp(x - max)) pass after it run as one
     triton_online_softmax: bool = True
+    # the online step computes one exp per element where the shift is the max itself
+    # (codegen/triton_reduction.py); KILN_ONLINE_ONE_EXP=0 for an A/B
+    triton_online_one_exp: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_ONLINE_ONE_EXP", True))
     # autotuning of Triton kernels on CUDA (kiln/runtime/autotune.py); "interpret" also tunes
     # under TRITON_INTERPRET (tests only)
     # Off by default (KILN_AUTOTUNE=1 turns it on): on the H200 it made layer_norm slower (it

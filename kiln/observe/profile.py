@@ -96,7 +96,8 @@ SLEEP_CYCLES = 1_000_000
 
 class _TimedKernel:
     """Stands in for one kernel in a wrapper's namespace; times each launch, however the wrapper
-    spells it: ``k(...)`` (C++ through ctypes), ``k[grid](...)`` or ``k.run(...)`` (Triton)."""
+    spells it: ``k(...)`` (C++ through ctypes, a Triton launch line), ``k[grid](...)`` or
+    ``k.run(...)`` (Triton)."""
 
     def __init__(self, fn, label: str, times: list, obs: "Observer", on_cuda: bool, key=None):
         self.fn, self.label, self.times, self.obs = fn, label, times, obs
@@ -163,8 +164,12 @@ class Observer:
             binary = getattr(inner, "__name__", name)
             if binary != name and isinstance(binary, str):
                 self.device_names[(folder, name)] = binary
-            namespace[name] = _TimedKernel(namespace[name], f"kiln kernel {folder}/{name}",
-                                           self.times[(folder, name)], self, on_cuda, (folder, name))
+            # a launch line built beside the wrapper (codegen/wrapper._triton_call) is what
+            # the wrapper calls; it holds the kernel itself, so it is timed in its own right
+            for slot in (name, f"{name}_launch"):
+                if slot in namespace:
+                    namespace[slot] = _TimedKernel(namespace[slot], f"kiln kernel {folder}/{name}",
+                                                   self.times[(folder, name)], self, on_cuda, (folder, name))
         label = f"kiln graph {folder}"
 
         def timed_call(*inputs):
