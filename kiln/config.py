@@ -64,9 +64,6 @@ class Config:
     fuse_split_prologue: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_FUSE_SPLIT_PROLOGUE", True))
     # online softmax: a looped max pass and the sum(exp(x - max)) pass after it run as one
     triton_online_softmax: bool = True
-    # the online step computes one exp per element where the shift is the max itself
-    # (codegen/triton_reduction.py); KILN_ONLINE_ONE_EXP=0 for an A/B
-    triton_online_one_exp: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_ONLINE_ONE_EXP", True))
     # autotuning of Triton kernels on CUDA (kiln/runtime/autotune.py); "interpret" also tunes
     # under TRITON_INTERPRET (tests only)
     # Off by default (KILN_AUTOTUNE=1 turns it on): on the H200 it made layer_norm slower (it
@@ -94,6 +91,9 @@ class Config:
     # a launch line hands the launcher tensor addresses as integers (runtime/launch.py);
     # KILN_POINTER_INTS=0 for an A/B
     triton_pointer_ints: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_POINTER_INTS", True))
+    # a bound launch calls a known Triton launcher's C entry point itself (runtime/launch.py);
+    # KILN_DIRECT_LAUNCH=0 for an A/B
+    triton_direct_launch: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_DIRECT_LAUNCH", True))
     triton_binary_records: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_TRITON_RECORDS", True))
     # observe
     debug: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_DEBUG", False))

@@ -24,16 +24,24 @@ def _int_class(v: int):
 
 
 class _Bound:
-    """The compiled kernel of one launch line, with what the per-call checks need."""
-    __slots__ = ("run", "function", "packed", "const_tail", "aligned", "ints", "device", "kwargs", "ptrs")
+    """The compiled kernel of one launch line, with what the per-call checks need. A launch is
+    ``run(gx, gy, gz, stream, function, *head, *args, *const_tail)``: ``run`` is the kernel's
+    launcher and ``head`` its metadata and (empty) hooks, or, for a launcher this module knows
+    (``_direct``), the launcher's own C entry point and what its ``__call__`` would add."""
+    __slots__ = ("run", "function", "head", "const_tail", "aligned", "ints", "device", "kwargs", "ptrs")
 
     def __init__(self, kernel, names, args, kwargs, device):
         n = len(args)
         if any(k not in kwargs for k in names[n:]) or any(k in kwargs for k in names[:n]):
             raise ValueError("constexprs are not the trailing keyword arguments")
-        self.run = kernel.run
+        run = kernel.run
         self.function = kernel.function
-        self.packed = kernel.packed_metadata
+        packed = kernel.packed_metadata
+        direct = _direct(run)
+        if direct is not None:
+            self.run, self.head = direct[0], direct[1] + (packed, None, None, None)
+        else:
+            self.run, self.head = run, (packed, None, None, None)
         self.const_tail = tuple(kwargs[k] for k in names[n:])
         self.aligned = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr") and a.data_ptr() % 16 == 0)
         # every pointer argument, and whether the binary assumed it aligned
@@ -42,6 +50,48 @@ class _Bound:
                           if isinstance(a, int) and not isinstance(a, bool))
         self.device = device
         self.kwargs = dict(kwargs)
+
+
+# sha256 of the normalized source of launcher ``__call__`` methods whose whole work, when the
+# kernel needs no global or profile scratch memory, is
+# ``self.launch(gx, gy, gz, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+# None, None, *args)``: Triton 3.6's CUDA launcher. Calling ``launch`` directly skips a Python
+# frame and two closure calls per launch. Any other launcher (another Triton) keeps its
+# ``__call__``.
+KNOWN_LAUNCHERS = {"eb10ba45d05aee896c49f1bfaa1e95467857e839d7b80e91b9bb1ac8d8f3c32c"}
+_direct_by_class: dict = {}
+
+
+def _call_digest(cls) -> str | None:
+    import hashlib
+    import inspect
+    import textwrap
+    try:
+        src = inspect.getsource(cls.__call__)
+    except (OSError, TypeError, AttributeError):
+        return None
+    norm = "\n".join(line.rstrip() for line in textwrap.dedent(src).strip().splitlines())
+    return hashlib.sha256(norm.encode()).hexdigest()
+
+
+def _direct(run):
+    """(launch, (cooperative, pdl, None, None)) for a launcher of a known kind that needs no
+    scratch memory, else None. ``KILN_DIRECT_LAUNCH=0`` turns it off."""
+    from kiln.config import config
+    if not config.triton_direct_launch:
+        return None
+    cls = type(run)
+    known = _direct_by_class.get(cls)
+    if known is None:
+        known = _direct_by_class[cls] = _call_digest(cls) in KNOWN_LAUNCHERS
+    if not known:
+        return None
+    try:
+        if run.global_scratch_size or run.profile_scratch_size:
+            return None
+        return run.launch, (run.launch_cooperative_grid, run.launch_pdl, None, None)
+    except AttributeError:
+        return None
 
 
 class FastLauncher:
@@ -121,7 +171,7 @@ class FastLauncher:
 def _launch(b, grid, args, get_stream):
     n = len(grid)
     b.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, get_stream(b.device), b.function,
-          b.packed, None, None, None, *args, *b.const_tail)
+          *b.head, *args, *b.const_tail)
 
 
 class _GridLaunch:
@@ -148,7 +198,7 @@ class _GridLaunch:
         grid = self.grid
         n = len(grid)
         b.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, lau._get_stream(device), b.function,
-              b.packed, None, None, None, *args, *b.const_tail)
+              *b.head, *args, *b.const_tail)
         return None
 
 
@@ -192,8 +242,7 @@ class LaunchLine:
         device = lau._get_device()
         if device != b.device:
             return lau.slow(self.grid, args, self.kwargs)
-        b.run(self.g0, self.g1, self.g2, lau._get_stream(device), b.function, b.packed, None, None, None,
-              *a, *b.const_tail)
+        b.run(self.g0, self.g1, self.g2, lau._get_stream(device), b.function, *b.head, *a, *b.const_tail)
         return None
 
     def _first(self, args):

@@ -200,3 +200,90 @@ def test_the_remembered_code_cache_follows_kiln_reset():
     kiln.reset()
     assert_close(f(x), torch.relu(x) * 3)
     assert f.cache is not first and kiln.stats()["frames_compiled"] == 1
+
+
+class _KnownLauncher:
+    """A launcher of the shape launch._direct recognizes by the digest of its __call__."""
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = 0, 1
+
+    def __init__(self, log):
+        self.log = log
+        self.launch = lambda *a: log.append(("direct", a))
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        self.log.append(("call", (gridX, gridY, gridZ, stream, function) + args))
+
+
+class _DirectKernel(_Kernel):
+    def __init__(self, log, launcher):
+        super().__init__(log)
+        self.run = launcher
+
+
+class _DirectJit(_Jit):
+    def __init__(self, scratch=0):
+        super().__init__()
+        launcher = _KnownLauncher(self.log)
+        launcher.global_scratch_size = scratch
+        self.kernel = _DirectKernel(self.log, launcher)
+
+
+@pytest.fixture
+def known_launcher(monkeypatch):
+    from kiln.runtime import launch
+    monkeypatch.setattr(launch, "KNOWN_LAUNCHERS", {launch._call_digest(_KnownLauncher)})
+    monkeypatch.setattr(launch, "_direct_by_class", {})
+
+
+def test_a_known_launcher_is_entered_at_its_c_function(known_launcher):
+    from kiln.runtime.launch import line_of
+    jit = _DirectJit()
+    lau, _ = _launcher(jit)
+    line = line_of(lau, (4,), XBLOCK=1024, num_warps=4)
+    a, b = _Ptr(1024), _Ptr(2048)
+    line(a, b, 4096)
+    line(a, b, 4096)
+    lau[(4,)](a, b, 4096, XBLOCK=1024, num_warps=4)
+    assert [e[0] for e in jit.log] == ["jit", "direct", "direct"]
+    # what the launcher's __call__ passes on: cooperative, pdl, no scratch, then its own arguments
+    assert jit.log[1][1] == (4, 1, 1, 77, "fn", 0, 1, None, None, "meta", None, None, None, 1024, 2048, 4096, 1024)
+    assert jit.log[2][1] == (4, 1, 1, 77, "fn", 0, 1, None, None, "meta", None, None, None, a, b, 4096, 1024)
+
+
+def test_a_launcher_that_needs_scratch_or_is_unknown_keeps_its_call(known_launcher, monkeypatch):
+    from kiln.runtime import launch
+    jit = _DirectJit(scratch=128)
+    lau, _ = _launcher(jit)
+    a, b = _Ptr(1024), _Ptr(2048)
+    for _ in range(2):
+        lau[(4,)](a, b, 4096, XBLOCK=1024, num_warps=4)
+    assert [e[0] for e in jit.log] == ["jit", "call"]
+    monkeypatch.setattr(launch, "KNOWN_LAUNCHERS", set())
+    monkeypatch.setattr(launch, "_direct_by_class", {})
+    jit = _DirectJit()
+    lau, _ = _launcher(jit)
+    for _ in range(2):
+        lau[(4,)](a, b, 4096, XBLOCK=1024, num_warps=4)
+    assert [e[0] for e in jit.log] == ["jit", "call"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_installed_triton_launcher_is_recognized_where_known():
+    """On the H200 (Triton 3.6) the launcher's __call__ is the known one; a compiled kernel's
+    launches then enter its C function (and give eager's answers)."""
+    import triton
+    from kiln.runtime import launch
+    if not triton.__version__.startswith("3.6"):
+        pytest.skip(f"digest recorded for Triton 3.6 only (this is {triton.__version__})")
+    seen = []
+    original = launch._direct
+    launch._direct = lambda run: seen.append(original(run)) or seen[-1]
+    try:
+        f = kiln.compile(lambda x, y: torch.relu(x) * y + 1)
+        for _ in range(3):
+            x, y = torch.randn(64, 96, device="cuda"), torch.randn(64, 96, device="cuda")
+            assert_close(f(x, y), torch.relu(x) * y + 1)
+    finally:
+        launch._direct = original
+    assert seen and all(d is not None for d in seen), seen

@@ -81,18 +81,29 @@ def test_replay_matches_eager_on_fresh_inputs(dtype, capsys):
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
 def test_moved_parameter_is_refused_and_stays_correct(capsys):
     lin = torch.nn.Linear(16, 8).cuda()
-    f = kiln.compile(lin, mode="reduce-overhead")
+    mlp = torch.nn.Sequential(lin, torch.nn.ReLU(), torch.nn.Linear(8, 4)).cuda()
+    f = kiln.compile(mlp, mode="reduce-overhead")
     x = torch.randn(4, 16, device="cuda")
 
     def run():
         with torch.no_grad():
             for _ in range(3):
-                assert_close(f(x), lin(x))
+                assert_close(f(x), mlp(x))
             lin.weight = torch.nn.Parameter(torch.randn(8, 16, device="cuda"))
             for _ in range(2):
-                assert_close(f(x), lin(x))
+                assert_close(f(x), mlp(x))
     _logged(run)
     assert "input read in place moved" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
+def test_a_single_launch_is_refused(capsys):
+    f = kiln.compile(lambda x, b: torch.relu(x + b) * 2, mode="reduce-overhead")
+    x, b = torch.randn(64, 32, device="cuda"), torch.randn(32, device="cuda")
+    outs = _logged(lambda: [f(x, b) for _ in range(3)])
+    assert "single launch" in capsys.readouterr().err
+    for out in outs:
+        assert_close(out, torch.relu(x + b) * 2)
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")

@@ -279,22 +279,9 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
         for node, x in sums:
             s_acc = accs[node.name][0]
             g_old, g_new = shift_of(m_node, x, m_acc), shift_of(m_node, x, m_new)
-            valid = f"xmask & rmask & ({g_new} != float('-inf'))"
-            if not (config.triton_online_one_exp and _finite_identity(x)):
-                term = writer._tmp(f"tl.where({valid}, tl.exp({e} - {g_new}), 0.0)", torch.float32)
-                alpha = writer._tmp(f"tl.where({g_old} == {g_new}, 1.0, tl.exp({g_old} - {g_new}))", torch.float32)
-            else:
-                # X(m) = m for finite m: a lane whose shift stayed has alpha = 1 and the term
-                # exp(E - X); one whose max grew to E has the term exp(E - X(E)) = 1 (finite
-                # E) and alpha = exp(X_old - X_new). One exp per element instead of two (the
-                # looped cross-entropy ran at 78% of copy bandwidth on the H200 with two); the
-                # grown lane's term for E = inf or NaN is what exp would give (inf, or NaN)
-                same = writer._tmp(f"{g_old} == {g_new}", torch.bool)
-                z = writer._tmp(f"tl.exp(tl.where({same}, {e} - {g_new}, {g_old} - {g_new}))", torch.float32)
-                d = writer._tmp(f"{e} - {g_new}", torch.float32)
-                grown = f"tl.where({d} == 0.0, 1.0, tl.where({d} > 0.0, float('inf'), tl.where({d} != {d}, {d}, 0.0)))"
-                term = writer._tmp(f"tl.where({valid}, tl.where({same}, {z}, {grown}), 0.0)", torch.float32)
-                alpha = writer._tmp(f"tl.where({same}, 1.0, {z})", torch.float32)
+            term = writer._tmp(f"tl.where(xmask & rmask & ({g_new} != float('-inf')), tl.exp({e} - {g_new}), 0.0)",
+                               torch.float32)
+            alpha = writer._tmp(f"tl.where({g_old} == {g_new}, 1.0, tl.exp({g_old} - {g_new}))", torch.float32)
             lines.append(f"{s_acc} = {s_acc} * {alpha} + {term}")
         lines.append(f"{m_acc} = {m_new}")
 
@@ -428,18 +415,6 @@ def _combine_inline(kind, acc, value):
     if kind == "prod":
         return f"{acc} * {value}"
     raise NotImplementedError(f"[codegen:triton] no combine rule for reduction {kind!r}")
-
-
-def _finite_identity(x) -> bool:
-    """Whether the shift X of an online sum is its max for every finite max: ``M`` itself
-    (softmax), or ``M`` with infinities replaced by 0 (logsumexp)."""
-    if isinstance(x, ir.Load):
-        return True
-    if isinstance(x, ir.Call) and x.op == "where" and len(x.args) == 3:
-        cond, then, other = x.args
-        return isinstance(other, ir.Load) and isinstance(then, ir.Const) and then.value == 0 and \
-            repr(cond) == f"eq(abs({other!r}), inf:float32)"
-    return False
 
 
 def _match_exp_sub(body):
