@@ -13,6 +13,9 @@ def _env_bool(name, default):
 
 @dataclasses.dataclass
 class Config:
+    # training: compile the backward in a thread while the forward builds (autograd/speculate.py);
+    # KILN_SPECULATIVE_BACKWARD=1 (off until measured on the GPU)
+    speculative_backward: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_SPECULATIVE_BACKWARD", False))
     # capture
     recompile_limit: int = 8
     # entries of a resume function that starts inside a for loop (a graph break in the loop):

@@ -30,6 +30,8 @@ class CompileContext:
         self.guards: list[str] = []
         self.graph_breaks: list = []
         self.events: list[dict] = []
+        # called (once) when this compile's next build stage starts (autograd/speculate.py)
+        self.before_build: list = []
 
     def record(self, stage: str, name: str, ir):
         self.artifacts.append((stage, name, ir))

@@ -239,6 +239,11 @@ def build(wrapper, generated: dict, target: str, launches=None):
     worker processes, gcc in its threads) and exec the wrapper."""
     from kiln.runtime.builder import load_kernels, representatives
 
+    ctx = context.current()
+    if ctx is not None and ctx.before_build:
+        hooks, ctx.before_build = ctx.before_build, []
+        for hook in hooks:
+            hook()
     kernels = list(generated.values())
     reps = representatives(kernels, launches or {})
     loaded = load_kernels(kernels, target, launches or {}, reps)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from kiln import context, log
+from kiln.autograd import speculate
 from kiln.autograd.function import DOUBLE_BACKWARD_ERROR, CompiledAutograd, KilnFunction
 from kiln.autograd.joint import JointGraph, build_joint, nbytes
 from kiln.autograd.partition import Partition, partition
@@ -37,10 +38,21 @@ def compile_autograd(graph, backend: str = "kiln", strategy: str | None = None):
         _stage("autograd", verify, part.forward, ("core",), name="verify_forward")
         _stage("autograd", verify, part.backward, ("core",), name="verify_backward")
     log_partition(graph.name, part)
-    forward = compile_graph(part.forward, backend)
-    if not part.grad_input_indices or not any(part.diff_outputs):
+    trains = bool(part.grad_input_indices) and any(part.diff_outputs)
+    spec = None
+    if trains and speculate.eligible(part, [n.meta["val"] for n in part.forward.placeholders]):
+        spec = speculate.BackwardSpeculation(graph.name, part, backend, None if ctx is None else ctx.compile_id)
+        speculate.before_forward_build(spec)
+    try:
+        forward = compile_graph(part.forward, backend)
+    finally:
+        if spec is not None and ctx is not None and spec.start in ctx.before_build:
+            ctx.before_build.remove(spec.start)
+    if not trains:
         return _ForwardOnly(forward, part.num_user_outputs)
-    return CompiledAutograd(graph.name, part, forward, backend)
+    if spec is not None:
+        spec.start()  # a forward that built nothing (a graph without kernels) starts it here
+    return CompiledAutograd(graph.name, part, forward, backend, speculation=spec)
 
 
 def _partition_named(joint, strategy, name):

@@ -28,8 +28,9 @@ DOUBLE_BACKWARD_ERROR = "kiln: double backward through a compiled graph is not s
 class CompiledAutograd:
     """Callable with the captured graph's inputs; returns its outputs, connected to autograd."""
 
-    def __init__(self, name: str, part: Partition, forward, backend: str):
+    def __init__(self, name: str, part: Partition, forward, backend: str, speculation=None):
         self.name = name
+        self._speculation = speculation  # autograd/speculate.py: the backward compiling already
         self.part = part
         self.forward = forward
         self.backend = backend
@@ -65,8 +66,18 @@ class CompiledAutograd:
             with self._lock:
                 fn = self._backward.get(key)
                 if fn is None:
-                    fn = self._backward[key] = self._compile_backward(saved, tangents)
+                    fn = self._speculated(saved, tangents)
+                    if fn is None:
+                        fn = self._compile_backward(saved, tangents)
+                    self._backward[key] = fn
         return fn
+
+    def _speculated(self, saved, tangents):
+        spec, self._speculation = self._speculation, None
+        if spec is None:
+            return None
+        metas = [TensorMeta.of(t).with_(requires_grad=False) for t in list(saved) + list(tangents)]
+        return spec.take(metas)
 
     def _symbolic_backward_fn(self, saved, tangents, sizes):
         """One backward for every size: the backward graph keeps its symbolic metas, where the
@@ -87,32 +98,38 @@ class CompiledAutograd:
         return fn.bind(sizes)
 
     def _compile_backward(self, saved, tangents, metas=None):
-        from kiln.pipeline import EagerGraph, StageError, compile_graph
-
         if metas is None:
             metas = [TensorMeta.of(t).with_(requires_grad=False) for t in list(saved) + list(tangents)]
-        graph = copy_graph(self.part.backward, metas)
-        with context.compiling(f"{self.name}_backward") as ctx:
-            ctx.record("autograd", "backward_graph", graph)
-            from kiln.api import _RECORDERS  # kiln.explain around a training step sees the backward too
-            for rec in _RECORDERS:
-                rec.append(ctx)
-            ctx.events.append({"kind": "backward_of", "compile_id": self.compile_id})
-            try:
-                with torch.no_grad():
-                    compiled = compile_graph(graph, self.backend)
-            except StageError as e:
-                counters.bump("fallbacks")
-                if config.strict:
-                    raise
-                warnings.warn(f"kiln: {e}; the backward of {self.name} runs with eager torch ops "
-                              "instead", RuntimeWarning, stacklevel=2)
-                compiled = EagerGraph(graph, f"backward fallback: {e}")
-            if config.debug:  # the backward's own dump folder: prims graph, loop IR, kernels
-                from kiln.observe.debug import write_dump
-                write_dump(ctx, compiled)
-        log.log("aot", "compiled the backward of %s (%s)", self.name, type(compiled).__name__)
-        return compiled
+        return compile_backward(self.part, self.name, self.backend, self.compile_id, metas)
+
+
+def compile_backward(part: Partition, name: str, backend: str, compile_id, metas):
+    """The backward graph of ``part`` compiled for these input metas (saved, then tangents);
+    an eager-ops graph, with a warning, when a stage fails (an error under ``strict``)."""
+    from kiln.pipeline import EagerGraph, StageError, compile_graph
+
+    graph = copy_graph(part.backward, metas)
+    with context.compiling(f"{name}_backward") as ctx:
+        ctx.record("autograd", "backward_graph", graph)
+        from kiln.api import _RECORDERS  # kiln.explain around a training step sees the backward too
+        for rec in _RECORDERS:
+            rec.append(ctx)
+        ctx.events.append({"kind": "backward_of", "compile_id": compile_id})
+        try:
+            with torch.no_grad():
+                compiled = compile_graph(graph, backend)
+        except StageError as e:
+            counters.bump("fallbacks")
+            if config.strict:
+                raise
+            warnings.warn(f"kiln: {e}; the backward of {name} runs with eager torch ops "
+                          "instead", RuntimeWarning, stacklevel=3)
+            compiled = EagerGraph(graph, f"backward fallback: {e}")
+        if config.debug:  # the backward's own dump folder: prims graph, loop IR, kernels
+            from kiln.observe.debug import write_dump
+            write_dump(ctx, compiled)
+    log.log("aot", "compiled the backward of %s (%s)", name, type(compiled).__name__)
+    return compiled
 
 
 def _layout_key(meta, t, sizes):
