@@ -299,8 +299,49 @@ class GuardSet:
             self.fast = fast_map(sources, L, G or {})
         source = self.python()
         namespace = {"torch": torch}
-        exec(compile(source, "<kiln guard>", "exec"), namespace)
+        exec(compile(bind_torch_names(source, namespace), "<kiln guard>", "exec"), namespace)
         return source, namespace["guard"]
+
+
+_BOUND_DOTTED = frozenset({"Tensor", "nn.Parameter", "is_autocast_enabled", "is_grad_enabled"}) | \
+    frozenset(str(d).replace("torch.", "") for d in (
+        torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+        torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128))
+
+
+def bind_torch_names(source: str, namespace: dict) -> str:
+    """The guard's source with ``torch.Tensor``, ``torch.nn.Parameter``, dtypes and the
+    autocast/grad flags read from names bound once in ``namespace`` (one global load instead
+    of two or three attribute loads per use: 15-20% of a tensor's checks). Only code tokens
+    are rewritten, never string constants; the source shown in logs keeps the torch spelling."""
+    import io
+    import tokenize
+    lines = source.splitlines(keepends=True)
+    toks = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type not in (tokenize.NL, tokenize.COMMENT)]
+    edits = []
+    for i, t in enumerate(toks):
+        if t.type != tokenize.NAME or t.string != "torch" or (i and toks[i - 1].string == "."):
+            continue
+        for length in (2, 1):  # torch.nn.Parameter, then torch.X
+            parts = toks[i + 1:i + 1 + 2 * length]
+            if len(parts) != 2 * length or any(p.string != "." for p in parts[0::2]) or \
+                    any(p.type != tokenize.NAME for p in parts[1::2]) or parts[-1].start[0] != t.start[0]:
+                continue
+            dotted = ".".join(p.string for p in parts[1::2])
+            nxt = toks[i + 1 + 2 * length] if i + 1 + 2 * length < len(toks) else None
+            if dotted in _BOUND_DOTTED and not (nxt is not None and nxt.string == "."):
+                name = "_torch_" + dotted.replace(".", "_")
+                obj = torch
+                for part in dotted.split("."):
+                    obj = getattr(obj, part)
+                namespace[name] = obj
+                edits.append((t.start[0], t.start[1], parts[-1].end[1], name))
+                break
+    for row, start, end, name in sorted(edits, reverse=True):
+        line = lines[row - 1]
+        lines[row - 1] = line[:start] + name + line[end:]
+    return "".join(lines)
 
 
 def make_fetch(sources: list[Source], globals_: dict | None = None, fast: dict | None = None):
