@@ -10,7 +10,9 @@ table directly: ``v._modules['blocks']._modules['3']._modules['attn']._parameter
 A rewrite is made only when it names the same object for every state of the module where the
 original spelling succeeds with a module lookup: the name is not an attribute of the class or
 the instance (``nn.Module.__setattr__`` keeps the tables and the instance dict disjoint), and
-an index into an ``nn.ModuleList``/``nn.ModuleDict`` whose ``__getitem__`` is torch's own.
+an index into an ``nn.ModuleList``/``nn.ModuleDict`` whose ``__getitem__`` is torch's own,
+and an int index into an ``nn.Sequential`` (read from ``tuple(seq._modules.values())``, which
+is what its ``__getitem__`` returns for any state of the table).
 Anything else keeps its plain spelling. The readable spellings stay what the guards print
 (``GuardSet.exprs``, explain, recompile reasons); only the generated code uses these.
 """
@@ -35,6 +37,19 @@ class ModuleEntrySource(Source):
         return f"{base or self.parent.expr()}.{self.table}[{self.key!r}]"
 
 
+class ModuleValuesSource(Source):
+    """``tuple(parent._modules.values())``: an ``nn.Sequential``'s children in order. Indexing
+    it is what ``Sequential.__getitem__`` does with an int (the idx-th entry of ``_modules``),
+    without its Python-level normalization; the guard reads it once into a temporary."""
+    __slots__ = ("parent",)
+
+    def __init__(self, parent):
+        self.parent = parent
+
+    def expr(self, base=None):
+        return f"tuple({base or self.parent.expr()}._modules.values())"
+
+
 def _class_has(obj, name: str) -> bool:
     return any(name in vars(klass) for klass in type(obj).__mro__)
 
@@ -48,6 +63,12 @@ def _module_table(obj, name: str):
         if entries is not None and name in entries:
             return table
     return None
+
+
+def _is_sequential_index(obj, key) -> bool:
+    nn = torch.nn
+    return isinstance(obj, nn.Sequential) and type(obj).__getitem__ is nn.Sequential.__getitem__ and \
+        type(key) is int and 0 <= key < len(obj._modules)
 
 
 def _item_key(obj, key):
@@ -96,6 +117,8 @@ def fast_map(sources, L: dict, G: dict) -> dict:
                 entry = _item_key(obj, src.key)
                 if entry is not None:
                     result = ModuleEntrySource(fast_parent, "_modules", entry)
+                elif _is_sequential_index(obj, src.key):
+                    result = ItemSource(ModuleValuesSource(fast_parent), src.key)
         if result is None and fast_parent is not parent:
             result = _with_parent(src, fast_parent)
         if result is not None:
@@ -115,4 +138,6 @@ def _with_parent(src, parent):
         return ItemSource(parent, src.key)
     if isinstance(src, ModuleEntrySource):
         return ModuleEntrySource(parent, src.table, src.key)
+    if isinstance(src, ModuleValuesSource):
+        return ModuleValuesSource(parent)
     return None  # a source kind with no parent to swap: keep the plain spelling

@@ -36,3 +36,34 @@ def test_compiled_guards_still_tell_dtypes_layouts_and_parameters_apart():
             for x in (torch.randn(5, 4, dtype=dtype), torch.randn(4, 5, dtype=dtype).t()):
                 torch.testing.assert_close(f(x), m(x))
     assert kiln.stats()["frames_compiled"] >= 2  # float64 parameters recompiled
+
+
+def test_sequential_children_are_read_from_its_table_and_reordering_recompiles():
+    torch.manual_seed(0)
+    seq = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 6))
+    f = kiln.compile(seq)
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), seq(x))
+        src = f._compiled_forward.cache.entries[0].capture.guard_source
+        # the guard indexes the children once read in order, not through Sequential.__getitem__
+        assert "= tuple(v0._modules.values())" in src
+        children = dict(seq._modules)  # the same children, another order: another function
+        seq._modules.clear()
+        for key in ("1", "2", "0"):
+            seq._modules[key] = children[key]
+        torch.testing.assert_close(f(x), seq(x))
+        seq[0] = torch.nn.Linear(6, 6)  # a replaced child
+        torch.testing.assert_close(f(x), seq(x))
+    assert kiln.stats()["frames_compiled"] == 3
+
+
+def test_a_sequential_with_its_own_getitem_keeps_the_plain_spelling():
+    from kiln.capture.fast_sources import _is_sequential_index
+
+    class Rev(torch.nn.Sequential):
+        def __getitem__(self, i):
+            return list(self._modules.values())[::-1][i]
+    assert not _is_sequential_index(Rev(torch.nn.ReLU(), torch.nn.Tanh()), 0)
+    assert _is_sequential_index(torch.nn.Sequential(torch.nn.ReLU()), 0)
+    assert not _is_sequential_index(torch.nn.Sequential(torch.nn.ReLU()), 1)
