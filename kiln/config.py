@@ -75,6 +75,8 @@ class Config:
     # buffer reuse in the wrapper: a dead buffer of the same size, dtype and device is reused
     reuse_buffers: bool = True
     cpp_flags: tuple = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+    # generated C++ includes its prelude from a precompiled header (runtime/cpp_pch.py)
+    cpp_pch: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_PCH", True))
     cpp_compiler: str = dataclasses.field(default_factory=lambda: os.environ.get("CXX", "g++"))
     # runtime
     cache_dir: str = dataclasses.field(default_factory=lambda: os.environ.get(

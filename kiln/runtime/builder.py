@@ -127,7 +127,13 @@ def _load_unique(kernels, target: str, launches: dict) -> list:
         from kiln.runtime.cpp_build import load_cpp_threads
         fn = load_cpp_function(k.source, k.name, len(k.args), nsizes + 1)  # + kiln_chunk
         return CppAutotuned(k.name, k.source, fn, load_cpp_threads(k.source, k.name), tune["cpp_chunks"], nsizes)
-    return pool.run_jobs(load, kernels)
+    from kiln import counters
+    from kiln.runtime import cpp_pch
+    builds = counters.counters["kernel_builds"]
+    out = pool.run_jobs(load, kernels)
+    if counters.counters["kernel_builds"] != builds:  # gcc ran: the next builds can use a header
+        cpp_pch.after_builds()
+    return out
 
 
 def _load_triton(kernels, launches: dict) -> list:

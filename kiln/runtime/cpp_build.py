@@ -12,7 +12,7 @@ import time
 
 from kiln import counters, log
 from kiln.config import config
-from kiln.runtime import cache
+from kiln.runtime import cache, cpp_pch as pch
 
 _loaded: dict[str, ctypes.CDLL] = {}
 _lock = threading.Lock()
@@ -35,17 +35,28 @@ def _build(source: str, so_path: str):
     with tempfile.TemporaryDirectory(prefix="kiln-cpp-") as tmp:
         src = os.path.join(tmp, "kernel.cpp")
         out = os.path.join(tmp, "kernel.so")
-        with open(src, "w") as f:
-            f.write(source)
-        cmd = [cxx, *config.cpp_flags, src, "-o", out]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        header = pch.header_for(source)
+        proc = None
+        if header is not None:  # the prelude from the precompiled header instead of parsing it
+            with open(src, "w") as f:
+                f.write(pch.without_prelude(source))
+            cmd = [cxx, *config.cpp_flags, "-include", header, src, "-o", out]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                pch.failed(proc.stderr)
+        if proc is None or proc.returncode != 0:
+            with open(src, "w") as f:
+                f.write(source)
+            cmd = [cxx, *config.cpp_flags, src, "-o", out]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise CppBuildError(f"[build] g++ failed ({' '.join(cmd)}):\n{proc.stderr}\n--- source ---\n{source}")
         with open(out, "rb") as f:
             cache.write_atomic(so_path, f.read())
         cache.commit_entry(so_path)
-        log.detail("kernels", "built %s in %.0f ms", so_path, (time.perf_counter() - t0) * 1e3)
+        log.detail("kernels", "built %s in %.0f ms%s", so_path, (time.perf_counter() - t0) * 1e3,
+                   " (precompiled prelude)" if header is not None else "")
     counters.bump("kernel_builds")
 
 

@@ -35,7 +35,10 @@ from kiln.runtime import cache
 
 # settings that cannot change what a graph compiles to
 _IRRELEVANT_SETTINGS = {"cache_dir", "debug", "debug_dir", "verify", "strict", "disable", "graph_cache",
-                        "compile_threads"}
+                        "compile_threads",
+                        # how kernels are built, launched or scheduled at run time, not what they are
+                        "cpp_pch", "triton_pointer_ints", "triton_direct_launch", "triton_binary_records",
+                        "speculative_backward"}
 ENTRY_FORMAT = 1
 
 

@@ -1,0 +1,167 @@
+"""A precompiled header for the prelude of every generated C++ kernel.
+
+Parsing ``<cmath>``, ``<cstring>``, ``<limits>`` and ``<cstdint>`` is most of gcc's time on a
+small kernel (0.14 of 0.15 s here), and ``<immintrin.h>``, which bf16 kernels include on
+machines with AVX512-BF16, adds about 0.5 s more. gcc can load those declarations from a
+precompiled header instead: a small fp32 kernel then builds in 0.085 s and a bf16 one in
+0.16 s instead of 0.63 s.
+
+The header (``PCH_SOURCE``: the codegen prelude, plus ``<immintrin.h>`` under the same guard as
+the bf16 helper) is compiled once per compiler, flags and machine into
+``<cache>/pch/<key>/kiln_prelude.h.gch``, by a background thread after the first build stage
+that ran gcc (never during one: on 2 cores that made the first compile slower), at low
+priority, in a temporary directory renamed into place (atomic; the first process to finish
+wins), with a digest checked once per process.
+A kernel whose source holds the codegen prelude is then built with ``-include <header>`` and
+the prelude removed; its binary is the same code, and its cache key is its unchanged source.
+If gcc fails with the precompiled header, the header is given up for the process (logged on
+``cache``) and the kernel is built from its plain source. ``KILN_CPP_PCH=0`` turns this off.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+
+from kiln import log
+from kiln.config import config
+from kiln.runtime import cache
+
+HEADER = "kiln_prelude.h"
+_state: dict = {}  # header directory -> "building" | "failed" | path of the header (ready)
+_lock = threading.Lock()
+
+
+def _prelude() -> str:
+    from kiln.inductor.codegen.cpp import PRELUDE
+    return PRELUDE
+
+
+def pch_source() -> str:
+    return _prelude() + ("#if defined(__AVX512BF16__) && defined(__AVX512F__)\n"
+                         "#include <immintrin.h>\n"
+                         "#endif\n")
+
+
+def _key() -> str:
+    """The header's directory for the current compiler, flags, machine and cache directory."""
+    from kiln.runtime.cpp_build import compiler_version
+    key = cache.content_key("cpp-pch", pch_source(), config.cpp_compiler,
+                            compiler_version(config.cpp_compiler), " ".join(config.cpp_flags),
+                            platform.machine())
+    return os.path.join(cache.subdir("pch"), key[:32])
+
+
+def header_for(source: str) -> str | None:
+    """The path to ``-include`` for this kernel, or None (build it from its plain source).
+    A header already on disk is picked up here; a missing one is built by ``after_builds``."""
+    if not config.cpp_pch or _prelude() not in source:
+        return None
+    key = _key()
+    with _lock:
+        state = _state.get(key)
+    if state is None:
+        gch = os.path.join(key, HEADER + ".gch")
+        if not os.path.exists(gch):
+            return None
+        _ensure(key)  # on disk from an earlier process: check its digest once
+        with _lock:
+            state = _state.get(key)
+    return state if state not in (None, "building", "failed") else None
+
+
+def after_builds():
+    """After a build stage that ran gcc: build the header in the background when it is missing,
+    so that it never competes with a compile's own kernel builds (on 2 cores it made the first
+    compile 0.4-0.6 s slower), and later builds of this process and of later ones use it."""
+    if not config.cpp_pch:
+        return
+    key = _key()
+    with _lock:
+        if _state.get(key) is not None:
+            return
+        _state[key] = "building"
+    threading.Thread(target=_ensure, args=(key,), name="kiln-cpp-pch", daemon=True).start()
+
+
+def without_prelude(source: str) -> str:
+    return source.replace(_prelude(), "\n", 1)
+
+
+def failed(stderr: str):
+    """gcc failed with the precompiled header: give it up for this process."""
+    with _lock:
+        for key, state in list(_state.items()):
+            if state not in ("building", "failed"):
+                _state[key] = "failed"
+    log.log("cache", "a kernel failed to build with the precompiled prelude; building without it "
+            "from now on: %s", stderr.strip().splitlines()[-1] if stderr.strip() else "")
+
+
+def _ensure(key: str):
+    try:
+        path = _ready_or_build(key)
+    except Exception as e:  # noqa: BLE001 - kernels keep parsing the prelude
+        log.log("cache", "no precompiled prelude (%s: %s)", type(e).__name__, e)
+        path = "failed"
+    with _lock:
+        if _state.get(key) != "failed" or path == "failed":
+            _state[key] = path
+
+
+def _ready_or_build(final: str) -> str:
+    header, gch = os.path.join(final, HEADER), os.path.join(final, HEADER + ".gch")
+    if os.path.exists(gch) and cache.valid_entry(gch):
+        return header
+    if os.path.isdir(final):  # a bad entry (valid_entry removed the .gch): build it again
+        shutil.rmtree(final, ignore_errors=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(final))
+    try:
+        with open(os.path.join(tmp, HEADER), "w") as f:
+            f.write(pch_source())
+        flags = [f for f in config.cpp_flags if f != "-shared"]
+        cmd = [config.cpp_compiler, *flags, "-x", "c++-header", os.path.join(tmp, HEADER),
+               "-o", os.path.join(tmp, HEADER + ".gch")]
+        if shutil.which("nice"):  # kernels being built meanwhile come first
+            cmd = ["nice", "-n", "10", *cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip()[-500:]}")
+        cache.commit_entry(os.path.join(tmp, HEADER + ".gch"))
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process put its header there first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if not (os.path.exists(gch) and cache.valid_entry(gch)):
+        raise RuntimeError(f"{gch} is missing or corrupt after its build")
+    log.log("cache", "precompiled the C++ prelude into %s", final)
+    return header
+
+
+def wait_ready(timeout: float = 120.0) -> str | None:
+    """Block until the header of the current settings is built (tests and benchmarks)."""
+    import time
+    key = _key()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with _lock:
+            state = _state.get(key)
+        if state is None:
+            after_builds()
+        elif state == "failed":
+            return None
+        elif state != "building":
+            return state
+        time.sleep(0.01)
+    return None
+
+
+def reset():
+    with _lock:
+        _state.clear()
