@@ -16,7 +16,8 @@ from testing import assert_close
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(kiln.config, "cache_dir", str(tmp_path))
-    monkeypatch.setattr(kiln.config, "cpp_backend", "cpp", raising=False)
+    monkeypatch.setattr(kiln.config, "cpu_backend", "cpp")
+    monkeypatch.setattr(kiln.config, "cpp_pch", True)
     cpp_pch.reset()
     log.configure("cache,+kernels")
     yield tmp_path
@@ -36,6 +37,8 @@ def _compile_and_check(scale, dtype=torch.float32):
 def test_later_builds_use_the_precompiled_prelude(fresh_cache, capsys, dtype):
     _compile_and_check(1.5, dtype)  # builds with the plain prelude, then starts the header
     assert cpp_pch.wait_ready() is not None
+    for kind in sorted(cpp_pch._wanted):
+        assert cpp_pch.wait_ready(kind=kind) is not None
     assert glob.glob(str(fresh_cache / "pch" / "*" / "kiln_prelude.h.gch"))
     kiln.reset()
     _compile_and_check(2.5, dtype)  # a new kernel: built with -include
