@@ -75,6 +75,9 @@ class Config:
     # buffer reuse in the wrapper: a dead buffer of the same size, dtype and device is reused
     reuse_buffers: bool = True
     cpp_flags: tuple = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+    # generated C++ kernels are called through a small extension instead of ctypes
+    # (runtime/cpp_call.py); KILN_CPP_CALL=0 keeps ctypes
+    cpp_call: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_CALL", True))
     # generated C++ includes its prelude from a precompiled header (runtime/cpp_pch.py)
     cpp_pch: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_PCH", True))
     cpp_compiler: str = dataclasses.field(default_factory=lambda: os.environ.get("CXX", "g++"))

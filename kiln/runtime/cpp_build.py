@@ -89,11 +89,13 @@ def load_cpp(source: str) -> ctypes.CDLL:
 
 
 def load_cpp_function(source: str, name: str, nargs: int, nsizes: int = 0):
-    """``nargs`` pointers, then ``nsizes`` int64 symbolic sizes."""
+    """``nargs`` pointers, then ``nsizes`` int64 symbolic sizes: a ctypes function, called
+    through ``cpp_call``'s extension where it is available."""
+    from kiln.runtime import cpp_call
     fn = getattr(load_cpp(source), name)
     fn.argtypes = [ctypes.c_void_p] * nargs + [ctypes.c_int64] * nsizes
     fn.restype = None
-    return fn
+    return cpp_call.bind(fn, nargs + nsizes)
 
 
 def load_cpp_checker(source: str, name: str):

@@ -37,7 +37,7 @@ from kiln.runtime import cache
 _IRRELEVANT_SETTINGS = {"cache_dir", "debug", "debug_dir", "verify", "strict", "disable", "graph_cache",
                         "compile_threads",
                         # how kernels are built, launched or scheduled at run time, not what they are
-                        "cpp_pch", "triton_pointer_ints", "triton_direct_launch", "triton_binary_records",
+                        "cpp_pch", "cpp_call", "triton_pointer_ints", "triton_direct_launch", "triton_binary_records",
                         "speculative_backward"}
 ENTRY_FORMAT = 1
 

@@ -1,0 +1,79 @@
+"""Generated C++ kernels called through kiln's small extension instead of ctypes
+(runtime/cpp_call.py): every arity up to MAX passes its integers in order; compiled functions
+give eager's answers either way."""
+import ctypes
+import functools
+
+import pytest
+import torch
+
+import kiln
+from kiln.runtime import cpp_build, cpp_call
+from testing import assert_close
+
+
+@pytest.fixture
+def call():
+    why = cpp_call._why_not()
+    if why is not None:
+        pytest.skip(why)
+    fn = cpp_call.caller()
+    assert fn is not None
+    return fn
+
+
+def _recorder(n: int):
+    params = ", ".join(["int64_t* out"] + [f"int64_t a{i}" for i in range(n)])
+    body = " ".join(f"out[{i}] = a{i};" for i in range(n))
+    src = f'#include <cstdint>\nextern "C" void rec{n}({params}) {{ {body} out[{n}] = 12345; }}\n'
+    return getattr(cpp_build.load_cpp(src), f"rec{n}")
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 6, 7, 20, cpp_call.MAX - 1])
+def test_every_arity_passes_its_integers_in_order(call, n):
+    out = torch.zeros(n + 1, dtype=torch.int64)
+    values = [(-1) ** i * (i * 1_000_003 + 7) for i in range(n)]
+    call(ctypes.cast(_recorder(n), ctypes.c_void_p).value, out.data_ptr(), *values)
+    assert out.tolist() == values + [12345]
+
+
+def test_bad_calls_raise_instead_of_crashing(call):
+    addr = ctypes.cast(_recorder(1), ctypes.c_void_p).value
+    with pytest.raises(TypeError):
+        call()
+    with pytest.raises(TypeError):
+        call(addr, *range(cpp_call.MAX + 1))
+    with pytest.raises(TypeError):
+        call(addr, 0, "not an int")
+    with pytest.raises(ValueError):
+        call(0)
+
+
+def test_bound_kernels_are_partials_that_keep_their_library(call):
+    fn = _recorder(2)
+    bound = cpp_call.bind(fn, 3)
+    assert isinstance(bound, functools.partial) and bound.ctypes_fn is fn
+    out = torch.zeros(3, dtype=torch.int64)
+    bound(out.data_ptr(), 4, 5)
+    assert out.tolist() == [4, 5, 12345]
+
+
+@pytest.mark.parametrize("on", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_functions_match_eager_either_way(monkeypatch, on, dtype):
+    monkeypatch.setattr(kiln.config, "cpp_call", on)
+    monkeypatch.setattr(kiln.config, "cpu_backend", "cpp")
+    cpp_call.reset()
+
+    def f(*xs):
+        out = xs[0]
+        for i, x in enumerate(xs[1:]):
+            out = out + x * (i + 1)
+        return torch.relu(out) * 0.5 + torch.tanh(out)
+    # many arguments in fp32; few in bf16, where eager rounds after every one of its ops and
+    # a long chain drifts past bf16's tolerance from kiln's single rounding
+    xs = [torch.randn(6, 10, dtype=dtype) for _ in range(12 if dtype == torch.float32 else 4)]
+    xs[1] = torch.randn(10, 6, dtype=dtype).t()  # non-contiguous
+    xs[2] = torch.randn(10, dtype=dtype)          # broadcast
+    assert_close(kiln.compile(f)(*xs), f(*xs), dtype)
+    cpp_call.reset()
