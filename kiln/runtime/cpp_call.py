@@ -22,6 +22,7 @@ import importlib.machinery
 import importlib.util
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -125,7 +126,7 @@ def _load():
             src, out = os.path.join(tmp, "kiln_cpp_call.c"), os.path.join(tmp, "kiln_cpp_call" + suffix)
             with open(src, "w") as f:
                 f.write(source)
-            cc = os.environ.get("CC", "gcc")
+            cc = os.environ.get("CC") or shutil.which("gcc") or config.cpp_compiler
             cmd = [cc, "-O2", "-shared", "-fPIC", f"-I{include}", src, "-o", out]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:

@@ -26,8 +26,8 @@ def fresh_cache(tmp_path, monkeypatch):
 
 
 def _compile_and_check(scale, dtype=torch.float32):
-    def f(x, b):
-        return torch.relu(x * scale + b) - x.sum(-1, keepdim=True)
+    def f(x, b):  # no cancellation: bf16 eager rounds per op, kiln once
+        return torch.relu(x * scale + b) * 0.5 + torch.tanh(x)
     x = torch.randn(16, 24, dtype=dtype).t()  # non-contiguous
     b = torch.randn(16, dtype=dtype)
     assert_close(kiln.compile(f)(x, b), f(x, b), dtype)
