@@ -4,10 +4,11 @@ A ctypes call converts each argument through its declared type in Python-level m
 about 0.6 us for a kernel of five pointers, most of a small CPU kernel's call. Every generated
 kernel takes only pointers and int64 sizes (``void k(const float*, ..., int64_t, ...)``), all of
 which travel in integer registers and 8-byte stack slots on x86-64 and AArch64, so one small
-Python extension can call any of them: ``kiln_call(address, *ints)`` reads the integers with
-the C API and calls the address as ``void (*)(int64_t, ...)`` of that arity (up to ``MAX``),
-releasing the GIL around the call as ctypes does. The wrapper then holds
-``functools.partial(kiln_call, address)``: no Python frame per call.
+Python extension can call any of them: ``kiln_call(address, arity, *ints)`` checks the count
+(a mismatch raises TypeError, as ctypes would, instead of calling with the wrong arity), reads
+the integers with the C API and calls the address as ``void (*)(int64_t, ...)`` of that arity
+(up to ``MAX``), releasing the GIL around the call as ctypes does. The wrapper then holds
+``functools.partial(kiln_call, address, arity)``: no Python frame per call.
 
 The extension is built once per Python, compiler and machine into ``<cache>/cpp_call`` (a
 digest-checked entry, like kernels). Without Python's headers, on another architecture, or if
@@ -51,8 +52,8 @@ def c_source() -> str:
         "#include <stdint.h>",
         "typedef int64_t I;",
         "static PyObject* kiln_call(PyObject* self, PyObject* const* args, Py_ssize_t n) {",
-        "  if (n < 1 || n - 1 > %d) {" % MAX,
-        '    PyErr_SetString(PyExc_TypeError, "kiln_call(address, *ints): bad argument count");',
+        "  if (n < 2) {",
+        '    PyErr_SetString(PyExc_TypeError, "kiln_call(address, arity, *ints): too few arguments");',
         "    return NULL;",
         "  }",
         "  void* fn = PyLong_AsVoidPtr(args[0]);",
@@ -60,10 +61,16 @@ def c_source() -> str:
         '    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "kiln_call: null address");',
         "    return NULL;",
         "  }",
+        "  Py_ssize_t k = n - 2;",
+        "  long arity = PyLong_AsLong(args[1]);",
+        "  if (arity == -1 && PyErr_Occurred()) return NULL;",
+        "  if (arity != k || k > %d) {" % MAX,
+        '    PyErr_Format(PyExc_TypeError, "kiln_call: the kernel takes %ld arguments, %zd given", arity, k);',
+        "    return NULL;",
+        "  }",
         "  I a[%d + 1];" % MAX,
-        "  Py_ssize_t k = n - 1;",
         "  for (Py_ssize_t i = 0; i < k; ++i) {",
-        "    a[i] = (I)PyLong_AsLongLong(args[i + 1]);",
+        "    a[i] = (I)PyLong_AsLongLong(args[i + 2]);",
         "    if (a[i] == -1 && PyErr_Occurred()) return NULL;",
         "  }",
         "  Py_BEGIN_ALLOW_THREADS",
@@ -146,7 +153,7 @@ def bind(fn, nargs: int):
     call = caller() if nargs <= MAX else None
     if call is None:
         return fn
-    bound = functools.partial(call, ctypes.cast(fn, ctypes.c_void_p).value)
+    bound = functools.partial(call, ctypes.cast(fn, ctypes.c_void_p).value, nargs)
     bound.ctypes_fn = fn  # keeps the library loaded for as long as the wrapper holds the kernel
     return bound
 

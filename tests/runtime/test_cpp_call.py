@@ -33,7 +33,7 @@ def _recorder(n: int):
 def test_every_arity_passes_its_integers_in_order(call, n):
     out = torch.zeros(n + 1, dtype=torch.int64)
     values = [(-1) ** i * (i * 1_000_003 + 7) for i in range(n)]
-    call(ctypes.cast(_recorder(n), ctypes.c_void_p).value, out.data_ptr(), *values)
+    call(ctypes.cast(_recorder(n), ctypes.c_void_p).value, n + 1, out.data_ptr(), *values)
     assert out.tolist() == values + [12345]
 
 
@@ -41,12 +41,17 @@ def test_bad_calls_raise_instead_of_crashing(call):
     addr = ctypes.cast(_recorder(1), ctypes.c_void_p).value
     with pytest.raises(TypeError):
         call()
+    with pytest.raises(TypeError, match="takes 2 arguments, 1 given"):
+        call(addr, 2, 0)  # a wrapper passing too few never reaches the kernel
     with pytest.raises(TypeError):
-        call(addr, *range(cpp_call.MAX + 1))
+        call(addr, cpp_call.MAX + 1, *range(cpp_call.MAX + 1))
     with pytest.raises(TypeError):
-        call(addr, 0, "not an int")
+        call(addr, 2, 0, "not an int")
     with pytest.raises(ValueError):
-        call(0)
+        call(0, 0)
+    bound = cpp_call.bind(_recorder(1), 2)
+    with pytest.raises(TypeError, match="takes 2 arguments, 3 given"):
+        bound(0, 1, 2)
 
 
 def test_bound_kernels_are_partials_that_keep_their_library(call):
