@@ -46,6 +46,7 @@ def decode(v):
 
 
 def digest_file(path: str) -> str:
+    # cache.digest_file, repeated: build workers load this file by its path and import no kiln
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
