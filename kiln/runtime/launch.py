@@ -1,16 +1,20 @@
 """Launching Triton kernels through their compiled launcher.
 
-The wrapper's launch line is ``kernel[(grid,)](ptrs..., scalars..., XBLOCK=.., num_warps=..)``.
-``FastLauncher`` stands in the wrapper's namespace for the @triton.jit function: its first call
-goes through the JIT (which compiles, or loads from the disk cache, and launches) and keeps the
-``CompiledKernel`` it returns; later calls call that kernel's launcher directly with the same
-argument list the JIT would pass, skipping the JIT's binding, specialization and cache lookup.
+A wrapper launches a kernel as ``kernel[(grid,)](ptrs..., scalars..., XBLOCK=.., num_warps=..)``,
+or, when the grid is static, through a ``LaunchLine`` built once beside the wrapper
+(``kiln_kernel3_launch(ptrs..., scalars...)``). ``FastLauncher`` stands in the wrapper's
+namespace for the @triton.jit function. Its first call for a grid (``slow``) finds the
+``CompiledKernel`` in kiln's binary record (``triton_binary``) or through the JIT (which
+compiles, or loads from its disk cache, and launches) and keeps it; later calls call that
+kernel's launcher directly with the argument list the JIT would pass (``_Bound``), skipping
+the JIT's binding, specialization and cache lookup; a launcher this module recognizes is
+entered at its C function (``_direct``).
 
 The compiled kernel is specialized on its arguments: 16-byte alignment of pointers, and for
 integers the value 1, divisibility by 16 and the 32-bit range. Each call checks those few facts
-(one ``data_ptr()`` per pointer that was aligned, a comparison per integer); a call that differs,
-or runs on another device, takes the JIT path, which picks the right binary. Launch hooks
-(profilers) or a Triton whose kernel lacks the launcher fields also keep the JIT path.
+(one ``data_ptr()`` per pointer, a comparison per integer); a call that differs, or runs on
+another device, takes the slow path, which picks the right binary. Launch hooks (profilers) or
+a Triton whose kernel lacks the launcher fields keep the JIT path.
 ``config.triton_fast_launch`` (``KILN_FAST_LAUNCH=0``) turns this off.
 """
 from __future__ import annotations
@@ -43,9 +47,9 @@ class _Bound:
         else:
             self.run, self.head = run, (packed, None, None, None)
         self.const_tail = tuple(kwargs[k] for k in names[n:])
-        self.aligned = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr") and a.data_ptr() % 16 == 0)
         # every pointer argument, and whether the binary assumed it aligned
         self.ptrs = tuple((i, a.data_ptr() % 16 == 0) for i, a in enumerate(args) if hasattr(a, "data_ptr"))
+        self.aligned = tuple(i for i, aligned in self.ptrs if aligned)
         self.ints = tuple((i, _int_class(a)) for i, a in enumerate(args)
                           if isinstance(a, int) and not isinstance(a, bool))
         self.device = device
