@@ -78,13 +78,14 @@ def header_for(source: str) -> str | None:
         state = _state.get(key)
         _wanted.add(kind)
     if state is None:
+        # on disk from an earlier process: its digest is checked once; a corrupt one is
+        # removed here and built again by after_builds, never inside a kernel's build
         gch = os.path.join(key, HEADER + ".gch")
-        if not os.path.exists(gch):
+        if not os.path.exists(gch) or not cache.valid_entry(gch):
             return None
-        _ensure(key, kind)  # on disk from an earlier process: check its digest once
         with _lock:
-            state = _state.get(key)
-    return state if state not in (None, "building", "failed") else None
+            state = _state.setdefault(key, os.path.join(key, HEADER))
+    return state if state not in ("building", "failed") else None
 
 
 def after_builds():
