@@ -40,7 +40,7 @@ def compile_autograd(graph, backend: str = "kiln", strategy: str | None = None):
     log_partition(graph.name, part)
     trains = bool(part.grad_input_indices) and any(part.diff_outputs)
     spec = None
-    if trains and speculate.eligible(part, [n.meta["val"] for n in part.forward.placeholders]):
+    if trains and speculate.eligible([n.meta["val"] for n in part.forward.placeholders]):
         spec = speculate.BackwardSpeculation(graph.name, part, backend, None if ctx is None else ctx.compile_id)
         speculate.before_forward_build(spec)
     try:

@@ -67,7 +67,7 @@ class BackwardSpeculation:
         return self.result
 
 
-def eligible(part, forward_metas) -> bool:
+def eligible(forward_metas) -> bool:
     from kiln.api import _RECORDERS
     from kiln.meta.symbolic import free_symbols
     return bool(config.speculative_backward) and not config.debug and not _RECORDERS and \
