@@ -82,6 +82,11 @@ class Config:
     cpp_pch: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_PCH", True))
     cpp_compiler: str = dataclasses.field(default_factory=lambda: os.environ.get("CXX", "g++"))
     # runtime
+    # the cyclic GC during a compile: "freeze" sets the heap that existed before it aside, so
+    # collections scan only what the compile allocates (0.3 s of a 1.75 s training compile on
+    # this host was full collections walking torch's heap); "on" leaves it alone; "off"
+    # disables it until the compile ends (kiln/context.py)
+    compile_gc: str = dataclasses.field(default_factory=lambda: os.environ.get("KILN_COMPILE_GC", "freeze"))
     cache_dir: str = dataclasses.field(default_factory=lambda: os.environ.get(
         "KILN_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "kiln")))
     # whole compiled graphs cached on disk (kiln/runtime/graph_cache.py); KILN_GRAPH_CACHE=0 turns it off

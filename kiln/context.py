@@ -57,10 +57,48 @@ def compiling(name: str):
     prev = current()
     ctx = CompileContext(name)
     _local.ctx = ctx
+    gc_pause()
     try:
         yield ctx
     finally:
+        gc_resume()
         _local.ctx = prev
+
+
+# The cyclic GC during compiles. A compile allocates millions of short-lived objects (graph
+# nodes, sympy expressions, IR), which trigger full collections, and each one walks the whole
+# heap: torch's and the program's. ``gc.freeze()`` at the first compile's start moves that heap
+# into the permanent generation, where collections skip it; ``gc.unfreeze()`` when the last
+# compile (of any thread) ends moves it back into the oldest generation, so nothing is lost and
+# the program's own garbage is collected as before. A process that froze its heap itself (a
+# server before forking workers) is left alone: unfreezing would undo its freeze.
+_gc_lock = threading.Lock()
+_gc_state = {"depth": 0, "undo": None}
+
+
+def gc_pause():
+    import gc
+
+    from kiln.config import config
+    with _gc_lock:
+        _gc_state["depth"] += 1
+        if _gc_state["depth"] != 1:
+            return
+        mode = config.compile_gc
+        if mode == "freeze" and gc.isenabled() and gc.get_freeze_count() == 0:
+            gc.freeze()
+            _gc_state["undo"] = gc.unfreeze
+        elif mode == "off" and gc.isenabled():
+            gc.disable()
+            _gc_state["undo"] = gc.enable
+
+
+def gc_resume():
+    with _gc_lock:
+        _gc_state["depth"] -= 1
+        if _gc_state["depth"] == 0 and _gc_state["undo"] is not None:
+            undo, _gc_state["undo"] = _gc_state["undo"], None
+            undo()
 
 
 def run_pass(stage: str, fn, ir, *args, name: str | None = None, **kwargs):

@@ -20,6 +20,7 @@ returns it; the rest live in registers and are never allocated.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import sympy
@@ -31,7 +32,7 @@ from kiln.inductor import ir
 
 class Kernel:
     __slots__ = ("name", "nodes", "ranges", "reduced_dims", "device", "stores", "origins",
-                 "levels", "maps")
+                 "levels", "maps", "_names", "_reads")
 
     def __init__(self, name, first):
         self.name = name
@@ -45,6 +46,7 @@ class Kernel:
         self.origins: list[str] = []
         self.levels: dict[str, str] = {}
         self.maps: dict[str, dict] = {}
+        self._names = self._reads = None  # buffer_names() and reads(), until the next add
         self.add(first, *placement(first, self))
 
     @property
@@ -87,6 +89,7 @@ class Kernel:
             for n in self.nodes:
                 self.levels[n.name] = "r"
         self.nodes.append(node)
+        self._names = self._reads = None
         self.levels[node.name] = level
         self.maps[node.name] = mapping
         self.origins.extend(o for o in node.origins if o not in self.origins)
@@ -98,13 +101,17 @@ class Kernel:
     def store_index(self, node) -> sympy.Expr:
         return node.store_index().xreplace(self.maps[node.name]) if self.maps[node.name] else node.store_index()
 
-    def buffer_names(self):
-        return {n.name for n in self.nodes}
+    def buffer_names(self) -> frozenset:
+        if self._names is None:
+            self._names = frozenset(n.name for n in self.nodes)
+        return self._names
 
-    def reads(self) -> set[str]:
-        """Buffers the kernel loads from memory (not the ones it computes itself)."""
-        inside = self.buffer_names()
-        return {b for n in self.nodes for b in n.reads()} - inside
+    def reads(self) -> frozenset:
+        """Buffers the kernel loads from memory (not the ones it computes itself). The
+        scheduler asks for every candidate pair, so both sets are kept until the next add."""
+        if self._reads is None:
+            self._reads = frozenset(b for n in self.nodes for b in n.reads()) - self.buffer_names()
+        return self._reads
 
     def __repr__(self):
         names = ", ".join(f"{n.name}:{self.levels[n.name]}" for n in self.nodes)
@@ -144,6 +151,7 @@ def _static(shape) -> bool:
     return all(isinstance(s, int) or (isinstance(s, sympy.Basic) and s.is_Integer) for s in shape)
 
 
+@functools.lru_cache(maxsize=4096)
 def common_ranges(a, b) -> tuple | None:
     """The coarsest shape that both ``a`` and ``b`` (of equal numel, static sizes) are views of
     without division: its dims are cut wherever either shape's dims are cut (a [4, 8] and a
@@ -160,6 +168,13 @@ def common_ranges(a, b) -> tuple | None:
 def reshape_mapping(shape, ranges) -> dict:
     """{symbol of shape's dim k: its index in ranges' symbols}, both row-major views of one flat
     index. Linear where ``ranges`` refines ``shape``, a floor/modulo unravel otherwise."""
+    return dict(_reshape_mapping(tuple(shape), tuple(ranges)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _reshape_mapping(shape: tuple, ranges: tuple) -> dict:
+    # a pure function of the two shapes, asked for once per candidate pair: sympy's
+    # simplification is the scheduler's largest cost without the cache (callers get copies)
     flat = sum((ir.index_symbol(d) * st for d, st in enumerate(_suffix_products(ranges))), sympy.Integer(0))
     mapping = {}
     for k, (size, inner) in enumerate(zip(shape, _suffix_products(shape))):
@@ -181,7 +196,11 @@ def horizontal_ranges(node, kernel) -> tuple | None:
     shape but the same number of elements, joins it (horizontal fusion), or None."""
     if kernel.reduced_dims or not isinstance(node, ir.Pointwise):
         return None
-    a, b = tuple(kernel.ranges), tuple(node.shape)
+    return _horizontal_ranges(tuple(kernel.ranges), tuple(node.shape))
+
+
+@functools.lru_cache(maxsize=4096)
+def _horizontal_ranges(a: tuple, b: tuple) -> tuple | None:
     if not (_static(a) and _static(b)) or math.prod(a) != math.prod(b) or math.prod(a) == 0:
         return None
     common = common_ranges(a, b)
@@ -247,7 +266,11 @@ def placement(node, kernel):
 def _refines(ranges, shape) -> bool:
     """``ranges`` cuts the flat index everywhere ``shape`` does (same numel, static sizes), so
     every index of ``shape`` is a linear combination of ``ranges``' indices."""
-    ranges, shape = tuple(ranges), tuple(shape)
+    return _refines_tuples(tuple(ranges), tuple(shape))
+
+
+@functools.lru_cache(maxsize=4096)
+def _refines_tuples(ranges: tuple, shape: tuple) -> bool:
     if ranges == shape or not (_static(ranges) and _static(shape)) or math.prod(ranges) != math.prod(shape):
         return False
     return math.prod(ranges) > 0 and common_ranges(ranges, shape) == tuple(int(r) for r in ranges)
@@ -501,13 +524,12 @@ def schedule(program: ir.LoopProgram) -> Schedule:
             position[buf.name] = len(steps) - 1
 
     # Decide stores: a value leaves registers only when someone outside its kernel needs it.
-    outputs = {o.buffer for o in program.outputs if isinstance(o, ir.TensorRef)}
-    for i, step in enumerate(steps):
-        if not isinstance(step, Kernel):
-            continue
-        needed_outside = set(outputs)
-        for j, other in enumerate(steps):
-            if j != i:
-                needed_outside |= other.reads()
-        step.stores = [n.name for n in step.nodes if n.name in needed_outside]
+    # (a kernel's reads() never names its own buffers, so the reads of all steps together are
+    # what each kernel's outside needs)
+    needed = {o.buffer for o in program.outputs if isinstance(o, ir.TensorRef)}
+    for step in steps:
+        needed |= step.reads()
+    for step in steps:
+        if isinstance(step, Kernel):
+            step.stores = [n.name for n in step.nodes if n.name in needed]
     return Schedule(program, steps)

@@ -80,5 +80,15 @@ def test_compiled_functions_match_eager_either_way(monkeypatch, on, dtype):
     xs = [torch.randn(6, 10, dtype=dtype) for _ in range(12 if dtype == torch.float32 else 4)]
     xs[1] = torch.randn(10, 6, dtype=dtype).t()  # non-contiguous
     xs[2] = torch.randn(10, dtype=dtype)          # broadcast
-    assert_close(kiln.compile(f)(*xs), f(*xs), dtype)
+    out = kiln.compile(f)(*xs)
+    if dtype == torch.float32:
+        assert_close(out, f(*xs), dtype)
+    else:
+        # kiln computes in fp32 and rounds once: it matches the fp32 computation of the same
+        # bf16 inputs to bf16's tolerance; eager rounds after every op, so it is held to be no
+        # further from eager than eager itself is from that reference (plus one rounding)
+        ref = f(*[x.float() for x in xs])
+        assert_close(out.float(), ref.to(dtype).float(), dtype)
+        eager = f(*xs).float()
+        assert (out.float() - eager).abs().max() <= (eager - ref).abs().max() + 1.6e-2 * ref.abs().max()
     cpp_call.reset()
