@@ -2,6 +2,7 @@
 GPU, and a clean kiln state for every test."""
 import os
 import tempfile
+import zlib
 
 import pytest
 
@@ -24,14 +25,19 @@ if not _has_cuda():
     # Must happen before triton is imported anywhere.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import torch  # noqa: E402
+
 import kiln  # noqa: E402
 
 kiln.config.cache_dir = os.environ["KILN_CACHE_DIR"]
 
 
 @pytest.fixture(autouse=True)
-def _fresh_kiln():
+def _fresh_kiln(request):
     kiln.reset()
+    # Random inputs differ from test to test but are the same on every run and machine: a
+    # tolerance failure on unlucky inputs shows up here, reproducibly, not once in CI.
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     yield
     kiln.reset()
 
