@@ -27,6 +27,7 @@ class Graph:
         self.nodes: list[Node] = []
         self.constants: dict[str, torch.Tensor] = {}
         self._names: dict[str, int] = {}
+        self._placeholder_end = 0  # where the next placeholder goes, if still true (placeholder)
         self._inherited_meta: dict = {}
         # call_hook(target, args, kwargs) -> (args, kwargs) runs before a call is recorded;
         # capture sets it to apply torch.autocast's casts (kiln/capture/autocast.py)
@@ -59,11 +60,17 @@ class Graph:
         node = Node(self, self._unique_name(name), PLACEHOLDER, name)
         if meta is not None:
             node.meta["val"] = meta
-        # Placeholders go before every call so the signature reads naturally.
-        idx = 0
-        while idx < len(self.nodes) and self.nodes[idx].op == PLACEHOLDER:
-            idx += 1
-        self.nodes.insert(idx, node)
+        # Placeholders go before every call so the signature reads naturally: after the
+        # leading run of placeholders, whose end is remembered (a backward graph has hundreds)
+        nodes, idx = self.nodes, self._placeholder_end
+        if not (idx <= len(nodes) and (idx == 0 or nodes[idx - 1].op == PLACEHOLDER)
+                and (idx == len(nodes) or nodes[idx].op != PLACEHOLDER)
+                and (idx == 0 or nodes[0].op == PLACEHOLDER)):
+            idx = 0
+            while idx < len(nodes) and nodes[idx].op == PLACEHOLDER:
+                idx += 1
+        nodes.insert(idx, node)
+        self._placeholder_end = idx + 1
         return node
 
     def get_attr(self, name: str, tensor: torch.Tensor) -> Node:

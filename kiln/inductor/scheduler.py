@@ -395,7 +395,18 @@ SHARED_READ_REACH = 3  # kernels a horizontal fusion may skip back over on share
 PEAK_IGNORE_BYTES = 1 << 20  # a result this small never matters to peak memory
 
 
-def _peak_reason(buf, i: int, steps: list, position: dict, program) -> str | None:
+class _ProgramFacts:
+    """What the fusion rules ask of the program for every candidate pair, computed once."""
+    __slots__ = ("by_name", "pinned")
+
+    def __init__(self, program: ir.LoopProgram):
+        self.by_name = {b.name: b for b in program.inputs + program.buffers}
+        # graph inputs and returned views: alive the whole program, never freed by a move
+        self.pinned = {b.name for b in program.inputs}
+        self.pinned |= {o.buffer for o in program.outputs if isinstance(o, ir.TensorRef)}
+
+
+def _peak_reason(buf, i: int, steps: list, position: dict, facts: _ProgramFacts) -> str | None:
     """Why moving ``buf`` from the end of the schedule into step ``i`` (a kernel it reads
     nothing from: horizontal fusion) would raise peak memory, or None. Its result becomes live
     across the steps after ``i``, while the buffers it is the last reader of die earlier. Up to
@@ -409,20 +420,18 @@ def _peak_reason(buf, i: int, steps: list, position: dict, program) -> str | Non
         return f"its {list(buf.shape)} result would be live across {len(later)} later steps (symbolic size)"
     if out <= PEAK_IGNORE_BYTES:
         return None
-    graph_inputs = {b.name for b in program.inputs}
-    graph_inputs |= {o.buffer for o in program.outputs if isinstance(o, ir.TensorRef)}
     freed = 0
     for b in buf.reads():
-        if b in graph_inputs or b not in position or any(b in s.reads() for s in later):
+        if b in facts.pinned or b not in position or any(b in s.reads() for s in later):
             continue
-        size = _nbytes(program.buffer(b))
+        size = _nbytes(facts.by_name[b])
         freed += size or 0
     # reading an input the kernel already reads is the gain: the fused kernel loads it once
     # (a GELU backward joining the GELU recompute of the same pre-activation)
     # (only next door: a result moved far up would stay live across the whole program; the
     # normalized activations of every layer's norm once joined the backward's first kernel)
     near = sum(isinstance(s, Kernel) for s in later) <= SHARED_READ_REACH
-    shared = sum(_nbytes(program.buffer(b)) or 0 for b in buf.reads() & steps[i].reads()) if near else 0
+    shared = sum(_nbytes(facts.by_name[b]) or 0 for b in buf.reads() & steps[i].reads()) if near else 0
     if out > freed + shared:
         return (f"its result ({out} bytes) would be live across {len(later)} later steps, "
                 f"freeing only {freed} bytes earlier and sharing {shared} bytes of reads: "
@@ -456,7 +465,7 @@ def sink_pointwise(program: ir.LoopProgram) -> ir.LoopProgram:
     return program
 
 
-def _sibling_reading_the_same(buf, i: int, earliest: int, steps: list, position: dict, program):
+def _sibling_reading_the_same(buf, i: int, earliest: int, steps: list, position: dict, facts):
     """An earlier kernel than ``i`` that reads what ``buf`` reads and may take it, or None.
     ``buf`` was about to join kernel ``i`` horizontally while sharing no input with it; a kernel
     that already loads its input saves that read (a variance a norm's backward saves, computed
@@ -469,13 +478,14 @@ def _sibling_reading_the_same(buf, i: int, earliest: int, steps: list, position:
         if any(d in position and position[d] > k for d in deps):
             continue
         if _why_not(buf, step) is None and not (deps & step.buffer_names()) \
-                and _peak_reason(buf, k, steps, position, program) is None:
+                and _peak_reason(buf, k, steps, position, facts) is None:
             return k
     return None
 
 
 def schedule(program: ir.LoopProgram) -> Schedule:
     program = sink_pointwise(program)
+    facts = _ProgramFacts(program)
     steps: list = []
     position: dict[str, int] = {}  # buffer -> index of the step that produces it
     kernel_ids = 0
@@ -493,11 +503,11 @@ def schedule(program: ir.LoopProgram) -> Schedule:
                 reason = _why_not(buf, step)
                 horizontal = reason is None and not (buf.reads() & step.buffer_names())
                 if horizontal:
-                    reason = _peak_reason(buf, i, steps, position, program)
+                    reason = _peak_reason(buf, i, steps, position, facts)
                 if reason is None:
                     chosen = i
                     if horizontal and not (buf.reads() & step.reads()):
-                        sibling = _sibling_reading_the_same(buf, i, earliest, steps, position, program)
+                        sibling = _sibling_reading_the_same(buf, i, earliest, steps, position, facts)
                         chosen = i if sibling is None else sibling
                         step = steps[chosen]
                     log.log("schedule", "fuse %s into %s%s", buf.name, step.name,

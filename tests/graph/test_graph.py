@@ -94,3 +94,21 @@ def test_missing_rule_names_op_and_stage():
     op = define("core", "test_only_op_without_rules", lambda x: x)
     with pytest.raises(MissingRule, match=r"\[decomposition\].*core.test_only_op_without_rules"):
         DECOMPOSITIONS[op]
+
+
+def test_placeholders_stay_first_in_creation_order_around_calls_and_erases():
+    g = Graph()
+    a = Proxy(g.placeholder("a", TensorMeta.of(torch.randn(3))))
+    s = core.add(a, 1.0)
+    b = Proxy(g.placeholder("b", TensorMeta.of(torch.randn(3))))  # added after a call
+    t = core.mul(s, b)
+    c = g.placeholder("c", TensorMeta.of(torch.randn(3)))
+    g.erase(c)  # a placeholder gone: the next one still goes right after the remaining ones
+    d = Proxy(g.placeholder("d", TensorMeta.of(torch.randn(3))))
+    g.output((core.add(t, d),))
+    ops = [n.op for n in g.nodes]
+    names = [n.name for n in g.placeholders]
+    assert names == ["a", "b", "d"]
+    assert ops[:3] == ["placeholder"] * 3 and "placeholder" not in ops[3:]
+    x, y, z = torch.randn(3), torch.randn(3), torch.randn(3)
+    assert torch.allclose(g.run(x, y, z)[0], (x + 1.0) * y + z)
