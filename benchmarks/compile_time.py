@@ -4,6 +4,8 @@
     python -m benchmarks.compile_time --device cpu --no-torch-compile
     python -m benchmarks.compile_time --out results/compile_time.jsonl
     python -m benchmarks.compile_time --phases inference --skip-overhead   # one part at a time
+    python -m benchmarks.compile_time --phases train --skip-overhead --no-torch-compile \
+        --var '' --var 'KILN_SPECULATIVE_BACKWARD=1' --rounds 2      # an A/B of kiln settings
 
 **Cold compile**: a new process with empty caches (``KILN_CACHE_DIR``, ``TRITON_CACHE_DIR``,
 ``TORCHINDUCTOR_CACHE_DIR`` in a fresh temporary directory) builds the model and times its
@@ -136,8 +138,8 @@ def prime_pycache(prefix: str):
           file=sys.stderr, flush=True)
 
 
-def _spawn(backend, phase, device, cache):
-    env = dict(os.environ, KILN_CACHE_DIR=os.path.join(cache, "kiln"),
+def _spawn(backend, phase, device, cache, extra_env=None):
+    env = dict(os.environ, **(extra_env or {}), KILN_CACHE_DIR=os.path.join(cache, "kiln"),
                TRITON_CACHE_DIR=os.path.join(cache, "triton"),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -155,16 +157,27 @@ def _spawn(backend, phase, device, cache):
     return res
 
 
-def compile_rows(device, backends, phases=("inference", "train")):
+def compile_rows(device, backends, phases=("inference", "train"), variants=None, rounds=1):
     """One row per (phase, backend), yielded as soon as it is measured (a run cut short by a
-    time limit keeps what it finished)."""
-    for phase in phases:
-        for backend in backends:
-            with tempfile.TemporaryDirectory(prefix="kiln-bench-") as cache:
-                cold = _spawn(backend, phase, device, cache)
-                warm = _spawn(backend, phase, device, cache)
-            yield {"case": "compile_time", "device": device, "phase": phase, "backend": backend,
-                   "pycache_prefix": os.environ.get("PYTHONPYCACHEPREFIX"), "cold": cold, "warm": warm}
+    time limit keeps what it finished). With ``variants`` ({label: env}), kiln runs once per
+    variant with those variables set in its children, round by round, the variants interleaved
+    so that a drifting host hits them alike."""
+    for r in range(rounds):
+        for phase in phases:
+            for backend in backends:
+                for label, env in (variants or {None: {}}).items():
+                    if label is not None and backend != "kiln":
+                        if label != next(iter(variants)):
+                            continue  # torch.compile once per round, beside the first variant
+                        env = {}
+                    with tempfile.TemporaryDirectory(prefix="kiln-bench-") as cache:
+                        cold = _spawn(backend, phase, device, cache, env)
+                        warm = _spawn(backend, phase, device, cache, env)
+                    row = {"case": "compile_time", "device": device, "phase": phase, "backend": backend,
+                           "pycache_prefix": os.environ.get("PYTHONPYCACHEPREFIX"), "cold": cold, "warm": warm}
+                    if label is not None and backend == "kiln":
+                        row.update(variant=label, round=r)
+                    yield row
 
 
 # ---------------------------------------------------------------------- per-call overhead
@@ -227,6 +240,10 @@ def main(argv=None):
     ap.add_argument("--pycache", default=None, metavar="DIR",
                     help="compile every package's bytecode into DIR first and run the children with "
                          "PYTHONPYCACHEPREFIX=DIR (for machines whose packages lack their .pyc files)")
+    ap.add_argument("--var", action="append", default=None, metavar="'KILN_X=1 KILN_Y=0'",
+                    help="an A/B variant of kiln's environment (repeat for each; the first is the "
+                         "baseline, '' for none); kiln rows carry the variant's label")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds over the variants")
     ap.add_argument("--child", nargs=3, metavar=("BACKEND", "PHASE", "DEVICE"))
     args = ap.parse_args(argv)
     if args.child:
@@ -237,7 +254,12 @@ def main(argv=None):
     if args.pycache and not args.skip_compile:
         prime_pycache(os.path.abspath(args.pycache))
         os.environ["PYTHONPYCACHEPREFIX"] = os.path.abspath(args.pycache)  # the children inherit it
-    rows = iter(()) if args.skip_compile else compile_rows(device, backends, tuple(args.phases.split(",")))
+    variants = None
+    if args.var:
+        from benchmarks.env_ab import parse_variant
+        variants = {v.strip() or "default": parse_variant(v) for v in args.var}
+    rows = iter(()) if args.skip_compile else compile_rows(device, backends, tuple(args.phases.split(",")),
+                                                           variants, args.rounds)
     if not args.skip_overhead:
         rows = itertools.chain(rows, _lazy(lambda: overhead_rows(device, not args.no_torch_compile)))
     out = open(args.out, "a") if args.out else None
@@ -249,7 +271,8 @@ def main(argv=None):
             out.flush()
         if r["case"] == "compile_time":
             c, w = r["cold"], r["warm"]
-            print(f"{r['phase']:<9} {r['backend']:<14} cold {c.get('first_result_s', float('nan')):7.2f} s   "
+            who = r["backend"] + (f" [{r['variant']}]" if "variant" in r else "")
+            print(f"{r['phase']:<9} {who:<14} cold {c.get('first_result_s', float('nan')):7.2f} s   "
                   f"warm {w.get('first_result_s', float('nan')):7.2f} s (process {w.get('process_s', float('nan')):.2f} s)"
                   + (f"   ERROR {c.get('error', w.get('error'))[-300:]}" if "error" in c or "error" in w else ""),
                   file=sys.stderr, flush=True)

@@ -1,0 +1,48 @@
+"""benchmarks.compile_time's A/B variants: kiln's children get each variant's environment,
+round by round, torch.compile once per round; labels and rounds land in the rows. The children
+are replaced by a recorder (what a child measures is the benchmark's business, not a test's)."""
+import sys
+from pathlib import Path
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+if getattr(sys.modules.get("benchmarks"), "__file__", "") is None:
+    del sys.modules["benchmarks"]
+
+from benchmarks import compile_time  # noqa: E402
+
+
+def test_variants_interleave_and_label_rows(monkeypatch):
+    calls = []
+
+    def fake_spawn(backend, phase, device, cache, extra_env=None):
+        calls.append((backend, phase, dict(extra_env or {})))
+        return {"first_result_s": 1.0, "process_s": 2.0}
+    monkeypatch.setattr(compile_time, "_spawn", fake_spawn)
+    variants = {"default": {}, "KILN_COMPILE_GC=on": {"KILN_COMPILE_GC": "on"}}
+    rows = list(compile_time.compile_rows("cpu", ["kiln", "torch.compile"], ("train",), variants, rounds=2))
+    kiln_rows = [r for r in rows if r["backend"] == "kiln"]
+    assert [(r["variant"], r["round"]) for r in kiln_rows] == [
+        ("default", 0), ("KILN_COMPILE_GC=on", 0), ("default", 1), ("KILN_COMPILE_GC=on", 1)]
+    assert sum(r["backend"] == "torch.compile" for r in rows) == 2 and all(
+        "variant" not in r for r in rows if r["backend"] == "torch.compile")
+    # cold then warm, each with the variant's environment; torch.compile's children get none
+    assert calls[2:4] == [("kiln", "train", {"KILN_COMPILE_GC": "on"})] * 2
+    assert all(env == {} for b, _, env in calls if b == "torch.compile")
+
+
+def test_spawn_puts_the_variant_in_the_child_environment(monkeypatch, tmp_path):
+    seen = {}
+
+    class Done:
+        returncode, stdout, stderr = 0, '{"first_result_s": 0.5}\n', ""
+
+    def fake_run(cmd, cwd, env, capture_output, text):
+        seen.update(env)
+        return Done()
+    monkeypatch.setattr(compile_time.subprocess, "run", fake_run)
+    res = compile_time._spawn("kiln", "inference", "cpu", str(tmp_path), {"KILN_SPECULATIVE_BACKWARD": "1"})
+    assert res["first_result_s"] == 0.5
+    assert seen["KILN_SPECULATIVE_BACKWARD"] == "1"
+    assert seen["KILN_CACHE_DIR"].startswith(str(tmp_path))
