@@ -218,14 +218,10 @@ def run_torch_compile(setup, check_inputs, ref, arg_sets, device, plan, rec):
             rec["torch_compile_correct"] = ok
             if msg:
                 rec["torch_compile_mismatch"] = msg
-            rec.update(timing.measure(compiled, arg_sets, device, plan).as_dict("torch_compile"))
-            if MODE is not None:  # the steady state (a replayed CUDA graph) is right too
-                ok, msg, _ = check(compiled(*check_inputs), ref, setup)
-                rec["torch_compile_correct"] = rec["torch_compile_correct"] and ok
-                if msg:
-                    rec["torch_compile_mismatch"] = "after timing: " + msg
+            return compiled
     except Exception as e:  # noqa: BLE001 - recorded; the other columns still run
         rec["torch_compile_error"] = _error(e)
+    return None
 
 
 def run_kiln(setup, check_inputs, ref, arg_sets, device, plan, rec):
@@ -264,19 +260,40 @@ def run_kiln(setup, check_inputs, ref, arg_sets, device, plan, rec):
             rec["kiln_warm_disk_compile_s"] = warm
             rec["kiln_warm_disk_hits"] = stats.get("disk_cache_hits")
             rec["kiln_warm_disk_builds"] = stats.get("kernel_builds")
-            before = stats.get("frames_compiled", 0)
-            rec.update(timing.measure(compiled, arg_sets, device, plan).as_dict("kiln"))
-            rec["kiln_recompiles_during_timing"] = kiln.stats().get("frames_compiled", 0) - before
-            if MODE is not None:  # the steady state (a replayed CUDA graph) is right too
-                ok, msg, _ = check(compiled(*check_inputs), ref, setup)
-                rec["correct"] = rec["correct"] and ok
-                if msg:
-                    rec["mismatch"] = "after timing: " + msg
+            return compiled
     except Exception as e:  # noqa: BLE001 - recorded (KILN_STRICT, fullgraph or a runtime error)
         rec["kiln_error"] = _error(e)
         rec["correct"] = False
     finally:
         kiln.config.cache_dir = old_dir
+    return None
+
+
+def time_steady_state(setup, check_inputs, ref, arg_sets, device, plan, rec, impls: dict):
+    """Eager, torch.compile and kiln timed together, their samples interleaved
+    (``timing.measure_many``); then, under a mode, each compiled result checked again (the
+    steady state of a replayed CUDA graph is right too)."""
+    before = kiln.stats().get("frames_compiled", 0)
+    timings, errors = timing.measure_many(impls, arg_sets, device, plan)
+    for name, t in timings.items():
+        rec.update(t.as_dict(name))
+    if "kiln" in impls:
+        rec["kiln_recompiles_during_timing"] = kiln.stats().get("frames_compiled", 0) - before
+    for name, e in errors.items():
+        if name == "eager":
+            raise e
+        rec[f"{name}_error"] = _error(e)
+        if name == "kiln":
+            rec["correct"] = False
+    if MODE is None:
+        return
+    for name, (ok_key, msg_key) in (("torch_compile", ("torch_compile_correct", "torch_compile_mismatch")),
+                                    ("kiln", ("correct", "mismatch"))):
+        if name in timings:
+            ok, msg, _ = check(impls[name](*check_inputs), ref, setup)
+            rec[ok_key] = rec.get(ok_key, True) and ok
+            if msg:
+                rec[msg_key] = "after timing: " + msg
 
 
 def run_setup(name: str, setup: Setup, device: str, plan: timing.TimingPlan, env: dict,
@@ -304,14 +321,20 @@ def run_setup(name: str, setup: Setup, device: str, plan: timing.TimingPlan, env
         arg_sets = [check_inputs] + [setup.make_inputs() for _ in range(n_sets - 1)]
         rec["input_sets"] = n_sets
 
-        rec.update(timing.measure(setup.fn, arg_sets, device, plan).as_dict("eager"))
+        impls = {"eager": setup.fn}
         if not use_torch_compile:
             rec["torch_compile_error"] = "skipped (--no-torch-compile)"
         elif tc_init_error:
             rec["torch_compile_error"] = tc_init_error
         else:
-            run_torch_compile(setup, check_inputs, ref, arg_sets, device, plan, rec)
-        run_kiln(setup, check_inputs, ref, arg_sets, device, plan, rec)
+            tc = run_torch_compile(setup, check_inputs, ref, arg_sets, device, plan, rec)
+            if tc is not None:
+                impls["torch_compile"] = tc
+        kiln_fn = run_kiln(setup, check_inputs, ref, arg_sets, device, plan, rec)
+        if kiln_fn is not None:
+            impls["kiln"] = kiln_fn
+        time_steady_state(setup, check_inputs, ref, arg_sets, device, plan, rec, impls)
+        del impls
 
         if device == "cuda":
             # the reference copy moves as many bytes as the case (half read, half written), so a

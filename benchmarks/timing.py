@@ -2,7 +2,8 @@
 
 Method (see the device notes in METHOD.md): warm up, calibrate how many calls make one sample
 long enough to dwarf the clock's resolution, take many samples, report the median. Inputs rotate
-among several sets so that small cases are not timed out of a warm cache.
+among several sets so that small cases are not timed out of a warm cache. The implementations
+of one case (eager, torch.compile, kiln) take their samples in turn (``measure_many``).
 """
 from __future__ import annotations
 
@@ -71,6 +72,60 @@ def _quartiles(xs: Sequence[float]) -> tuple[float, float]:
 
 def measure(call: Callable, arg_sets: Sequence[tuple], device: str, plan: TimingPlan) -> Timing:
     """Median seconds per call of ``call(*args)``, args rotating over arg_sets."""
+    timings, errors = measure_many({"call": call}, arg_sets, device, plan)
+    if errors:
+        raise errors["call"]
+    return timings["call"]
+
+
+def measure_many(calls: dict, arg_sets: Sequence[tuple], device: str, plan: TimingPlan):
+    """``measure`` for several implementations of one case, their samples interleaved (one
+    sample of each in turn): a host whose load drifts during the run (this CPU machine is
+    shared) moves them alike, so their ratios hold. Returns ({name: Timing}, {name: exception})
+    for the ones that raised, which are dropped from the rest of the run."""
+    n = len(arg_sets)
+    inner: dict = {}
+    errors: dict = {}
+    for name, call in calls.items():
+        try:
+            inner[name] = _warm_and_calibrate(call, arg_sets, device, plan)
+        except Exception as e:  # noqa: BLE001 - reported per implementation
+            errors[name] = e
+    samples: dict = {name: [] for name in inner}
+    start = end = None
+    if device == "cuda":
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+    for _ in range(plan.samples):
+        for name in list(samples):
+            call, k = calls[name], inner[name]
+            try:
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                    start.record()
+                    for j in range(k):
+                        call(*arg_sets[j % n])
+                    end.record()
+                    end.synchronize()
+                    samples[name].append(start.elapsed_time(end) * 1e-3 / k)
+                else:
+                    t0 = time.perf_counter()
+                    for j in range(k):
+                        call(*arg_sets[j % n])
+                    samples[name].append((time.perf_counter() - t0) / k)
+            except Exception as e:  # noqa: BLE001
+                errors[name] = e
+                del samples[name]
+    timings = {}
+    for name, xs in samples.items():
+        med = statistics.median(xs)
+        lo, hi = _quartiles(xs)
+        timings[name] = Timing(med, 100.0 * (hi - lo) / med if med > 0 else 0.0, min(xs), inner[name], len(xs))
+    return timings, errors
+
+
+def _warm_and_calibrate(call: Callable, arg_sets: Sequence[tuple], device: str, plan: TimingPlan) -> int:
+    """Warm up, then the number of calls that makes one sample last about ``plan.sample_s``."""
     n = len(arg_sets)
     # Warm-up: first-call costs (compilation, allocator growth, lazy init) stay out of the numbers.
     i = 0
@@ -86,29 +141,7 @@ def measure(call: Callable, arg_sets: Sequence[tuple], device: str, plan: Timing
         call(*arg_sets[j % n])
     sync(device)
     per_call = max((time.perf_counter() - t0) / k, 1e-7)
-    inner = max(1, math.ceil(plan.sample_s / per_call))
-    samples = []
-    if device == "cuda":
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        for _ in range(plan.samples):
-            torch.cuda.synchronize()
-            start.record()
-            for j in range(inner):
-                call(*arg_sets[j % n])
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e-3 / inner)
-    else:
-        for _ in range(plan.samples):
-            t0 = time.perf_counter()
-            for j in range(inner):
-                call(*arg_sets[j % n])
-            samples.append((time.perf_counter() - t0) / inner)
-    med = statistics.median(samples)
-    lo, hi = _quartiles(samples)
-    return Timing(med, 100.0 * (hi - lo) / med if med > 0 else 0.0, min(samples), inner,
-                  len(samples))
+    return max(1, math.ceil(plan.sample_s / per_call))
 
 
 def first_call(call: Callable, args: tuple, device: str) -> tuple[float, object]:
