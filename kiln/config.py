@@ -78,6 +78,9 @@ class Config:
     # generated C++ kernels are called through a small extension instead of ctypes
     # (runtime/cpp_call.py); KILN_CPP_CALL=0 keeps ctypes
     cpp_call: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_CALL", True))
+    # the C++ kernels a compile must build go several to one gcc run (runtime/cpp_build.py
+    # build_missing); KILN_CPP_BATCH=0 builds each alone
+    cpp_batch_builds: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_BATCH", True))
     # generated C++ includes its prelude from a precompiled header (runtime/cpp_pch.py)
     cpp_pch: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_PCH", True))
     cpp_compiler: str = dataclasses.field(default_factory=lambda: os.environ.get("CXX", "g++"))

@@ -129,7 +129,9 @@ def _load_unique(kernels, target: str, launches: dict) -> list:
         return CppAutotuned(k.name, k.source, fn, load_cpp_threads(k.source, k.name), tune["cpp_chunks"], nsizes)
     from kiln import counters
     from kiln.runtime import cpp_pch
+    from kiln.runtime.cpp_build import build_missing
     builds = counters.counters["kernel_builds"]
+    build_missing([k.source for k in kernels], pool.pool_size())  # several kernels to one gcc run
     out = pool.run_jobs(load, kernels)
     if counters.counters["kernel_builds"] != builds:  # gcc ran: the next builds can use a header
         cpp_pch.after_builds()

@@ -158,15 +158,18 @@ class BuildPool:
             raise BuildError(reply.get("error", "unknown error"))
         return reply
 
-    def map(self, fn, items, label="kernels built"):
+    def map(self, fn, items, label="kernels built", weights=None):
         """fn over items, concurrently; results in order. The first failure is raised once
-        every job is done."""
+        every job is done. ``weights``: how many of the progress line's units each item is
+        (a batch of kernels)."""
         items = list(items)
-        progress = Progress(len(items), label)
+        weights = list(weights) if weights is not None else [1] * len(items)
+        progress = Progress(sum(weights), label)
         futures = [self._threads.submit(fn, it) for it in items]
+        weight_of = dict(zip(futures, weights))
         try:
-            for _ in concurrent.futures.as_completed(futures):
-                progress.step()
+            for f in concurrent.futures.as_completed(futures):
+                progress.step(weight_of[f])
         finally:
             progress.done()
         return [f.result() for f in futures]
@@ -205,18 +208,19 @@ def _shutdown():
         _pool.shutdown()
 
 
-def run_jobs(fn, items, label="kernels built"):
+def run_jobs(fn, items, label="kernels built", weights=None):
     """fn over items: through the pool when there is one, else in order, in-process."""
     items = list(items)
+    weights = list(weights) if weights is not None else [1] * len(items)
     pool = get_pool() if len(items) > 1 else None
     if pool is not None:
-        return pool.map(fn, items, label)
-    progress = Progress(len(items), label)
+        return pool.map(fn, items, label, weights)
+    progress = Progress(sum(weights), label)
     try:
         out = []
-        for it in items:
+        for it, w in zip(items, weights):
             out.append(fn(it))
-            progress.step()
+            progress.step(w)
         return out
     finally:
         progress.done()
@@ -239,9 +243,9 @@ class Progress:
         sys.stderr.write(f"\rkiln: {self.label} {self.k}/{self.total}")
         sys.stderr.flush()
 
-    def step(self):
+    def step(self, n: int = 1):
         with self._lock:
-            self.k += 1
+            self.k += n
             if self.on:
                 self._show()
 
