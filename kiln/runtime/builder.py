@@ -131,7 +131,10 @@ def _load_unique(kernels, target: str, launches: dict) -> list:
     from kiln.runtime import cpp_pch
     from kiln.runtime.cpp_build import build_missing
     builds = counters.counters["kernel_builds"]
-    build_missing([k.source for k in kernels], pool.pool_size())  # several kernels to one gcc run
+    try:  # several kernels to one gcc run; on any trouble each kernel builds alone below
+        build_missing([k.source for k in kernels], pool.pool_size())
+    except Exception as e:  # noqa: BLE001
+        log.log("kernels", "batched C++ build failed (%s: %s); building each kernel alone", type(e).__name__, e)
     out = pool.run_jobs(load, kernels)
     if counters.counters["kernel_builds"] != builds:  # gcc ran: the next builds can use a header
         cpp_pch.after_builds()

@@ -151,3 +151,19 @@ def test_split_is_balanced_and_bounded():
         assert len(batches) >= min(workers, len(items))
     assert len(cpp_build._split(items[:3], 8)) == 3
     assert cpp_build._split([], 2) == []
+
+
+def test_trouble_in_the_batched_build_leaves_each_kernel_to_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(kiln.config, "cache_dir", str(tmp_path))
+    monkeypatch.setattr(kiln.config, "cpu_backend", "cpp")
+    cpp_build.clear_memory()
+
+    def broken(*a, **k):
+        raise OSError("no space left on device")
+    monkeypatch.setattr(cpp_build, "_build_batch", broken)
+    x, y = torch.randn(6, 4), torch.randn(3, 8)
+    out = kiln.compile(_two_reductions)(x, y)
+    for o, r in zip(out, _two_reductions(x, y)):
+        assert_close(o, r)
+    stats = kiln.stats()
+    assert stats["fallbacks"] == 0 and stats["kernel_builds"] == stats["kernels_generated"] >= 2
