@@ -29,12 +29,16 @@ def canonical_source(source: str, name: str) -> str:
 def representatives(kernels, launches: dict) -> list:
     """For each kernel, the first kernel of the list that builds the same binary: the same
     canonical source and, for Triton, the same launch specialization (argument dtypes, integer
-    values, constexprs). Autotuned kernels stand for themselves."""
+    values, constexprs). A tuned kernel shares with one whose every variant source is the same
+    up to names, with the same configs and launch sizes: the twelve copies of a layer's kernel
+    then tune once and share the choice (one tuner object), instead of compiling and timing
+    every config twelve times."""
     first: dict = {}
     out = []
     for k in kernels:
-        if getattr(k, "tune", None) is not None:
-            out.append(k)
+        tune = getattr(k, "tune", None)
+        if tune is not None:
+            out.append(first.setdefault(_tuned_key(k, tune), k))
             continue
         req = launches.get(k.name)
         spec = None if req is None else repr((req.get("args"), sorted(req.get("kwargs", {}).items())))
@@ -44,6 +48,14 @@ def representatives(kernels, launches: dict) -> list:
         log.log("kernels", "%d of %d kernels share another kernel's binary (same source up to names "
                 "and origins)", shared, len(kernels))
     return out
+
+
+def _tuned_key(k, tune) -> tuple:
+    import json
+    if hasattr(tune, "variants"):  # Triton: autotune.TuneSpec
+        return ("tuned", tuple((canonical_source(src, k.name), json.dumps(cfgs, sort_keys=True))
+                               for src, cfgs in tune.variants), repr(tuple(tune.scalars)))
+    return ("tuned-cpp", canonical_source(k.source, k.name), json.dumps(tune, sort_keys=True, default=str))
 
 
 EARLY_WORKERS = 4  # started before capture; the rest once a compile misses the graph cache

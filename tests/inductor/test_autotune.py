@@ -71,3 +71,18 @@ def test_column_reduction_tunes_wide_column_tiles(tmp_path, dtype):
     for k in tuned:
         cfgs = [c for _, cs in k.tune.variants for c in cs]
         assert cfgs and all(c["XBLOCK"] >= 16 for c in cfgs), cfgs
+
+
+def test_identical_tuned_kernels_tune_once(tmp_path):
+    """Two kernels equal up to their names (a layer repeated) share one tuner: one autotune
+    entry, one set of compiled configs, and both give eager's values."""
+    def fn(x, w):
+        a = torch.relu(x) * 2 + 1
+        return torch.relu(a @ w) * 2 + 1  # the matmul keeps the two pointwise kernels apart
+    x, w = torch.randn(256, 256), torch.randn(256, 256) / 16
+    out = _tuned(fn, x, w, tmp_path=tmp_path)
+    assert_close(out.result, fn(x, w))
+    tuned = [k for k in out.kernels if k.tune is not None]
+    assert len(tuned) == 2
+    entries = glob.glob(os.path.join(str(tmp_path), "**", "autotune", "**", "*.json"), recursive=True)
+    assert len(entries) == 1
