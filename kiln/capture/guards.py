@@ -10,6 +10,7 @@ read) and returns False at the first failing check.
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
@@ -309,39 +310,30 @@ _BOUND_DOTTED = frozenset({"Tensor", "nn.Parameter", "is_autocast_enabled", "is_
         torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128))
 
 
+# A string literal (skipped whole), or ``torch.<name>``/``torch.nn.Parameter`` standing alone:
+# not after a dot or a name character, and not followed by another attribute or name character.
+_TORCH_NAME = re.compile(r"""(?P<str>'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")"""
+                         r"""|(?<![\w.])torch\.(?P<dotted>nn\.Parameter|[A-Za-z_]\w*)(?![\w.])""")
+
+
 def bind_torch_names(source: str, namespace: dict) -> str:
     """The guard's source with ``torch.Tensor``, ``torch.nn.Parameter``, dtypes and the
     autocast/grad flags read from names bound once in ``namespace`` (one global load instead
-    of two or three attribute loads per use: 15-20% of a tensor's checks). Only code tokens
-    are rewritten, never string constants; the source shown in logs keeps the torch spelling."""
-    import io
-    import tokenize
-    lines = source.splitlines(keepends=True)
-    toks = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
-            if t.type not in (tokenize.NL, tokenize.COMMENT)]
-    edits = []
-    for i, t in enumerate(toks):
-        if t.type != tokenize.NAME or t.string != "torch" or (i and toks[i - 1].string == "."):
-            continue
-        for length in (2, 1):  # torch.nn.Parameter, then torch.X
-            parts = toks[i + 1:i + 1 + 2 * length]
-            if len(parts) != 2 * length or any(p.string != "." for p in parts[0::2]) or \
-                    any(p.type != tokenize.NAME for p in parts[1::2]) or parts[-1].start[0] != t.start[0]:
-                continue
-            dotted = ".".join(p.string for p in parts[1::2])
-            nxt = toks[i + 1 + 2 * length] if i + 1 + 2 * length < len(toks) else None
-            if dotted in _BOUND_DOTTED and not (nxt is not None and nxt.string == "."):
-                name = "_torch_" + dotted.replace(".", "_")
-                obj = torch
-                for part in dotted.split("."):
-                    obj = getattr(obj, part)
-                namespace[name] = obj
-                edits.append((t.start[0], t.start[1], parts[-1].end[1], name))
-                break
-    for row, start, end, name in sorted(edits, reverse=True):
-        line = lines[row - 1]
-        lines[row - 1] = line[:start] + name + line[end:]
-    return "".join(lines)
+    of two or three attribute loads per use: 15-20% of a tensor's checks). Only code is
+    rewritten, never string constants; the source shown in logs keeps the torch spelling.
+    (A regular expression: ``tokenize`` took 0.08 s of GPT-2's capture, every process.)"""
+    def bind(m):
+        dotted = m.group("dotted")
+        if dotted is None or dotted not in _BOUND_DOTTED:
+            return m.group(0)
+        name = "_torch_" + dotted.replace(".", "_")
+        if name not in namespace:
+            obj = torch
+            for part in dotted.split("."):
+                obj = getattr(obj, part)
+            namespace[name] = obj
+        return name
+    return _TORCH_NAME.sub(bind, source)
 
 
 def make_fetch(sources: list[Source], globals_: dict | None = None, fast: dict | None = None):

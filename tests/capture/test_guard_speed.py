@@ -67,3 +67,17 @@ def test_a_sequential_with_its_own_getitem_keeps_the_plain_spelling():
     assert not _is_sequential_index(Rev(torch.nn.ReLU(), torch.nn.Tanh()), 0)
     assert _is_sequential_index(torch.nn.Sequential(torch.nn.ReLU()), 0)
     assert not _is_sequential_index(torch.nn.Sequential(torch.nn.ReLU()), 1)
+
+
+def test_names_inside_strings_attributes_and_longer_names_are_left_alone():
+    cases = {
+        "a = torch.float32.is_floating_point\n": "a = torch.float32.is_floating_point\n",
+        "b = x.torch.Tensor\nc = mytorch.float32\n": "b = x.torch.Tensor\nc = mytorch.float32\n",
+        "k = L['it\\'s torch.float16'] == torch.bfloat16\n": "k = L['it\\'s torch.float16'] == _torch_bfloat16\n",
+        'w = "torch.int64" or torch.Tensorx or torch.float32x\n': 'w = "torch.int64" or torch.Tensorx or torch.float32x\n',
+        "z = (torch.int64, torch.bool, torch.nn.Module)\n": "z = (_torch_int64, _torch_bool, torch.nn.Module)\n",
+    }
+    for src, want in cases.items():
+        ns = {}
+        assert bind_torch_names(src, ns) == want
+        assert all(ns[n] is getattr(torch, n[len("_torch_"):]) for n in ns)
