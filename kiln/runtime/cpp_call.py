@@ -38,6 +38,7 @@ MAX = 64
 _ARCHES = ("x86_64", "amd64", "aarch64", "arm64")
 _state: dict = {}
 _lock = threading.Lock()
+_load_lock = threading.Lock()  # one thread loads (or builds) the extension at a time
 
 
 def c_source() -> str:
@@ -101,29 +102,36 @@ def _why_not() -> str | None:
 
 
 def caller():
-    """``kiln_call`` from the built extension, or None (kernels keep ctypes)."""
+    """``kiln_call`` from the built extension, or None (kernels keep ctypes). The build
+    stage's threads ask at once: one of them loads (or builds) it, the others wait for it."""
     root = cache.cache_root()
     with _lock:
         if root in _state:
             return _state[root]
-    fn = None
-    why = _why_not()
-    if why is None:
-        try:
-            fn = _load()
-        except Exception as e:  # noqa: BLE001 - ctypes works everywhere
-            why = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-    if fn is None:
-        log.log("cache", "C++ kernels are called through ctypes: %s", why)
-    with _lock:
-        _state[root] = fn
+    with _load_lock:
+        with _lock:
+            if root in _state:
+                return _state[root]
+        fn = None
+        why = _why_not()
+        if why is None:
+            try:
+                fn = _load()
+            except Exception as e:  # noqa: BLE001 - ctypes works everywhere
+                why = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        if fn is None:
+            log.log("cache", "C++ kernels are called through ctypes: %s", why)
+        with _lock:
+            _state[root] = fn
     return fn
 
 
 def _load():
     from kiln.runtime.cpp_build import compiler_version
     source = c_source()
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    # (not sysconfig's EXT_SUFFIX: its lazy first read is not thread-safe, and a thread that
+    # raced another saw None, built a second copy under another key and paid 0.23 s for it)
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     key = cache.content_key("cpp-call", source, sys.version, config.cpp_compiler,
                             compiler_version(config.cpp_compiler), platform.machine(), suffix)
     path = os.path.join(cache.subdir("cpp_call"), key[:2], key[:32], "kiln_cpp_call" + suffix)

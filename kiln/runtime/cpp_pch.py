@@ -20,6 +20,7 @@ If gcc fails with the precompiled header, the header is given up for the process
 """
 from __future__ import annotations
 
+import atexit
 import os
 import platform
 import shutil
@@ -34,6 +35,21 @@ from kiln.runtime import cache
 HEADER = "kiln_prelude.h"
 _state: dict = {}  # header directory -> "building" | "failed" | path of the header (ready)
 _lock = threading.Lock()
+_running: set = set()  # gcc processes building a header now
+
+
+@atexit.register
+def _stop_builds():
+    """A header still building when the process exits is never renamed into place (the
+    thread that would do it is gone), so its gcc would only take CPU from whatever runs next
+    (on 2 cores, the next process's first call): stop it."""
+    with _lock:
+        procs = list(_running)
+    for proc in procs:
+        try:
+            proc.kill()
+        except OSError:
+            pass
 
 
 def _prelude() -> str:
@@ -147,9 +163,16 @@ def _ready_or_build(final: str, kind: str) -> str:
                "-o", os.path.join(tmp, HEADER + ".gch")]
         if shutil.which("nice"):  # kernels being built meanwhile come first
             cmd = ["nice", "-n", "10", *cmd]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with _lock:
+            _running.add(proc)
+        try:
+            _, stderr = proc.communicate()
+        finally:
+            with _lock:
+                _running.discard(proc)
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip()[-500:]}")
+            raise RuntimeError(f"{' '.join(cmd)}: {stderr.strip()[-500:]}")
         cache.commit_entry(os.path.join(tmp, HEADER + ".gch"))
         try:
             os.rename(tmp, final)

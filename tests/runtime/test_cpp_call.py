@@ -92,3 +92,31 @@ def test_compiled_functions_match_eager_either_way(monkeypatch, on, dtype):
         eager = f(*xs).float()
         assert (out.float() - eager).abs().max() <= (eager - ref).abs().max() + 1.6e-2 * ref.abs().max()
     cpp_call.reset()
+
+
+def test_threads_asking_at_once_share_one_extension(tmp_path, monkeypatch):
+    """The build stage's threads ask for the extension together: one builds it, the others get
+    the same function, and one entry lands in the cache (a race in sysconfig once gave one
+    thread another file suffix, another key, and a second build)."""
+    import importlib.machinery
+    import sysconfig
+    import threading
+    if cpp_call._why_not() is not None:
+        pytest.skip(cpp_call._why_not())
+    monkeypatch.setattr(kiln.config, "cache_dir", str(tmp_path))
+    cpp_call.reset()
+    monkeypatch.setattr(sysconfig, "get_config_var", lambda name: None)  # the raced read
+    got, barrier = [], threading.Barrier(6)
+
+    def ask():
+        barrier.wait()
+        got.append(cpp_call.caller())
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 6 and got[0] is not None and all(f is got[0] for f in got)
+    built = [p for p in tmp_path.rglob("kiln_cpp_call*") if not p.name.endswith(".sha256")]
+    assert len(built) == 1 and built[0].name.endswith(importlib.machinery.EXTENSION_SUFFIXES[0])
+    cpp_call.reset()
