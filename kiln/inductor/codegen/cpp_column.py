@@ -1,5 +1,6 @@
 """C++ column reductions: reductions over outer (strided) dims whose innermost kept dim is the
-contiguous one (``x.sum(0)``, bias and norm-weight gradients).
+contiguous one (``x.sum(0)``, bias and norm-weight gradients, also when the summed values are
+stored too: a backward's concatenated q/k/v gradient and its bias gradient in one pass).
 
 The row plan of ``cpp_reduction`` would give each kept element its own strided walk down a
 column. Here OpenMP splits (outer kept index, tile of ``TILE`` contiguous kept elements); each
@@ -32,32 +33,50 @@ def _static(sizes) -> bool:
 
 def column_plan(kernel) -> bool:
     """True when the kernel is a column reduction this generator handles: static sizes, one
-    pass of sum/prod/max/min with nothing per element stored, the last dim kept (at least
-    MIN_KEPT wide), and every load that walks the reduced dims contiguous along that kept dim."""
+    pass of sum/prod/max/min (whose per-element values may also be stored, contiguously along
+    the kept dim), the last dim kept (at least MIN_KEPT wide), and every load that walks the
+    reduced dims contiguous along that kept dim."""
     if not kernel.reduced_dims or not _static(kernel.ranges):
         return False
     last = len(kernel.ranges) - 1
     if last in kernel.reduced_dims or int(kernel.ranges[last]) < MIN_KEPT:
         return False
     pre, phases = plan_phases(kernel)
-    if pre or len(phases) != 1 or phases[0].stores:
+    if pre or len(phases) != 1:
         return False
     if any(n.reduction_type not in COLUMN_REDUCTIONS for n in phases[0].reductions):
         return False
     ranges = ir.ranges_of(kernel.ranges)
     kept_sym = ir.index_symbol(last)
     red_syms = {ir.index_symbol(d) for d in kernel.reduced_dims}
+    for node in phases[0].stores:  # per-element values stored in the pass: contiguous in a tile
+        index = sympy.expand(ir.simplify_index(kernel.store_index(node), ranges))
+        if not _moves_with_kept(index, kept_sym):
+            return False
     walking = 0
-    for node in phases[0].reductions:
+    for node in phases[0].reductions + phases[0].stores:
         for ld in ir.loads_of(kernel.body(node)):
             index = sympy.expand(ir.simplify_index(ld.index, ranges))
             if not (index.free_symbols & red_syms):
                 continue
-            if index.coeff(kept_sym) != 1 or any(s in index.free_symbols for s in ld.index.free_symbols
-                                                 if s.name.startswith("ind")):
+            if not _moves_with_kept(index, kept_sym) or any(s in index.free_symbols for s in ld.index.free_symbols
+                                                            if s.name.startswith("ind")):
                 return False
             walking += 1
     return walking > 0
+
+
+def _moves_with_kept(index, kept_sym) -> bool:
+    """The address steps by one with the kept index: ``... + k`` or, for a part of a
+    concatenation, ``... + Mod(k + c, n)`` (by one within the part)."""
+    dep = [t for t in sympy.Add.make_args(index) if kept_sym in t.free_symbols]
+    if len(dep) != 1:
+        return False
+    term = dep[0]
+    if term == kept_sym:
+        return True
+    return isinstance(term, sympy.Mod) and sympy.expand(term.args[0]).coeff(kept_sym) == 1 and \
+        not (sympy.expand(term.args[0]) - kept_sym).free_symbols & {kept_sym}
 
 
 def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
@@ -130,6 +149,8 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
             lines.append(f"{a} *= {value};")
         else:
             lines.append(f"{a} = kiln_{kind}<{ctype(dt)}>({a}, {value});")
+    for node in phase.stores:  # per-element values the graph needs (a bias gradient's input)
+        store(node, writer.emit_node(node))
     lines[start:] = ["        " + ln for ln in lines[start:]]
     writer.pop_scope()
     lines += ["    }", "}"]

@@ -1,0 +1,78 @@
+"""C++ reductions: values the row loop does not vary are computed once before it
+(``cpp_reduction.hoist_row_invariants``: log_softmax's log of the row sum kept gcc from
+vectorizing its output pass), and column reductions whose summed values are also stored run
+as column tiles (``cpp_column``)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.inductor.codegen.cpp_reduction import hoist_row_invariants
+from testing import assert_close, randn
+
+
+def test_only_declarations_free_of_the_loop_move():
+    body = [
+        "const int64_t i1 = r0;",
+        "float tmp0 = in_ptr0[64*i0 + i1];",        # reads along the row: stays
+        "float tmp1 = in_ptr1[i0];",                # one address per row: moves
+        "float tmp2 = kiln_logf(tmp9);",            # a row value: moves
+        "float tmp3 = (tmp0 - tmp2);",              # uses a loop value: stays
+        "float tmp4 = scr0[3];",                    # memory the kernel writes: stays
+        "if (tmp3 > 0.0f) {",
+        "    float tmp5 = (tmp1 * 2.0f);",          # inside a block: stays
+        "}",
+        "float tmp6 = (tmp5 + tmp1);",              # uses a value that stayed: stays
+        "acc0_v[rl] += tmp3;",
+        "out_ptr0[64*i0 + i1] = tmp3;",
+        "float tmp7 = out_ptr0[i0];",               # an output: stays
+    ]
+    hoisted, kept = hoist_row_invariants(body)
+    assert hoisted == ["float tmp1 = in_ptr1[i0];", "float tmp2 = kiln_logf(tmp9);"]
+    assert kept == [ln for ln in body if ln not in hoisted]
+
+
+def _source(fn, *args):
+    with kiln.config.patch(cpu_backend="cpp"):
+        ex = kiln.explain(fn)(*args)
+    return ex, "\n".join(k.source for k in ex.kernels)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_log_softmax_computes_the_row_log_once(dtype, layout):
+    x = randn((24, 300), dtype, "cpu", layout)
+    fn = lambda x: F.log_softmax(x, -1)  # noqa: E731
+    ex, src = _source(fn, x)
+    assert_close(ex.result.float(), F.log_softmax(x.float(), -1).to(dtype).float(), dtype)
+    body = src[src.index("extern \"C\""):]
+    last_loop = body.rindex("for (int64_t r0 = 0;")
+    assert "kiln_logf(" in body[:last_loop] and "kiln_logf(" not in body[last_loop:]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_stored_values_of_a_column_sum_run_as_column_tiles(dtype, layout):
+    def fn(g, x):
+        y = g * torch.sigmoid(x)
+        return y, y.sum(0)
+    g, x = randn((96, 80), dtype, "cpu"), randn((96, 80), dtype, "cpu", layout)
+    ex, src = _source(fn, g, x)
+    ref = fn(g.float(), x.float())
+    assert_close(ex.result[0].float(), ref[0].to(dtype).float(), dtype)
+    torch.testing.assert_close(ex.result[1].float(), ref[1], rtol=2e-2 if dtype == torch.bfloat16 else 1e-5,
+                               atol=2e-1 if dtype == torch.bfloat16 else 1e-4)
+    # the column plan's tile loop, when every load steps by one along the kept dim (a
+    # transposed input walks its columns: the row plan stays)
+    assert ("kk < kn" in src) == (layout == "contiguous")
+
+
+def test_a_concatenated_gradient_and_its_column_sum():
+    def fn(a, b):
+        g = torch.cat([a, b], -1) * 2
+        return g, g.sum(0)
+    a, b = randn((64, 96), torch.float32, "cpu")[:, :32], randn((64, 48), torch.float32, "cpu")
+    ex, src = _source(fn, a, b)
+    for o, r in zip(ex.result, fn(a, b)):
+        assert_close(o, r)
+    assert "kk < kn" in src
