@@ -30,26 +30,36 @@ def compiler_version(cxx: str) -> str:
         raise CppBuildError(f"[build] C++ compiler {cxx!r} is not usable: {e}") from e
 
 
-def _build(source: str, so_path: str):
+def _gcc(tmp: str, full: str, stripped: str, header: str | None):
+    """Compile a translation unit into ``tmp``: with the precompiled prelude (``stripped``, the
+    unit without its prelude, and ``-include header``) when there is a header, else, or when
+    that fails, the whole unit ``full``. A header that fails where the plain unit builds is
+    given up for the process (``cpp_pch.failed``); a unit that fails both ways keeps it (the
+    unit was broken, not the header). Returns (the finished process, its command, the .so)."""
     cxx = config.cpp_compiler
+    src, out = os.path.join(tmp, "kernel.cpp"), os.path.join(tmp, "kernel.so")
+    with_header = None
+    if header is not None:
+        with open(src, "w") as f:
+            f.write(stripped)
+        cmd = [cxx, *config.cpp_flags, "-include", header, src, "-o", out]
+        with_header = subprocess.run(cmd, capture_output=True, text=True)
+        if with_header.returncode == 0:
+            return with_header, cmd, out
+    with open(src, "w") as f:
+        f.write(full)
+    cmd = [cxx, *config.cpp_flags, src, "-o", out]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if with_header is not None and proc.returncode == 0:
+        pch.failed(with_header.stderr)
+    return proc, cmd, out
+
+
+def _build(source: str, so_path: str):
     with tempfile.TemporaryDirectory(prefix="kiln-cpp-") as tmp:
-        src = os.path.join(tmp, "kernel.cpp")
-        out = os.path.join(tmp, "kernel.so")
         t0 = time.perf_counter()
         header = pch.header_for(source)
-        proc = None
-        if header is not None:  # the prelude from the precompiled header instead of parsing it
-            with open(src, "w") as f:
-                f.write(pch.without_prelude(source))
-            cmd = [cxx, *config.cpp_flags, "-include", header, src, "-o", out]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                pch.failed(proc.stderr)
-        if proc is None or proc.returncode != 0:
-            with open(src, "w") as f:
-                f.write(source)
-            cmd = [cxx, *config.cpp_flags, src, "-o", out]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc, cmd, out = _gcc(tmp, source, pch.without_prelude(source), header)
         if proc.returncode != 0:
             raise CppBuildError(f"[build] g++ failed ({' '.join(cmd)}):\n{proc.stderr}\n--- source ---\n{source}")
         with open(out, "rb") as f:
@@ -187,21 +197,11 @@ def batch_source(sources: list, with_prelude: bool) -> str:
 def _build_batch(batch: list) -> int:
     keys = [k for k, _ in batch]
     sources = [s for _, s in batch]
-    cxx = config.cpp_compiler
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kiln-cpp-batch-") as tmp:
-        src, out = os.path.join(tmp, "kernels.cpp"), os.path.join(tmp, "kernels.so")
         header = pch.header_for(sources[0])
-        proc = None
-        if header is not None:
-            with open(src, "w") as f:
-                f.write(batch_source(sources, with_prelude=False))
-            proc = subprocess.run([cxx, *config.cpp_flags, "-include", header, src, "-o", out],
-                                  capture_output=True, text=True)
-        if proc is None or proc.returncode != 0:
-            with open(src, "w") as f:
-                f.write(batch_source(sources, with_prelude=True))
-            proc = subprocess.run([cxx, *config.cpp_flags, src, "-o", out], capture_output=True, text=True)
+        proc, _, out = _gcc(tmp, batch_source(sources, with_prelude=True),
+                            batch_source(sources, with_prelude=False), header)
         if proc.returncode != 0:
             log.log("kernels", "a batch of %d C++ kernels did not build; building them one by one: %s",
                     len(batch), (proc.stderr.strip().splitlines() or ["?"])[-1])
