@@ -72,8 +72,31 @@ def compiling(name: str):
 # compile (of any thread) ends moves it back into the oldest generation, so nothing is lost and
 # the program's own garbage is collected as before. A process that froze its heap itself (a
 # server before forking workers) is left alone: unfreezing would undo its freeze.
+#
+# Some interpreters start with a few objects frozen already (Ubuntu's CPython 3.12 build: 375,
+# before any import). That is not a heap freeze, so the count seen when kiln is imported is the
+# baseline when it is small; a count above it means the program froze its heap after importing
+# kiln, and a large baseline that it froze before. Our unfreeze also returns those few startup
+# objects to the oldest generation, where collections visit them; nothing else changes.
 _gc_lock = threading.Lock()
 _gc_state = {"depth": 0, "undo": None}
+_STARTUP_FROZEN_MAX = 10_000
+
+
+def _startup_frozen() -> int:
+    import gc
+    return gc.get_freeze_count()
+
+
+STARTUP_FROZEN = _startup_frozen()
+
+
+def program_froze_heap() -> bool:
+    """True when the process froze its own heap (``gc.freeze()``) since or before kiln's import."""
+    import gc
+    if STARTUP_FROZEN > _STARTUP_FROZEN_MAX:
+        return True
+    return gc.get_freeze_count() > STARTUP_FROZEN
 
 
 def gc_pause():
@@ -85,7 +108,7 @@ def gc_pause():
         if _gc_state["depth"] != 1:
             return
         mode = config.compile_gc
-        if mode == "freeze" and gc.isenabled() and gc.get_freeze_count() == 0:
+        if mode == "freeze" and gc.isenabled() and not program_froze_heap():
             gc.freeze()
             _gc_state["undo"] = gc.unfreeze
         elif mode == "off" and gc.isenabled():

@@ -6,7 +6,8 @@ about 1.5 s for GPT-2 small) then start only after the forward has been built an
 the forward's build stage spends most of its time waiting on build workers and gcc with the
 GIL released.
 
-With ``config.speculative_backward`` (``KILN_SPECULATIVE_BACKWARD=1``), the forward's build
+With ``config.speculative_backward`` (by default for CUDA graphs; ``KILN_SPECULATIVE_BACKWARD=1``
+or ``0`` forces it), the forward's build
 stage starts a thread that compiles the backward from the metas the partition predicts (the
 backward graph's placeholders). At the first ``backward()``, when the real metas equal the
 predicted ones, the backward waits for that thread and uses its result; otherwise (a layout
@@ -70,8 +71,10 @@ class BackwardSpeculation:
 def eligible(forward_metas) -> bool:
     from kiln.api import _RECORDERS
     from kiln.meta.symbolic import free_symbols
-    return bool(config.speculative_backward) and not config.debug and not _RECORDERS and \
-        not free_symbols(forward_metas)
+    wanted = config.speculative_backward
+    if wanted is None:  # auto: graphs on CUDA (see config.speculative_backward)
+        wanted = any(getattr(m, "device", None) is not None and m.device.type == "cuda" for m in forward_metas)
+    return bool(wanted) and not config.debug and not _RECORDERS and not free_symbols(forward_metas)
 
 
 def before_forward_build(spec: BackwardSpeculation):

@@ -111,3 +111,19 @@ def test_off_when_switched_off_and_not_for_symbolic_sizes(monkeypatch):
     f = kiln.compile(MLP(), dynamic=True)
     f(torch.randn(3, 24)).sum().backward()
     assert started == []
+
+
+def test_by_default_cuda_graphs_speculate_and_cpu_graphs_do_not(monkeypatch):
+    from kiln.meta.tensor_meta import TensorMeta
+    monkeypatch.setattr(kiln.config, "speculative_backward", None)
+    cpu = [TensorMeta((4, 8), (8, 1), torch.float32, "cpu", True)]
+    cuda = [TensorMeta((4, 8), (8, 1), torch.float32, "cuda:0", True)]
+    assert not speculate.eligible(cpu)
+    assert speculate.eligible(cuda)
+    monkeypatch.setattr(kiln.config, "speculative_backward", True)
+    assert speculate.eligible(cpu)
+    monkeypatch.setattr(kiln.config, "speculative_backward", False)
+    assert not speculate.eligible(cuda)
+    monkeypatch.setattr(kiln.config, "debug", True)
+    monkeypatch.setattr(kiln.config, "speculative_backward", None)
+    assert not speculate.eligible(cuda)  # KILN_DEBUG records compiles in order

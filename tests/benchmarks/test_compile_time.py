@@ -27,7 +27,10 @@ def test_variants_interleave_and_label_rows(monkeypatch):
         ("default", 0), ("KILN_COMPILE_GC=on", 0), ("default", 1), ("KILN_COMPILE_GC=on", 1)]
     assert sum(r["backend"] == "torch.compile" for r in rows) == 2 and all(
         "variant" not in r for r in rows if r["backend"] == "torch.compile")
-    # cold then warm, each with the variant's environment; torch.compile's children get none
+    # one unmeasured prime child first, then cold and warm, each with the variant's
+    # environment; torch.compile's children get none
+    assert calls[0] == ("prime", "train", {})
+    calls = calls[1:]
     assert calls[2:4] == [("kiln", "train", {"KILN_COMPILE_GC": "on"})] * 2
     assert all(env == {} for b, _, env in calls if b == "torch.compile")
 
