@@ -70,6 +70,13 @@ class Config:
     fuse_split_prologue: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_FUSE_SPLIT_PROLOGUE", True))
     # online softmax: a looped max pass and the sum(exp(x - max)) pass after it run as one
     triton_online_softmax: bool = True
+    # online softmax with one running max per row (a block max per step, then one exp per
+    # element and one rescale per row) instead of one per lane (two exps per element);
+    # KILN_ONLINE_ROWMAX=0 for the per-lane form
+    triton_online_rowmax: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_ONLINE_ROWMAX", True))
+    # max/min combines as tl.maximum/minimum with NaN propagation (one max.NaN instruction on
+    # sm_80+) instead of a compare-and-select; KILN_NAN_MAX_OP=0 for the select
+    triton_nan_max_op: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_NAN_MAX_OP", True))
     # autotuning of Triton kernels on CUDA (kiln/runtime/autotune.py); "interpret" also tunes
     # under TRITON_INTERPRET (tests only)
     # Off by default (KILN_AUTOTUNE=1 turns it on): on the H200 it made layer_norm slower (it

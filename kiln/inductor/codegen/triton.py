@@ -321,8 +321,14 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
             f"def {name}({', '.join(params + ['xnumel', 'XBLOCK: tl.constexpr'])}):",
             f"    xoffset = {pid} * XBLOCK",
             "    xindex = xoffset + tl.arange(0, XBLOCK)",
-            "    xmask = xindex < xnumel",
         ]
+        if symbolic:
+            lines.append("    xmask = xindex < xnumel")
+        else:  # a config whose XBLOCK divides the elements has no ragged edge (a static if in Triton)
+            lines += [f"    if {numel} % XBLOCK == 0:",
+                      "        xmask = tl.full([XBLOCK], 1, tl.int1)",
+                      "    else:",
+                      "        xmask = xindex < xnumel"]
     lines += ["    " + ln for ln in index_lines + body_lines]
     header = ["import triton", "import triton.language as tl"]
     if any("libdevice." in ln for ln in body_lines):
