@@ -64,9 +64,10 @@ def test_layouts_and_dtypes(name, layout, dtype, target):
         assert_close(kiln.compile(g)(x, y), g(x.float(), y.float()).to(dtype), dtype=dtype)
 
 
-def test_a_static_divisible_extent_loops_unmasked_then_a_static_tail():
-    with kiln.config.patch(cpu_backend="triton", **LOOPED):
-        src = _source(lambda x: torch.logsumexp(x, -1), torch.randn(16, 64))
+@pytest.mark.parametrize("target", TRITON)
+def test_a_static_divisible_extent_loops_unmasked_then_a_static_tail(target):
+    with on_target(target) as device, kiln.config.patch(**LOOPED):
+        src = _source(lambda x: torch.logsumexp(x, -1), torch.randn(16, 64, device=device))
     main, _, tail = src.partition("if 64 % RBLOCK != 0:")
     assert "for roffset in range(0, 64 // RBLOCK * RBLOCK, RBLOCK):" in main
     loop = main.split("for roffset", 1)[1]
@@ -75,13 +76,14 @@ def test_a_static_divisible_extent_loops_unmasked_then_a_static_tail():
     assert "if 16 % XBLOCK == 0:" in src and "xmask = tl.full([XBLOCK, 1], 1, tl.int1)" in src
 
 
-def test_symbolic_extents_keep_their_masks():
-    with kiln.config.patch(cpu_backend="triton", **LOOPED):
+@pytest.mark.parametrize("target", TRITON)
+def test_symbolic_extents_keep_their_masks(target):
+    with on_target(target) as device, kiln.config.patch(**LOOPED):
         fn = kiln.compile(lambda x: x.sum(-1), dynamic=True)
         for n in (37, 53):
-            x = torch.randn(5, n)
+            x = torch.randn(5, n, device=device)
             assert_close(fn(x), x.sum(-1))
-        src = _source(lambda x: x.sum(-1), torch.randn(5, 37))
+        src = _source(lambda x: x.sum(-1), torch.randn(5, 37, device=device))
     assert "range(0, 37 // RBLOCK * RBLOCK, RBLOCK)" in src
 
 
@@ -96,9 +98,10 @@ def test_pointwise_rows_mask_only_a_ragged_edge(numel, target):
     assert f"if {numel} % XBLOCK == 0:" in src
 
 
-def test_online_softmax_row_max_keeps_one_max_per_row():
-    with kiln.config.patch(cpu_backend="triton", triton_online_rowmax=True, **LOOPED):
-        src = _source(lambda x: torch.logsumexp(x, -1), torch.randn(16, 64))
+@pytest.mark.parametrize("target", TRITON)
+def test_online_softmax_row_max_keeps_one_max_per_row(target):
+    with on_target(target) as device, kiln.config.patch(triton_online_rowmax=True, **LOOPED):
+        src = _source(lambda x: torch.logsumexp(x, -1), torch.randn(16, 64, device=device))
     assert 'tl.full([XBLOCK, 1], float("-inf"), tl.float32)' in src
     # one exp per element and one rescale per row, in the main loop and in the tail (the per-lane
     # form also rescales each lane after the loop)

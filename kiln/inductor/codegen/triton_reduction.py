@@ -192,6 +192,7 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
     # block with no ragged reduced edge (a static extent's full blocks: masking them cost the
     # H200's cross-entropy 12% of its bandwidth)
     mask = {"r": "xmask & rmask"}
+    row_lanes: dict[str, str] = {}  # online softmax by rows: each max node's per-lane NaN-propagating max
 
     def ptr(buf):
         return in_names.setdefault(buf, f"in_ptr{len(in_names)}")
@@ -290,9 +291,15 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
     def online_step(m_node, m_acc, block, sums, accs):
         """One block of the running max and of each sum(exp(E - X)) relative to X(max)."""
         e = writer.emit(kernel.body(m_node))
-        if config.triton_online_rowmax:  # the row's running max: [XBLOCK, 1]
-            block = writer._tmp(reduce_text("max", block), torch.float32)
-        m_new = writer._tmp(_combine_inline("max", m_acc, block), torch.float32)
+        if config.triton_online_rowmax:
+            # the shift is the row's running max ([XBLOCK, 1]) by tl.max, which skips NaN (so the
+            # shift never is NaN); each lane keeps a NaN-propagating max for the stored result
+            lane = row_lanes[m_node.name]
+            lines.append(f"{lane} = {_combine_inline('max', lane, block)}")
+            block = writer._tmp(f"tl.max({block}, 1)[:, None]", torch.float32)
+            m_new = writer._tmp(f"tl.maximum({m_acc}, {block})", torch.float32)
+        else:
+            m_new = writer._tmp(_combine_inline("max", m_acc, block), torch.float32)
         for node, x in sums:
             s_acc = accs[node.name][0]
             g_old, g_new = shift_of(m_node, x, m_acc), shift_of(m_node, x, m_new)
@@ -396,6 +403,9 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
             for node in phase.reductions:
                 dt = acc_dtype(node)
                 ident = triton_const(IDENTITY[node.reduction_type](dt), dt)
+                if node.name in pairs and config.triton_online_rowmax:
+                    row_lanes[node.name] = writer._tmp(f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPES[dt]})", dt)
+                    writer.cache.pop(f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPES[dt]})", None)
                 cols = "1" if node.name in pairs and config.triton_online_rowmax else "RBLOCK"
                 acc = writer._tmp(f"tl.full([XBLOCK, {cols}], {ident}, {TL_DTYPES[dt]})", dt)
                 writer.cache.pop(f"tl.full([XBLOCK, {cols}], {ident}, {TL_DTYPES[dt]})", None)
@@ -418,8 +428,8 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
                 kind = node.reduction_type
                 if kind in ("argmax", "argmin"):
                     value = arg_pick(kind, acc, idx)
-                elif node.name in pairs and config.triton_online_rowmax:
-                    value = acc  # the row's max already
+                elif node.name in pairs and config.triton_online_rowmax:  # NaN if any element is
+                    value = writer._tmp(reduce_text(kind, row_lanes[node.name]), dt)
                 else:
                     value = writer._tmp(reduce_text(kind, acc), dt)
                 if node.name in pairs:
