@@ -76,3 +76,48 @@ def test_a_concatenated_gradient_and_its_column_sum():
     for o, r in zip(ex.result, fn(a, b)):
         assert_close(o, r)
     assert "kk < kn" in src
+
+
+CAT_CASES = {  # part widths; tiles are 64 wide
+    "qkv, aligned": (128, 128, 128),
+    "unequal aligned parts": (64, 192, 128),
+    "ragged parts": (64, 100, 36),
+    "aligned then ragged": (128, 96),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", list(CAT_CASES))
+def test_a_concatenation_tile_reads_only_its_own_part(case, dtype):
+    """cpp_column.tile_select: where no part boundary falls inside a tile, each tile picks its
+    part's pointer once and loads it contiguously (a q/k/v gradient and its bias gradient);
+    elsewhere the per-element select and modulo remain. Results match eager either way."""
+    widths = CAT_CASES[case]
+
+    def fn(*parts):
+        g = torch.cat(parts, -1)
+        return g, g.sum(0)
+    parts = [randn((48, w), dtype, "cpu") for w in widths]
+    parts[0] = randn((96, widths[0]), dtype, "cpu")[::2]  # a part with strided rows too
+    ex, src = _source(fn, *parts)
+    ref = fn(*[p.float() for p in parts])
+    assert_close(ex.result[0], ref[0].to(dtype), dtype)
+    torch.testing.assert_close(ex.result[1].float(), ref[1], rtol=1e-2 if dtype != torch.float32 else 1e-5,
+                               atol=1e-1 if dtype != torch.float32 else 1e-4)
+    # a pointer per tile where every part is tile-aligned (its start and width multiples of 64)
+    aligned = all(w % 64 == 0 for w in widths)
+    assert ("tsel" in src) == aligned, src
+
+
+def test_tile_uniform_comparisons_hold_for_every_element_of_the_tile():
+    """k + c < B equals k0 + c < B for every k of a 64-wide tile when B - c is a multiple of
+    64 (and <=, >, >= with the boundary shifted by one): checked exhaustively on small ranges."""
+    import operator
+    ops = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge}
+    for name, op in ops.items():
+        for c in (-128, -64, 0, 64):
+            for t in (0, 64, 128, 192):
+                B = t + c - (1 if name in ("le", "gt") else 0)
+                for k0 in range(0, 256, 64):
+                    want = op(k0 + c, B)
+                    assert all(op(k + c, B) == want for k in range(k0, k0 + 64)), (name, c, B, k0)

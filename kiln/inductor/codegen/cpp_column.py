@@ -79,6 +79,35 @@ def _moves_with_kept(index, kept_sym) -> bool:
         not (sympy.expand(term.args[0]) - kept_sym).free_symbols & {kept_sym}
 
 
+def _linear_form(index, loop_syms):
+    """({loop symbol: coefficient}, base) of an index linear in the loop symbols, whose
+    coefficients and base are per-tile values (constants, ``kbJ``, ``tselN_*``); None otherwise."""
+    index = sympy.expand(index)
+    coefs = {}
+    for sym in index.free_symbols & loop_syms:
+        c = index.coeff(sym, 1)
+        if c.free_symbols & loop_syms:
+            return None
+        coefs[sym] = c
+    base = sympy.expand(index - sum((c * s for s, c in coefs.items()), sympy.Integer(0)))
+    if base.free_symbols & loop_syms:
+        return None
+    return coefs, base
+
+
+class _BodiesMapped:
+    """A kernel whose node bodies pass through ``fn`` (what the writer emits and recomputes)."""
+
+    def __init__(self, kernel, fn):
+        self._kernel, self._fn = kernel, fn
+
+    def __getattr__(self, name):
+        return getattr(self._kernel, name)
+
+    def body(self, node):
+        return self._fn(self._kernel.body(node))
+
+
 def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
     printer = IndexPrinter("/")
     name = f"kiln_{kernel.name}"
@@ -98,14 +127,123 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
     def index_text(expr):
         return printer.doprint(ir.simplify_index(expr, ranges))
 
+    kept_sym, kk_sym = ir.index_symbol(last), sympy.Symbol("kk", integer=True, nonnegative=True)
+    tile_bases: dict = {}  # (c, n) -> (name, declaration): Mod(k + c, n) at the tile's start
+
+    def tile_local(expr):
+        """``Mod(k + c, n)`` as ``kbJ + kk`` when no part boundary can fall inside a tile (n and c
+        multiples of TILE; tiles start at multiples of TILE): a concatenation's part is then a
+        contiguous load that gcc vectorizes, instead of a modulo per element."""
+        expr = ir.simplify_index(expr, ranges)
+
+        def local(m):
+            arg, n = sympy.expand(m.args[0]), m.args[1]
+            c = arg - kept_sym
+            if not (n.is_Integer and c.is_Integer and arg.coeff(kept_sym) == 1) or int(n) % TILE or int(c) % TILE:
+                return m
+            key = (int(c), int(n))
+            if key not in tile_bases:
+                name_ = f"kb{len(tile_bases)}"
+                tile_bases[key] = (name_, f"const int64_t {name_} = ((k0 + {key[0]}) % {key[1]} + {key[1]}) % {key[1]};")
+            return sympy.Symbol(tile_bases[key][0], integer=True, nonnegative=True) + kk_sym
+        return expr.replace(lambda e: isinstance(e, sympy.Mod) and kept_sym in e.free_symbols, local)
+
+    k0_sym = sympy.Symbol("k0", integer=True, nonnegative=True)
+    loop_syms = {ir.index_symbol(d) for d in range(nd)} | {kk_sym}  # what varies inside a tile
+    flip = {"gt": "lt", "le": "ge", "lt": "gt", "ge": "le"}
+
+    def tile_uniform(expr):
+        """Comparisons of the kept index with a part boundary that tiles cannot straddle
+        (``k + c < B`` with B - c a multiple of TILE) read the tile's start instead of the
+        element's: the same truth value, but loop-invariant, so gcc unswitches the tile loop
+        and each version loads only its own part of a concatenation."""
+        if isinstance(expr, ir.Let):
+            return ir.Let(expr.symbol, tile_uniform(expr.value), expr.bound, tile_uniform(expr.body),
+                          wrap_negative=expr.wrap_negative)
+        if not isinstance(expr, ir.Call):
+            return expr
+        args = tuple(tile_uniform(a) for a in expr.args)
+        if expr.op == "where":
+            picked = tile_select(*args)
+            if picked is not None:
+                return picked
+        if expr.op in flip and len(args) == 2:
+            for pos in (0, 1):
+                iv, const = args[pos], args[1 - pos]
+                if not (isinstance(iv, ir.IndexValue) and isinstance(const, ir.Const) and type(const.value) is int):
+                    continue
+                op = expr.op if pos == 0 else flip[expr.op]  # as "k + c <op> B"
+                index = sympy.expand(ir.simplify_index(iv.index, ranges))
+                c = index - kept_sym
+                if index.coeff(kept_sym) != 1 or not c.is_Integer:
+                    continue
+                # k + c < B  <=>  k < t, with t = B - c (lt, ge) or B - c + 1 (le, gt)
+                t = const.value - int(c) + (1 if op in ("le", "gt") else 0)
+                if t % TILE == 0:
+                    new = list(args)
+                    new[pos] = ir.IndexValue(k0_sym + c, iv.dtype)
+                    return ir.Call(expr.op, tuple(new), expr.dtype)
+        return ir.Call(expr.op, args, expr.dtype)
+
+    selects: dict = {}  # (condition, pointer, pointer) -> (name, declaration)
+
+    def tile_select(cond, a, b):
+        """``where(c, A[i], B[j])`` with a tile-uniform c (see tile_uniform) loads from one
+        pointer chosen per tile, at an index whose differing coefficients and base are chosen
+        per tile too: a concatenation's tile reads only its own part, contiguously."""
+        if not (isinstance(cond, ir.Call) and cond.op in flip and isinstance(a, ir.Load) and isinstance(b, ir.Load)
+                and a.dtype == b.dtype):
+            return None
+        values = [x for x in cond.args if isinstance(x, ir.IndexValue)]
+        consts = [x for x in cond.args if isinstance(x, ir.Const)]
+        if len(values) != 1 or len(consts) != 1 or values[0].index.free_symbols != {k0_sym}:
+            return None
+        storage = {buffers[x.buffer].dtype if x.buffer in buffers else selects_by_name.get(x.buffer) for x in (a, b)}
+        forms = [_linear_form(tile_local(x.index), loop_syms) for x in (a, b)]
+        if len(storage) != 1 or None in storage or None in forms or \
+                any(f[0].get(kk_sym) != 1 for f in forms):  # contiguous along the tile in both
+            return None
+        ptrs = [x.buffer if x.buffer in selects_by_name else in_names.setdefault(x.buffer, f"in_ptr{len(in_names)}")
+                for x in (a, b)]
+        symbol = {"lt": "<", "le": "<=", "gt": ">", "ge": ">="}[cond.op]
+        sides = [f"({printer.doprint(x.index)})" if isinstance(x, ir.IndexValue) else str(x.value) for x in cond.args]
+        test = f"{sides[0]} {symbol} {sides[1]}"
+        key = (test, *ptrs, *(str(f) for f in forms))
+        if key not in selects:
+            (dt,) = storage
+            name_ = f"tsel{len(selects)}"
+            decls = [f"const {C_TYPES[dt]}* __restrict__ {name_} = ({test}) ? {ptrs[0]} : {ptrs[1]};"]
+            (ca, ba), (cb, bb) = forms
+            index = sympy.Integer(0)
+            for k, sym in enumerate(sorted(set(ca) | set(cb), key=str)):
+                x, y = ca.get(sym, sympy.Integer(0)), cb.get(sym, sympy.Integer(0))
+                if x != y:
+                    var = sympy.Symbol(f"{name_}_c{k}", integer=True)
+                    decls.append(f"const int64_t {var} = ({test}) ? ({printer.doprint(x)}) : ({printer.doprint(y)});")
+                    x = var
+                index += x * sym
+            if ba != bb:
+                var = sympy.Symbol(f"{name_}_b", integer=True)
+                decls.append(f"const int64_t {var} = ({test}) ? ({printer.doprint(ba)}) : ({printer.doprint(bb)});")
+                ba = var
+            selects[key] = (name_, "\n".join(decls), index + ba)
+            selects_by_name[name_] = dt
+        name_, _, index = selects[key]
+        return ir.Load(name_, index, a.dtype)
+
+    selects_by_name: dict = {}  # tsel name -> storage dtype
+
     def load(ld: ir.Load):
-        return cpp_load(in_names.setdefault(ld.buffer, f"in_ptr{len(in_names)}"), index_text(ld.index),
-                        ld.dtype)
+        if ld.buffer in selects_by_name:
+            return cpp_load(ld.buffer, printer.doprint(tile_local(ld.index)), ld.dtype)
+        return cpp_load(in_names.setdefault(ld.buffer, f"in_ptr{len(in_names)}"),
+                        printer.doprint(tile_local(ld.index)), ld.dtype)
 
     writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast, cpp_declare)
     writer.canon = ir.canonical_index_fn(ranges)
     writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({index_text(e.index)})"
-    writer.recompute_from(kernel)
+    view = _BodiesMapped(kernel, tile_uniform)
+    writer.recompute_from(view)
     writer.bounds_check = cpp_bounds_check
     lines = writer.lines
 
@@ -123,6 +261,7 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
                   for d, e in decompose_index(f"(x0 / {tiles})", outer_shape, kept_outer, "/")]
     lines.append(f"const int64_t k0 = xt * {TILE};")
     lines.append(f"const int64_t kn = {width} - k0 < {TILE} ? {width} - k0 : {TILE};")
+    bases_at = len(lines)  # the tile's part bases (tile_local) go here
     accs = {}
     for k, node in enumerate(phase.reductions):
         dt = compute_dtype(node.body.dtype)
@@ -140,7 +279,7 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
     lines.append(f"const int64_t i{last} = k0 + kk;")
     for node in phase.reductions:
         acc, dt = accs[node.name]
-        value = writer.emit(kernel.body(node))
+        value = writer.emit(view.body(node))
         a = f"{acc}_v[kk]"
         kind = node.reduction_type
         if kind == "sum":
@@ -170,6 +309,8 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
     lines[start:] = ["    " + ln for ln in lines[start:]]
     writer.pop_scope()
     lines.append("}")
+    lines[bases_at:bases_at] = [decl for _, decl in tile_bases.values()] + \
+        [ln for _, decls, _ in selects.values() for ln in decls.split("\n")]
 
     params = [f"const {C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
     params += [f"{C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
