@@ -121,3 +121,21 @@ def test_tile_uniform_comparisons_hold_for_every_element_of_the_tile():
                 for k0 in range(0, 256, 64):
                     want = op(k0 + c, B)
                     assert all(op(k + c, B) == want for k in range(k0, k0 + 64)), (name, c, B, k0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_a_norm_weight_gradient_runs_as_column_tiles(dtype, layout):
+    """sum over rows of g * (x - mean) * rstd: mean and rstd are one value per row, the same
+    for a whole tile, so they do not keep the column plan out (the row plan walked each column
+    down 4096 rows: 11 ms per call in the CPU training step, against 1.5 ms as tiles)."""
+    def fn(g, x, mean, rstd):
+        return (g * ((x - mean) * rstd)).sum((0, 1)), g.sum((0, 1))
+    g, x = randn((4, 24, 80), dtype, "cpu"), randn((4, 24, 80), dtype, "cpu", layout)
+    mean, rstd = randn((4, 24, 1), dtype, "cpu"), torch.rand(4, 24, 1).to(dtype) + 0.5
+    ex, src = _source(fn, g, x, mean, rstd)
+    ref = fn(*(t.float() for t in (g, x, mean, rstd)))
+    for o, r in zip(ex.result, ref):
+        torch.testing.assert_close(o.float(), r, rtol=2e-2 if dtype == torch.bfloat16 else 1e-5,
+                                   atol=2e-1 if dtype == torch.bfloat16 else 1e-4)
+    assert ("kk < kn" in src) == (layout == "contiguous")

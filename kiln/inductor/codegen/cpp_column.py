@@ -35,7 +35,7 @@ def column_plan(kernel) -> bool:
     """True when the kernel is a column reduction this generator handles: static sizes, one
     pass of sum/prod/max/min (whose per-element values may also be stored, contiguously along
     the kept dim), the last dim kept (at least MIN_KEPT wide), and every load that walks the
-    reduced dims contiguous along that kept dim."""
+    reduced dims contiguous along that kept dim or independent of it."""
     if not kernel.reduced_dims or not _static(kernel.ranges):
         return False
     last = len(kernel.ranges) - 1
@@ -59,6 +59,8 @@ def column_plan(kernel) -> bool:
             index = sympy.expand(ir.simplify_index(ld.index, ranges))
             if not (index.free_symbols & red_syms):
                 continue
+            if kept_sym not in index.free_symbols and not any(s.name.startswith("ind") for s in ld.index.free_symbols):
+                continue  # one value per reduced step, the same for the whole tile (a norm's mean)
             if not _moves_with_kept(index, kept_sym) or any(s in index.free_symbols for s in ld.index.free_symbols
                                                             if s.name.startswith("ind")):
                 return False
