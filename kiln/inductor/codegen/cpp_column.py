@@ -3,7 +3,7 @@ contiguous one (``x.sum(0)``, bias and norm-weight gradients, also when the summ
 stored too: a backward's concatenated q/k/v gradient and its bias gradient in one pass).
 
 The row plan of ``cpp_reduction`` would give each kept element its own strided walk down a
-column. Here OpenMP splits (outer kept index, tile of ``tile`` contiguous kept elements); each
+column. Here OpenMP splits (outer kept index, tile of 64 to 256 contiguous kept elements); each
 tile loops over the reduced dims outside and over its kept elements inside, into an array of
 accumulators, so every inner loop is a contiguous vector load and a vector accumulate. The
 per-element epilogue (``after`` nodes) runs once over the tile at the end.
@@ -11,6 +11,7 @@ per-element epilogue (``after`` nodes) runs once over the tile at the end.
 from __future__ import annotations
 
 import math
+import os
 
 import sympy
 import torch
@@ -59,10 +60,11 @@ def column_plan(kernel) -> bool:
             index = sympy.expand(ir.simplify_index(ld.index, ranges))
             if not (index.free_symbols & red_syms):
                 continue
-            if kept_sym not in index.free_symbols and not any(s.name.startswith("ind") for s in ld.index.free_symbols):
+            if any(s.name.startswith("ind") for s in index.free_symbols):
+                return False  # an indirect (gathered) address
+            if kept_sym not in index.free_symbols:
                 continue  # one value per reduced step, the same for the whole tile (a norm's mean)
-            if not _moves_with_kept(index, kept_sym) or any(s in index.free_symbols for s in ld.index.free_symbols
-                                                            if s.name.startswith("ind")):
+            if not _moves_with_kept(index, kept_sym):
                 return False
             walking += 1
     return walking > 0
@@ -102,7 +104,6 @@ def _tile_width(kernel, ranges, width: int, xo_numel: int) -> int:
     each row (a q/k/v bias gradient at 4096x2304, 2 cores: 17.2 ms at 64, 15.7 ms at 256);
     among those, the widest that a concatenation's parts fill whole (``Mod(k + c, n)`` loads
     with n and c multiples of it), so that each tile reads one part (see tile_select)."""
-    import os
     kept_sym = ir.index_symbol(len(kernel.ranges) - 1)
     mods = set()
     for node in kernel.nodes:
@@ -144,8 +145,8 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
     width = int(kernel.ranges[last])
     rshape = [int(s) for s in kernel.rshape]
     xo_numel = math.prod(outer_shape)
-    TILE = _tile_width(kernel, ranges, width, xo_numel)
-    tiles = -(-width // TILE)
+    tile = _tile_width(kernel, ranges, width, xo_numel)
+    tiles = -(-width // tile)
     rnumel = math.prod(rshape)
     in_names: dict[str, str] = {}
     out_names: dict[str, str] = {}
@@ -158,14 +159,14 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
 
     def tile_local(expr):
         """``Mod(k + c, n)`` as ``kbJ + kk`` when no part boundary can fall inside a tile (n and c
-        multiples of TILE; tiles start at multiples of TILE): a concatenation's part is then a
+        multiples of the tile width, where tiles start): a concatenation's part is then a
         contiguous load that gcc vectorizes, instead of a modulo per element."""
         expr = ir.simplify_index(expr, ranges)
 
         def local(m):
             arg, n = sympy.expand(m.args[0]), m.args[1]
             c = arg - kept_sym
-            if not (n.is_Integer and c.is_Integer and arg.coeff(kept_sym) == 1) or int(n) % TILE or int(c) % TILE:
+            if not (n.is_Integer and c.is_Integer and arg.coeff(kept_sym) == 1) or int(n) % tile or int(c) % tile:
                 return m
             key = (int(c), int(n))
             if key not in tile_bases:
@@ -180,9 +181,9 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
 
     def tile_uniform(expr):
         """Comparisons of the kept index with a part boundary that tiles cannot straddle
-        (``k + c < B`` with B - c a multiple of TILE) read the tile's start instead of the
-        element's: the same truth value, but loop-invariant, so gcc unswitches the tile loop
-        and each version loads only its own part of a concatenation."""
+        (``k + c < B`` with B - c a multiple of the tile width) read the tile's start instead of the
+        element's: the same truth value, but loop-invariant, so that tile_select can turn a
+        ``where`` on it into a pointer chosen per tile."""
         if isinstance(expr, ir.Let):
             return ir.Let(expr.symbol, tile_uniform(expr.value), expr.bound, tile_uniform(expr.body),
                           wrap_negative=expr.wrap_negative)
@@ -205,13 +206,13 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
                     continue
                 # k + c < B  <=>  k < t, with t = B - c (lt, ge) or B - c + 1 (le, gt)
                 t = const.value - int(c) + (1 if op in ("le", "gt") else 0)
-                if t % TILE == 0:
+                if t % tile == 0:
                     new = list(args)
                     new[pos] = ir.IndexValue(k0_sym + c, iv.dtype)
                     return ir.Call(expr.op, tuple(new), expr.dtype)
         return ir.Call(expr.op, args, expr.dtype)
 
-    selects: dict = {}  # (condition, pointer, pointer) -> (name, declaration)
+    selects: dict = {}  # (test, pointers, index forms) -> (name, declarations, index)
 
     def tile_select(cond, a, b):
         """``where(c, A[i], B[j])`` with a tile-uniform c (see tile_uniform) loads from one
@@ -260,10 +261,8 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
     selects_by_name: dict = {}  # tsel name -> storage dtype
 
     def load(ld: ir.Load):
-        if ld.buffer in selects_by_name:
-            return cpp_load(ld.buffer, printer.doprint(tile_local(ld.index)), ld.dtype)
-        return cpp_load(in_names.setdefault(ld.buffer, f"in_ptr{len(in_names)}"),
-                        printer.doprint(tile_local(ld.index)), ld.dtype)
+        ptr = ld.buffer if ld.buffer in selects_by_name else in_names.setdefault(ld.buffer, f"in_ptr{len(in_names)}")
+        return cpp_load(ptr, printer.doprint(tile_local(ld.index)), ld.dtype)
 
     writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast, cpp_declare)
     writer.canon = ir.canonical_index_fn(ranges)
@@ -285,16 +284,16 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
     if kept_outer:
         lines += [f"const int64_t i{d} = {e};"
                   for d, e in decompose_index(f"(x0 / {tiles})", outer_shape, kept_outer, "/")]
-    lines.append(f"const int64_t k0 = xt * {TILE};")
-    lines.append(f"const int64_t kn = {width} - k0 < {TILE} ? {width} - k0 : {TILE};")
+    lines.append(f"const int64_t k0 = xt * {tile};")
+    lines.append(f"const int64_t kn = {width} - k0 < {tile} ? {width} - k0 : {tile};")
     bases_at = len(lines)  # the tile's part bases (tile_local) go here
     accs = {}
     for k, node in enumerate(phase.reductions):
         dt = compute_dtype(node.body.dtype)
         acc = f"acc{k}"
         ident = cpp_const(IDENTITY[node.reduction_type](dt), dt)
-        lines.append(f"{ctype(dt)} {acc}_v[{TILE}];")
-        lines.append(f"for (int64_t kk = 0; kk < {TILE}; ++kk) {acc}_v[kk] = {ident};")
+        lines.append(f"{ctype(dt)} {acc}_v[{tile}];")
+        lines.append(f"for (int64_t kk = 0; kk < {tile}; ++kk) {acc}_v[kk] = {ident};")
         accs[node.name] = (acc, dt)
     lines.append(f"for (int64_t r0 = 0; r0 < {rnumel}; ++r0) {{")
     lines += ["    " + f"const int64_t i{d} = {e};" for d, e in decompose_index("r0", rshape, kernel.reduced_dims, "/")]

@@ -392,27 +392,28 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
         online = plan_online(kernel, phases)
         for node in pre:
             store(node, emit_value(node), "x")
+
+        def fresh(text, dt):  # a new accumulator: never shared with an equal-looking one
+            name_ = writer._tmp(text, dt)
+            writer.cache.pop(text, None)
+            return name_
         for pi, phase in enumerate(phases):
             accs = {}
             pairs = online.get(pi, {})
             for m_name, sums in pairs.items():
                 for node, _ in sums:
-                    acc = writer._tmp("tl.full([XBLOCK, RBLOCK], 0.0, tl.float32)", torch.float32)
-                    writer.cache.pop("tl.full([XBLOCK, RBLOCK], 0.0, tl.float32)", None)
-                    accs[node.name] = (acc, None, torch.float32)
+                    accs[node.name] = (fresh("tl.full([XBLOCK, RBLOCK], 0.0, tl.float32)", torch.float32), None,
+                                       torch.float32)
             for node in phase.reductions:
                 dt = acc_dtype(node)
                 ident = triton_const(IDENTITY[node.reduction_type](dt), dt)
-                if node.name in pairs and config.triton_online_rowmax:
-                    row_lanes[node.name] = writer._tmp(f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPES[dt]})", dt)
-                    writer.cache.pop(f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPES[dt]})", None)
-                cols = "1" if node.name in pairs and config.triton_online_rowmax else "RBLOCK"
-                acc = writer._tmp(f"tl.full([XBLOCK, {cols}], {ident}, {TL_DTYPES[dt]})", dt)
-                writer.cache.pop(f"tl.full([XBLOCK, {cols}], {ident}, {TL_DTYPES[dt]})", None)
+                by_rows = node.name in pairs and config.triton_online_rowmax
+                if by_rows:
+                    row_lanes[node.name] = fresh(f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPES[dt]})", dt)
+                acc = fresh(f"tl.full([XBLOCK, {'1' if by_rows else 'RBLOCK'}], {ident}, {TL_DTYPES[dt]})", dt)
                 idx = None
                 if node.reduction_type in ("argmax", "argmin"):
-                    idx = writer._tmp(f"tl.zeros([XBLOCK, RBLOCK], tl.int64) + {rnumel_text}", torch.int64)
-                    writer.cache.pop(f"tl.zeros([XBLOCK, RBLOCK], tl.int64) + {rnumel_text}", None)
+                    idx = fresh(f"tl.zeros([XBLOCK, RBLOCK], tl.int64) + {rnumel_text}", torch.int64)
                 accs[node.name] = (acc, idx, dt)
             if is_symbolic(rnumel):
                 lines.append("for roffset in range(0, rnumel, RBLOCK):")
