@@ -202,9 +202,10 @@ def compile_rows(device, backends, phases=("inference", "train"), variants=None,
                         cold = _spawn(backend, phase, device, cache, env)
                         warm = _spawn(backend, phase, device, cache, env)
                     row = {"case": "compile_time", "device": device, "phase": phase, "backend": backend,
-                           "pycache_prefix": os.environ.get("PYTHONPYCACHEPREFIX"), "cold": cold, "warm": warm}
+                           "pycache_prefix": os.environ.get("PYTHONPYCACHEPREFIX"), "cold": cold, "warm": warm,
+                           "round": r}
                     if label is not None and backend == "kiln":
-                        row.update(variant=label, round=r)
+                        row.update(variant=label)
                     yield row
 
 
@@ -291,7 +292,9 @@ def main(argv=None):
     if not args.skip_overhead:
         rows = itertools.chain(rows, _lazy(lambda: overhead_rows(device, not args.no_torch_compile)))
     out = open(args.out, "a") if args.out else None
+    seen = []
     for r in rows:
+        seen.append(r)
         line = json.dumps(r)
         print(line, flush=True)
         if out:
@@ -310,6 +313,28 @@ def main(argv=None):
             print(f"overhead  {r['variant']:<30} {r['us_per_call']:8.1f} us/call", file=sys.stderr, flush=True)
     if out:
         out.close()
+    for line in ratio_lines(seen):
+        print(line, file=sys.stderr, flush=True)
+
+
+def ratio_lines(rows) -> list[str]:
+    """kiln's cold compile and warm start over torch.compile's, per phase and kiln variant; with
+    several rounds, each kiln row is set against torch.compile's row of the same round."""
+    tc = {(r["phase"], r.get("round", 0)): r for r in rows
+          if r["case"] == "compile_time" and r["backend"] == "torch.compile"}
+    out = []
+    for r in rows:
+        other = tc.get((r["phase"], r.get("round", 0)))
+        if r["case"] != "compile_time" or r["backend"] != "kiln" or other is None:
+            continue
+        k, t = r["cold"].get("first_result_s"), other["cold"].get("first_result_s")
+        kw, tw = r["warm"].get("first_result_s"), other["warm"].get("first_result_s")
+        if None in (k, t, kw, tw):
+            continue
+        label = r["phase"] + (f" [{r['variant']}]" if "variant" in r else "")
+        out.append(f"ratio     {label:<40} cold {k / t:5.2f}x of torch.compile ({k:.2f} / {t:.2f} s)   "
+                   f"warm {kw / tw:5.2f}x ({kw:.2f} / {tw:.2f} s)")
+    return out
 
 
 def _lazy(make):

@@ -49,3 +49,23 @@ def test_spawn_puts_the_variant_in_the_child_environment(monkeypatch, tmp_path):
     assert res["first_result_s"] == 0.5
     assert seen["KILN_SPECULATIVE_BACKWARD"] == "1"
     assert seen["KILN_CACHE_DIR"].startswith(str(tmp_path))
+
+
+def test_ratio_lines_set_each_kiln_row_against_torch_compile_of_its_round(monkeypatch):
+    # (cold, warm) per child in spawn order: each round runs kiln's variants, then torch.compile
+    times = iter([2.0, 0.5, 1.5, 0.4, 10.0, 2.0,   # round 0: default, KILN_X=1, torch.compile
+                  3.0, 0.6, 2.4, 0.3, 12.0, 3.0])  # round 1
+
+    def fake_spawn(backend, phase, device, cache, extra_env=None):
+        if backend == "prime":
+            return {}
+        return {"first_result_s": next(times)}
+    monkeypatch.setattr(compile_time, "_spawn", fake_spawn)
+    variants = {"default": {}, "KILN_X=1": {"KILN_X": "1"}}
+    rows = list(compile_time.compile_rows("cpu", ["kiln", "torch.compile"], ("train",), variants, rounds=2))
+    lines = compile_time.ratio_lines(rows)
+    assert len(lines) == 4
+    # round 0: kiln 2.0 / 10.0 cold, 0.5 / 2.0 warm; the variant 1.5 / 10.0; round 1 against 12.0
+    assert "cold  0.20x" in lines[0] and "warm  0.25x" in lines[0] and "[default]" in lines[0]
+    assert "cold  0.15x" in lines[1] and "[KILN_X=1]" in lines[1]
+    assert "cold  0.25x" in lines[2] and "cold  0.20x" in lines[3]
