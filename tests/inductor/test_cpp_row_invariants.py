@@ -139,3 +139,19 @@ def test_a_norm_weight_gradient_runs_as_column_tiles(dtype, layout):
         torch.testing.assert_close(o.float(), r, rtol=2e-2 if dtype == torch.bfloat16 else 1e-5,
                                    atol=2e-1 if dtype == torch.bfloat16 else 1e-4)
     assert ("kk < kn" in src) == (layout == "contiguous")
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "logsumexp", "softmax"])
+def test_multi_pass_rows_prefetch_the_next_row_when_data_outgrows_cache(name):
+    """cpp_reduction.next_row_prefetches: the last lane pass of a row prefetches the next row's
+    first-pass reads (cross-entropy over 4096x50257 on 2 cores: 57.6 -> 47.0 ms). Only where
+    the rows total 16 MB or more; prefetching cannot change a result, so results match eager."""
+    fns = {"cross_entropy": lambda x: F.cross_entropy(x, torch.arange(x.shape[0]) % x.shape[1]),
+           "logsumexp": lambda x: torch.logsumexp(x, -1),
+           "softmax": lambda x: torch.softmax(x, -1)}
+    fn = fns[name]
+    big, small = torch.randn(1024, 4096), torch.randn(64, 4096)
+    for x, expect in ((big, True), (small, False)):
+        ex, src = _source(fn, x)
+        assert_close(ex.result, fn(x))
+        assert ("__builtin_prefetch" in src) == expect

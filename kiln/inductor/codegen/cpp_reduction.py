@@ -27,6 +27,10 @@ from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _hel
 # four AVX2) registers, so two independent vector chains hide the add/max latency.
 LANES = 32
 LANE_REDUCTIONS = ("sum", "prod", "max", "min")
+# prefetching the next row (``next_row_prefetches``): only for data unlikely to stay in cache
+# between calls (a 256x4096 fp32 softmax's 4 MB lost 3% with it) and rows of at least 8 KB
+PREFETCH_MIN_BYTES = 16 << 20
+PREFETCH_MIN_ROW_BYTES = 8 << 10
 
 
 # A declaration the row loop may compute once before it: ``<type> <name> = <expression>;``.
@@ -172,6 +176,37 @@ def generate_cpp_reduction(kernel, buffers: dict) -> CppKernel:
     return gen
 
 
+def next_row_prefetches(kernel, buffers: dict, phases, ranges, flat, printer) -> list[str]:
+    """Prefetches of the next row's first-pass reads, one per cache line of a lane block, for
+    the last lane pass of a multi-pass row (cross-entropy's sum of exps): the first pass of the
+    next row then finds its row in cache instead of waiting on memory after this row's
+    compute. One kept dim and one reduced dim, static sizes, loads contiguous along the row.
+    Cross-entropy 4096x50257 fp32, 2 cores: 57.6 -> 47.0 ms; 4096x4096: 4.48 -> 3.90 ms."""
+    if len(phases) < 2 or len(kernel.kept_dims) != 1 or len(kernel.reduced_dims) != 1 or \
+            not all(isinstance(s, int) or getattr(s, "is_Integer", False) for s in kernel.ranges):
+        return []
+    k_sym, r_sym = ir.index_symbol(kernel.kept_dims[0]), ir.index_symbol(kernel.reduced_dims[0])
+    rows, rnumel = int(kernel.ranges[kernel.kept_dims[0]]), int(kernel.ranges[kernel.reduced_dims[0]])
+    inside = {n.name for n in kernel.nodes}
+    out, seen = [], set()
+    for node in phases[0].reductions:
+        for ld in ir.loads_of(kernel.body(node)):
+            if ld.buffer in inside or ld.buffer not in buffers:
+                continue
+            index = sympy.expand(flat(ir.simplify_index(ld.index, ranges)))
+            size = buffers[ld.buffer].dtype.itemsize
+            if index.coeff(r_sym, 1) != 1 or (index - r_sym).free_symbols - {k_sym} or \
+                    rnumel * size < PREFETCH_MIN_ROW_BYTES or rows * rnumel * size < PREFETCH_MIN_BYTES:
+                continue
+            at = index.xreplace({k_sym: k_sym + 1, r_sym: sympy.Symbol("rb", integer=True)})
+            for line in range(0, LANES * size, 64):
+                text = f"__builtin_prefetch(&{{ptr}}[{printer.doprint(at)}{f' + {line // size}' if line else ''}], 0, 3);"
+                if (ld.buffer, text) not in seen:
+                    seen.add((ld.buffer, text))
+                    out.append((ld.buffer, text))
+    return out
+
+
 def _generate_rows(kernel, buffers: dict, plan) -> tuple:
     printer = IndexPrinter("/")
     name = f"kiln_{kernel.name}"
@@ -236,6 +271,9 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
     pre, phases = plan_phases(kernel)
     for node in pre:
         store(node, emit_value(node))
+    prefetches = next_row_prefetches(kernel, buffers, phases, ranges, flat, printer)
+    last_lanes = max((p for p, ph in enumerate(phases) if ph.reductions and
+                      all(n.reduction_type in LANE_REDUCTIONS for n in ph.reductions)), default=0)
     counter = [0]
     for pnum, phase in enumerate(phases):
         accs = {}
@@ -292,6 +330,10 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
             rmain = f"rmain{pnum}"
             lines.append(f"const int64_t {rmain} = ({rtext} / {LANES}) * {LANES};")
             lines.append(f"for (int64_t rb = 0; rb < {rmain}; rb += {LANES}) {{")
+            if prefetches and pnum == last_lanes and pnum > 0:
+                i_kept = f"i{kernel.kept_dims[0]}"
+                lines.append(f"    if ({i_kept} + 1 < {int(kernel.ranges[kernel.kept_dims[0]])}) {{ "
+                             + " ".join(t.replace("{ptr}", ptr(b)) for b, t in prefetches) + " }")
             lines.append("    #pragma omp simd")
             lines.append(f"    for (int64_t rl = 0; rl < {LANES}; ++rl) {{")
             lines.append("        const int64_t r0 = rb + rl;")
