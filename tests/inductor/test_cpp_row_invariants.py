@@ -155,3 +155,38 @@ def test_multi_pass_rows_prefetch_the_next_row_when_data_outgrows_cache(name):
         ex, src = _source(fn, x)
         assert_close(ex.result, fn(x))
         assert ("__builtin_prefetch" in src) == expect
+
+
+def test_a_bounds_checked_index_and_its_gather_stay_in_the_loop():
+    body = [
+        "const int64_t i1 = r0;",
+        "float tmp0 = in_ptr0[512*i0 + i1];",
+        "int64_t tmp1 = in_ptr1[i0];",                                             # moves
+        "int64_t tmp4 = (tmp1 < 0LL ? tmp1 + 100LL : tmp1);",                      # checked: stays
+        "if (tmp4 < 0 || tmp4 >= 100) { kiln_index_error = 1; tmp4 = 0; }",
+        "float tmp5 = in_ptr2[tmp4];",                                             # after the check
+        "float tmp6 = (tmp0 * tmp5);",
+    ]
+    hoisted, kept = hoist_row_invariants(body)
+    assert hoisted == ["int64_t tmp1 = in_ptr1[i0];"]
+    assert kept.index("float tmp5 = in_ptr2[tmp4];") > kept.index(
+        "if (tmp4 < 0 || tmp4 >= 100) { kiln_index_error = 1; tmp4 = 0; }")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_invariant_gather_out_of_range_raises_instead_of_reading(dtype):
+    """A per-row gather inside a row reduction: in range it matches eager; out of range it
+    raises IndexError (the gather was once hoisted above its bounds check and read far out of
+    range: a segfault)."""
+    def fn(x, w, idx):
+        return (x * w[idx][:, None]).sum(1)
+    x, w = randn((16, 256), dtype, "cpu"), randn((100,), dtype, "cpu")
+    idx = torch.randint(-100, 100, (16,))
+    compiled = kiln.compile(fn)
+    ref = fn(x.float(), w.float(), idx)
+    torch.testing.assert_close(compiled(x, w, idx).float(), ref, rtol=2e-2 if dtype == torch.bfloat16 else 1e-5,
+                               atol=2e-1 if dtype == torch.bfloat16 else 1e-4)
+    bad = idx.clone()
+    bad[3] = 10 ** 12
+    with pytest.raises(IndexError):
+        compiled(x, w, bad)

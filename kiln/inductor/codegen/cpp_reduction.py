@@ -40,6 +40,8 @@ _IDENT = re.compile(r"[A-Za-z_]\w*")
 # an expression naming one of them is not the same on every iteration
 _LOOP_NAMES = {"r0", "rl", "rb"}
 _WRITTEN = re.compile(r"^(out_ptr\d+|scr\d+|kiln_run\d+|acc\d+(_v|_idx|_seen)?)$")
+# a name assigned by a statement of the loop (``tmp4 = 0;`` in an index's bounds check)
+_ASSIGNED = re.compile(r"\b([A-Za-z_]\w*)\s*(?:\[[^\]]*\])?\s*[+\-*/]?=(?!=)")
 
 
 def hoist_row_invariants(body: list) -> tuple:
@@ -49,7 +51,11 @@ def hoist_row_invariants(body: list) -> tuple:
     the loop: log_softmax over 4096 x 8192 took 128 ms against eager's 53 ms. A declaration
     moves when its expression names no loop index, no memory the kernel writes, and no value
     that stays in the loop; everything it calls is a pure function."""
-    variant = set(_LOOP_NAMES)
+    # a value a statement of the loop assigns (an index's bounds check clamps it) stays in the
+    # loop, and so does everything computed from it: a gather hoisted above its bounds check
+    # read out of range before the check could report it
+    variant = set(_LOOP_NAMES) | {n for line in body if _DECL.match(line.strip()) is None
+                                  for n in _ASSIGNED.findall(line)}
     hoisted, kept = [], []
     depth = 0  # only the loop body's own level moves (never a line inside a block of it)
     for line in body:
@@ -63,7 +69,7 @@ def hoist_row_invariants(body: list) -> tuple:
             continue
         name, expr = m.groups()
         names = set(_IDENT.findall(expr))
-        if names & variant or any(_WRITTEN.match(n) for n in names):
+        if name in variant or names & variant or any(_WRITTEN.match(n) for n in names):
             variant.add(name)
             kept.append(line)
         else:
