@@ -190,3 +190,32 @@ def test_a_row_invariant_gather_out_of_range_raises_instead_of_reading(dtype):
     bad[3] = 10 ** 12
     with pytest.raises(IndexError):
         compiled(x, w, bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_a_pointwise_kernel_computes_per_row_values_once_per_row(dtype, layout):
+    """cpp's pointwise loops use the same hoisting: exp(x - log(s)) with s one value per row
+    computes log(s) before the vector loop (the training cross-entropy backward recomputed a
+    row's log(sum) at every element)."""
+    def fn(x, s):
+        return torch.exp(x - torch.log(s)[:, None])
+    x, s = randn((24, 80), dtype, "cpu", layout), torch.rand(24).to(dtype) + 1
+    ex, src = _source(fn, x, s)
+    assert_close(ex.result.float(), fn(x.float(), s.float()).to(dtype).float(), dtype)
+    body = src[src.index('extern "C" void'):]
+    if layout == "contiguous":
+        assert body.index("kiln_logf(") < body.index("#pragma omp simd")
+
+
+def test_a_pointwise_gather_out_of_range_raises():
+    def fn(x, w, idx):
+        return x * w[idx][:, None] + 1
+    x, w = torch.randn(16, 64), torch.randn(100)
+    idx = torch.randint(0, 100, (16,))
+    compiled = kiln.compile(fn)
+    assert_close(compiled(x, w, idx), fn(x, w, idx))
+    bad = idx.clone()
+    bad[5] = 10 ** 12
+    with pytest.raises(IndexError):
+        compiled(x, w, bad)

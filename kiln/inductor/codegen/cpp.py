@@ -14,6 +14,7 @@ import torch
 from kiln.config import config
 from kiln.inductor import ir
 from kiln.inductor.codegen import cpp_runs
+from kiln.inductor.codegen.cpp_hoist import hoist_row_invariants
 from kiln.inductor.codegen.common import (IndexPrinter, KernelWriter, ScalarOps, compute_dtype,
                                           is_symbolic, size_params, size_text)
 
@@ -461,10 +462,14 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
             lines.append(f"        const int64_t i{k} = {div} % {text(shape[k])};" if k > 0
                          else f"        const int64_t i0 = {div};")
             inner = inner * shape[k]
-        if runs:
-            lines += cpp_runs.chunk_loop(f"i{last}", text(shape[-1]), writer.lines, runs, "        ")
+        if runs:  # per-row values (a row's log(sum)) once per row, before the chunk loop
+            hoisted, inner = hoist_row_invariants(writer.lines, loop_names={f"i{last}", "kc", "kn"})
+            lines += ["        " + ln for ln in hoisted]
+            lines += cpp_runs.chunk_loop(f"i{last}", text(shape[-1]), inner, runs, "        ")
             lines += ["    }"]
-        else:
+        else:  # the same before the vector loop
+            hoisted, body = hoist_row_invariants(body, loop_names={f"i{last}"})
+            lines += hoisted
             lines += ["        #pragma omp simd", f"        for (int64_t i{last} = 0; i{last} < {text(shape[-1])}; ++i{last}) {{"]
             lines += ["    " + ln for ln in body] + ["        }", "    }"]
     sizes = size_params(lines)
