@@ -463,9 +463,9 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
                          else f"        const int64_t i0 = {div};")
             inner = inner * shape[k]
         if runs:  # per-row values (a row's log(sum)) once per row, before the chunk loop
-            hoisted, inner = hoist_row_invariants(writer.lines, loop_names={f"i{last}", "kc", "kn"})
+            hoisted, in_loop = hoist_row_invariants(writer.lines, loop_names={f"i{last}", "kc", "kn"})
             lines += ["        " + ln for ln in hoisted]
-            lines += cpp_runs.chunk_loop(f"i{last}", text(shape[-1]), inner, runs, "        ")
+            lines += cpp_runs.chunk_loop(f"i{last}", text(shape[-1]), in_loop, runs, "        ")
             lines += ["    }"]
         else:  # the same before the vector loop
             hoisted, body = hoist_row_invariants(body, loop_names={f"i{last}"})
