@@ -324,8 +324,10 @@ def ratio_lines(rows) -> list[str]:
           if r["case"] == "compile_time" and r["backend"] == "torch.compile"}
     out = []
     for r in rows:
+        if r["case"] != "compile_time" or r["backend"] != "kiln":
+            continue  # per-call overhead rows have no phase
         other = tc.get((r["phase"], r.get("round", 0)))
-        if r["case"] != "compile_time" or r["backend"] != "kiln" or other is None:
+        if other is None:
             continue
         k, t = r["cold"].get("first_result_s"), other["cold"].get("first_result_s")
         kw, tw = r["warm"].get("first_result_s"), other["warm"].get("first_result_s")

@@ -69,3 +69,14 @@ def test_ratio_lines_set_each_kiln_row_against_torch_compile_of_its_round(monkey
     assert "cold  0.20x" in lines[0] and "warm  0.25x" in lines[0] and "[default]" in lines[0]
     assert "cold  0.15x" in lines[1] and "[KILN_X=1]" in lines[1]
     assert "cold  0.25x" in lines[2] and "cold  0.20x" in lines[3]
+
+
+def test_ratio_lines_skip_per_call_overhead_rows():
+    # the overhead rows that close a full run carry no phase; they are not compile rows
+    rows = [{"case": "compile_time", "phase": "train", "backend": "kiln", "round": 0,
+             "cold": {"first_result_s": 2.0}, "warm": {"first_result_s": 1.0}},
+            {"case": "compile_time", "phase": "train", "backend": "torch.compile", "round": 0,
+             "cold": {"first_result_s": 8.0}, "warm": {"first_result_s": 2.0}},
+            {"case": "per_call_overhead", "device": "cuda", "variant": "kiln", "us_per_call": 21.0}]
+    lines = compile_time.ratio_lines(rows)
+    assert len(lines) == 1 and "cold  0.25x" in lines[0] and "warm  0.50x" in lines[0]
