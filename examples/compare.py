@@ -32,6 +32,20 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+class exact_fp32:
+    """TF32 off on CUDA (cuDNN convolutions and cuBLAS matmuls) while results are compared:
+    TF32 rounds fp32 operands to 10 mantissa bits, differently for each algorithm, so eager
+    and compiled runs of one model would differ by far more than fp32 tolerances. Timing runs
+    with the user's settings."""
+
+    def __enter__(self):
+        self.saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self.saved
+
+
 def median_time(fn, device, repeat=5, warmup=1) -> float:
     for _ in range(warmup):
         fn()
@@ -68,8 +82,9 @@ def compare_inference(model, args, field=None, device="cpu", repeat=5, kwargs=No
     compiled = kiln.compile(model)
     kwargs = kwargs or {}
     with torch.no_grad():
-        want = pick(model(*args, **kwargs), field)
-        got = pick(compiled(*args, **kwargs), field)  # compiles
+        with exact_fp32():
+            want = pick(model(*args, **kwargs), field)
+            got = pick(compiled(*args, **kwargs), field)  # compiles
         rtol, atol = tolerance(want.dtype)
         err = _difference(got, want, rtol, atol)
         eager_s = median_time(lambda: model(*args, **kwargs), device, repeat)
@@ -97,8 +112,9 @@ def compare_training_step(model, args, loss_of, make_opt, device="cpu", repeat=3
     results = {}
     for name, m, params_of in (("eager", eager_model, eager_model), ("kiln", compiled, kiln_model)):
         opt = make_opt(params_of.parameters())
-        loss = loss_of(m(*args, **kwargs))
-        loss.backward()
+        with exact_fp32():
+            loss = loss_of(m(*args, **kwargs))
+            loss.backward()
         grads = [None if p.grad is None else p.grad.clone() for p in params_of.parameters()]
         opt.step()
         opt.zero_grad(set_to_none=False)

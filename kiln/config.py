@@ -39,6 +39,9 @@ class Config:
     triton_column_reductions: bool = True
     # attention's backward calls torch's fused backward (else: decomposed, probabilities materialized)
     fused_attention_backward: bool = True
+    # convolution's backward calls aten.convolution_backward (kiln/ops/conv.py); else the
+    # decomposed form (a transposed convolution and a batch/channel-swapped one), much slower
+    conv_library_backward: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CONV_LIBRARY_BACKWARD", True))
     # split reductions (lowering.reduction): few rows over a long reduced extent become a
     # partial reduction over row x chunk, then a small second reduction over the chunks
     split_reductions: bool = True

@@ -8,8 +8,9 @@ embedding and tensor indexing, losses, attention and convolution.
 - Losses build one-hot masks from ``core.iota`` comparisons, which fuse into pointwise kernels.
 - Attention recomputes the probabilities from q and k *in the backward* (``in_backward``), as
   flash attention does, so the forward saves q, k, v and not the [L, S] probabilities.
-- Convolution's gradients are convolutions themselves (transposed for the input, with batch and
-  channels swapped for the weight), so they stay library calls.
+- Convolution's gradients are one library call (``kiln/ops/conv.py``: cuDNN, oneDNN), as in
+  eager autograd; ``config.conv_library_backward=False`` writes them as convolutions themselves
+  (transposed for the input, with batch and channels swapped for the weight), much slower.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import math
 import torch
 
 from kiln.config import config
-from kiln.ops import attention, core
+from kiln.ops import attention, conv, core
 from kiln.ops.core_views import normalize_dim
 from kiln.ops.core_einsum import letter_sizes, parse_einsum
 from kiln.ops.registry import TRAINING_FORMS, VJP_RULES
@@ -398,6 +399,13 @@ def _spread_zeros(g, d, step):
 
 @VJP_RULES.register(core.conv)
 def conv_vjp(g, out, x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):
+    # only the gradients something needs: one call makes them all, so no later pass can drop one
+    mask = tuple(is_tensor(t) and bool(t.meta.requires_grad) for t in (x, weight, bias))
+    if config.conv_library_backward and any(mask):
+        grads = iter(conv.conv_backward(g, x, weight, tuple(stride), tuple(padding), tuple(dilation),
+                                        groups, mask))
+        gx, gw, gb = (next(grads) if wanted else None for wanted in mask)
+        return gx, gw, gb, None, None, None, None
     nd = x.ndim - 2
     spatial = tuple(range(2, x.ndim))
     n, c_in = x.shape[0], x.shape[1]

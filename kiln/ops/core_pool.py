@@ -9,8 +9,15 @@ indices computed from ``iota``, blended per axis). That one function serves twic
 - the VJP rule runs it on a small tape and applies the VJP rules of its parts in reverse.
 So the eager implementation is torch's, and the meta rule gives torch's output shape.
 
-Departure: max_pool2d's gradient inherits ``maximum``'s rule, which splits the gradient
-between equal window elements, where eager gives it all to the first maximum (ties only).
+max_pool2d's gradient has its own rule, as eager's has: the forward side finds each window's
+*first* maximum (a NaN wins, the last one if several, as in eager's kernel; a padded position
+never does) and keeps its offset in the window as one int8 per output; the backward hands
+each output's gradient to that one element. The rule is written as "the output is the
+window element the saved offset selects", run on the tape, so the slices' and the pad's own
+rules place the gradient: one pointwise kernel reads, per input element, the gradients and
+offsets of the windows that hold it. (Before, the gradient came from ``maximum``'s rule over
+the chain of maxima: it split ties, unlike eager, and the backward recomputed the chain for
+every window of every element: 4.2 of 5.6 ms of kernel time in a small ResNet's step.)
 """
 from __future__ import annotations
 
@@ -133,6 +140,51 @@ def _max_pool_forward(call, x, kernel, stride, padding):
     return out
 
 
+def _first_max_offsets(x, kernel, stride, padding):
+    """Per output element, the offset in its window (scan order, int8 or int32) of the element
+    eager's max_pool2d picks: the first maximum, or the last NaN; never a padded position."""
+    core = _core()
+    plain = _AsIs()
+    windows = list(_windows(plain, x, kernel, stride, padding, -math.inf))
+    inside = None
+    if any(padding):  # a bool "inside" view of the same windows: padded positions are False
+        everywhere = core.logical_not(core.lt(core.abs(x), -1.0))   # True, NaN included
+        inside = list(_windows(plain, everywhere, kernel, stride, padding, False))
+    dtype = torch.int8 if len(windows) <= 127 else torch.int32
+    cur, idx = windows[0], None
+    on_pad = None if inside is None else core.logical_not(inside[0])
+    for k, w in enumerate(windows[1:], start=1):
+        take = core.logical_or(core.gt(w, cur), core.isnan(w))
+        if inside is not None:  # a real element replaces a padded one; a padded one never wins
+            take = core.logical_and(core.logical_or(take, on_pad), inside[k])
+            on_pad = core.logical_and(on_pad, core.logical_not(take))
+        cur = core.where(take, w, cur)
+        idx = core.to_dtype(take, dtype) if idx is None else core.where(take, k, idx)
+    return idx
+
+
+def _max_pool_vjp(g, out, x, kernel, stride, padding):
+    core = _core()
+    if kernel[0] * kernel[1] == 1:  # every window is one element: a strided slice of x
+        tape = _Tape()
+        y = next(_windows(tape, x, kernel, stride, padding, -math.inf))
+        return tape.grads(x, y, g), None, None, None
+    idx = _first_max_offsets(x, kernel, stride, padding)
+    tape = _Tape()
+    y = None
+    for k, w in enumerate(_windows(tape, x, kernel, stride, padding, -math.inf)):
+        term = tape(core.where, core.eq(idx, k), w, 0.0)
+        y = term if y is None else tape(core.add, y, term)
+    return tape.grads(x, y, g), None, None, None
+
+
+class _AsIs:
+    """Calls core ops as they are (not recorded)."""
+
+    def __call__(self, op, *args):
+        return op(*args)
+
+
 def _avg_pool_forward(call, x, kernel, stride, padding, count_include_pad=True, divisor=None):
     core = _core()
     xs = _opmath(call, x)
@@ -162,6 +214,7 @@ def _avg_pool_eager(x, kernel, stride, padding, count_include_pad=True, divisor=
 max_pool2d = define("core", "max_pool2d", _max_pool_eager)
 META_RULES[max_pool2d] = lambda x, kernel, stride, padding: _pool_meta("max_pool2d", x, kernel, stride, padding)
 _composite(max_pool2d, _max_pool_forward, 3)
+VJP_RULES[max_pool2d] = _max_pool_vjp   # eager's rule: the first maximum takes the gradient
 
 avg_pool2d = define("core", "avg_pool2d", _avg_pool_eager)
 META_RULES[avg_pool2d] = (lambda x, kernel, stride, padding, count_include_pad=True, divisor=None:

@@ -223,8 +223,9 @@ def test_every_differentiable_core_op_has_a_rule():
                           "full", "arange", "linspace", "eye", "randn", "randint",
                           # no VJP on purpose: capture emits fallbacks only where no grad is needed
                           "fallback",
-                          # attention's backward itself: a second derivative raises (no double backward)
-                          "sdpa_backward", "sdpa_fused_backward"}
+                          # attention's and convolution's backward themselves: a second derivative
+                          # raises (no double backward through compiled graphs)
+                          "sdpa_backward", "sdpa_fused_backward", "conv_backward"}
     missing = [op.name for op in all_ops("core") if op.name not in non_differentiable
                and op not in VJP_RULES]
     assert not missing
