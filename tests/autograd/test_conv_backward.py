@@ -10,7 +10,9 @@ import torch.nn.functional as F
 
 import kiln
 from kiln.ops import conv as conv_ops
-from testing import assert_close
+from testing import CUDA, assert_close
+
+DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
 
 CASES = [  # (input shape, weight shape, stride, padding, dilation, groups)
     ((2, 3, 9), (4, 3, 3), (1,), (1,), (1,), 1),
@@ -33,7 +35,7 @@ def _grads(fn, x, w, b, tangent):
     return out, torch.autograd.grad(out, leaves, tangent)
 
 
-def _check(case, dtype=torch.float32, x_grad=True, bias=True, layout=None, library=True):
+def _check(case, dtype=torch.float32, x_grad=True, bias=True, layout=None, library=True, device="cpu"):
     xs, ws, stride, padding, dilation, groups = case
     torch.manual_seed(hash((xs, ws)) % 1000)
     x = torch.randn(xs, dtype=dtype)
@@ -41,19 +43,24 @@ def _check(case, dtype=torch.float32, x_grad=True, bias=True, layout=None, libra
         x = x.to(memory_format=torch.channels_last)
     elif layout == "transposed":  # a non-contiguous input: the last two dims swapped in memory
         x = torch.randn(xs[:-2] + (xs[-1], xs[-2]), dtype=dtype).transpose(-1, -2)
-    x.requires_grad_(x_grad)
-    w = torch.randn(ws, dtype=dtype, requires_grad=True)
-    b = torch.randn(ws[0], dtype=dtype, requires_grad=True) if bias else None
+    x = x.to(device).requires_grad_(x_grad)
+    w = torch.randn(ws, dtype=dtype).to(device).requires_grad_(True)
+    b = torch.randn(ws[0], dtype=dtype).to(device).requires_grad_(True) if bias else None
 
     def fn(x, w, b):
         return _conv(x, w, b, stride, padding, dilation, groups) * 2.0
 
-    with kiln.config.patch(conv_library_backward=library, strict=True):
-        compiled = kiln.compile(fn)
-        want_out = fn(x, w, b)
-        tangent = torch.randn_like(want_out)
-        got_out, got = _grads(compiled, x, w, b, tangent)
-    _, want = _grads(fn, x, w, b, tangent)
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # fp32 convolutions on CUDA held to fp32 tolerances
+    try:
+        with kiln.config.patch(conv_library_backward=library, strict=True):
+            compiled = kiln.compile(fn)
+            want_out = fn(x, w, b)
+            tangent = torch.randn_like(want_out)
+            got_out, got = _grads(compiled, x, w, b, tangent)
+        _, want = _grads(fn, x, w, b, tangent)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
     assert_close(got_out, want_out, dtype)
     assert len(got) == len(want)
     for g, e in zip(got, want):
@@ -61,10 +68,11 @@ def _check(case, dtype=torch.float32, x_grad=True, bias=True, layout=None, libra
         assert_close(g, e, dtype)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("library", [True, False], ids=["library", "decomposed"])
 @pytest.mark.parametrize("case", CASES, ids=[f"{len(c[0]) - 2}d_{i}" for i, c in enumerate(CASES)])
-def test_conv_grads_match_eager(case, library):
-    _check(case, library=library)
+def test_conv_grads_match_eager(case, library, device):
+    _check(case, library=library, device=device)
 
 
 @pytest.mark.parametrize("x_grad,bias", [(False, True), (True, False), (False, False)])
@@ -72,14 +80,16 @@ def test_only_the_needed_gradients(x_grad, bias):
     _check(CASES[2], x_grad=x_grad, bias=bias)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["channels_last", "transposed"])
-def test_conv_grads_of_strided_inputs(layout):
-    _check(CASES[3], layout=layout)
+def test_conv_grads_of_strided_inputs(layout, device):
+    _check(CASES[3], layout=layout, device=device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
-def test_conv_grads_reduced_precision(dtype):
-    _check(CASES[2], dtype=dtype)
+def test_conv_grads_reduced_precision(dtype, device):
+    _check(CASES[2], dtype=dtype, device=device)
 
 
 @pytest.mark.parametrize("library", [True, False], ids=["library", "decomposed"])

@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from testing import assert_close
+from testing import CUDA, assert_close
+
+DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
 
 CASES = [  # (input shape, kernel, stride, padding)
     ((2, 3, 9, 9), 3, 2, 1),     # the ResNet stem
@@ -21,14 +23,15 @@ CASES = [  # (input shape, kernel, stride, padding)
 ]
 
 
-def _grad_pair(fn, x, dtype, tangent_seed=0):
+def _grad_pair(fn, x, dtype, tangent_seed=0, device="cpu"):
+    x = x.to(device)
     xk = x.detach().clone().requires_grad_(True)
     xe = x.detach().clone().requires_grad_(True)
     with kiln.config.patch(strict=True):
         out = kiln.compile(fn)(xk)
     want = fn(xe)
     torch.manual_seed(tangent_seed)
-    t = torch.randn(want.shape).to(dtype)
+    t = torch.randn(want.shape).to(dtype).to(device)
     (gk,) = torch.autograd.grad(out, xk, t)
     (ge,) = torch.autograd.grad(want, xe, t)
     return out, want, gk, ge
@@ -38,9 +41,10 @@ def _pool(kernel, stride, padding):
     return lambda x: F.max_pool2d(x, kernel, stride, padding) * 1.5
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 @pytest.mark.parametrize("values", ["random", "ties", "relu"])
-def test_max_pool_grad_matches_eager(case, values):
+def test_max_pool_grad_matches_eager(case, values, device):
     shape, k, s, p = case
     torch.manual_seed(1)
     x = torch.randn(shape)
@@ -48,16 +52,17 @@ def test_max_pool_grad_matches_eager(case, values):
         x = torch.randint(0, 3, shape).float()
     elif values == "relu":  # zeros everywhere a ReLU cut: whole windows of equal zeros
         x = torch.relu(x)
-    out, want, gk, ge = _grad_pair(_pool(k, s, p), x, torch.float32)
+    out, want, gk, ge = _grad_pair(_pool(k, s, p), x, torch.float32, device=device)
     assert_close(out, want, torch.float32)
     torch.testing.assert_close(gk, ge, rtol=0, atol=1e-6)
 
 
-def test_nan_takes_the_gradient_like_eager():
+@pytest.mark.parametrize("device", DEVICES)
+def test_nan_takes_the_gradient_like_eager(device):
     x = torch.randn(1, 1, 6, 6)
     x[0, 0, 1, 1] = math.nan
     x[0, 0, 2, 2] = math.nan   # two NaNs in one window: eager picks the last
-    out, want, gk, ge = _grad_pair(_pool(3, 2, 1), x, torch.float32)
+    out, want, gk, ge = _grad_pair(_pool(3, 2, 1), x, torch.float32, device=device)
     torch.testing.assert_close(out, want, equal_nan=True)
     torch.testing.assert_close(gk, ge, rtol=0, atol=1e-6, equal_nan=True)
 
@@ -73,11 +78,12 @@ def test_windows_of_minus_inf_keep_the_gradient_off_the_padding():
     assert gk.abs().sum() > 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
-def test_max_pool_grad_reduced_precision(dtype):
+def test_max_pool_grad_reduced_precision(dtype, device):
     torch.manual_seed(2)
     x = torch.randn(2, 3, 9, 9).to(dtype)   # bf16 rounding makes ties common
-    out, want, gk, ge = _grad_pair(_pool(3, 2, 1), x, dtype)
+    out, want, gk, ge = _grad_pair(_pool(3, 2, 1), x, dtype, device=device)
     assert_close(out, want, dtype)
     assert_close(gk, ge, dtype)
 
