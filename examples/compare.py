@@ -96,8 +96,18 @@ def compare_inference(model, args, field=None, device="cpu", repeat=5, kwargs=No
 def compare_training_step(model, args, loss_of, make_opt, device="cpu", repeat=3, kwargs=None) -> dict:
     """One optimizer step from the same weights, eager and compiled: the losses, the gradients,
     then the parameters and buffers after the step must agree. Then a few more steps of each
-    are timed (after the comparison, on their own copies)."""
+    are timed (after the comparison, on their own copies).
+
+    Some models' gradients are not a well-conditioned function of their inputs in fp32: in a
+    ResNet trained with batch norm, a ReLU whose input lies within rounding of zero passes or
+    stops a whole gradient element, so nudging eager's own weights by one ulp moves some of
+    its gradients by ~1e-2 (torchvision's ResNet-18 at 224x224 on the H200). Where the
+    elementwise check fails, each failing tensor is held instead to that measured noise floor:
+    kiln's distance from eager (in norm) must stay within ``SENSITIVITY_FACTOR`` times the
+    largest distance between eager and eager with its weights nudged by one ulp (two nudges).
+    The report says which tensors matched that way."""
     model = model.train()
+    pristine = copy.deepcopy(model)
     eager_model, kiln_model = copy.deepcopy(model), copy.deepcopy(model)
     compiled = kiln.compile(kiln_model)
     kwargs = kwargs or {}
@@ -109,8 +119,8 @@ def compare_training_step(model, args, loss_of, make_opt, device="cpu", repeat=3
         opt.zero_grad(set_to_none=False)
         return loss
 
-    results = {}
-    for name, m, params_of in (("eager", eager_model, eager_model), ("kiln", compiled, kiln_model)):
+    def one_step(m, params_of):
+        """loss, gradients, and the optimizer after one step (compared with TF32 off)"""
         opt = make_opt(params_of.parameters())
         with exact_fp32():
             loss = loss_of(m(*args, **kwargs))
@@ -118,28 +128,73 @@ def compare_training_step(model, args, loss_of, make_opt, device="cpu", repeat=3
         grads = [None if p.grad is None else p.grad.clone() for p in params_of.parameters()]
         opt.step()
         opt.zero_grad(set_to_none=False)
-        results[name] = (loss.detach(), grads, opt)
-    (want_loss, want_grads, eager_opt), (got_loss, got_grads, kiln_opt) = results["eager"], results["kiln"]
+        return loss.detach(), grads, opt
+
+    want_loss, want_grads, eager_opt = one_step(eager_model, eager_model)
+    got_loss, got_grads, kiln_opt = one_step(compiled, kiln_model)
     dtype = want_loss.dtype
     rtol, atol = tolerance(dtype, step=True)
-    checks = {"loss": _difference(got_loss, want_loss, rtol, atol)}
+    pairs = {"loss": (got_loss, want_loss, rtol, atol)}
     names = [n for n, _ in kiln_model.named_parameters()]
     for n, g, w in zip(names, got_grads, want_grads):
         if (g is None) != (w is None):
-            checks[f"grad {n}"] = (float("inf"), False)
+            pairs[f"grad {n}"] = None
         elif g is not None:
-            checks[f"grad {n}"] = _difference(g, w, rtol, atol * max(1.0, float(w.abs().max())))
+            pairs[f"grad {n}"] = (g, w, rtol, atol * max(1.0, float(w.abs().max())))
     for (n, p), q in zip(kiln_model.named_parameters(), eager_model.parameters()):
-        checks[f"param {n}"] = _difference(p.detach(), q.detach(), rtol, atol)
+        pairs[f"param {n}"] = (p.detach(), q.detach(), rtol, atol)
     for (n, b), c in zip(kiln_model.named_buffers(), eager_model.buffers()):
         if b.is_floating_point() or b.dtype == torch.long:
-            checks[f"buffer {n}"] = _difference(b, c, rtol, atol)
+            pairs[f"buffer {n}"] = (b, c, rtol, atol)
+    checks = {k: (float("inf"), False) if v is None else _difference(*v) for k, v in pairs.items()}
     bad = [k for k, (_, ok) in checks.items() if not ok]
+    within_noise = []
+    if bad and all(pairs[k] is not None for k in bad):
+        noise = _rounding_noise(pristine, one_step, pairs, bad)
+        within_noise = [k for k in bad if _norm_diff(pairs[k][0], pairs[k][1]) <= SENSITIVITY_FACTOR * noise[k]]
+        bad = [k for k in bad if k not in within_noise]
     eager_s = median_time(lambda: step(eager_model, eager_opt), device, repeat)
     kiln_s = median_time(lambda: step(compiled, kiln_opt), device, repeat)
     return {"loss": float(want_loss), "max_abs_diff": max(d for d, _ in checks.values()),
             "checked": len(checks), "mismatches": bad, "match": not bad,
+            "within_rounding_noise": within_noise,
             "eager_ms": eager_s * 1e3, "kiln_ms": kiln_s * 1e3, "speedup": eager_s / kiln_s}
+
+
+# kiln's distance from eager may be this many times eager's own distance under a one-ulp nudge
+SENSITIVITY_FACTOR = 4.0
+
+
+def _norm_diff(a, b) -> float:
+    return float((a.detach().double() - b.detach().double()).norm())
+
+
+def _rounding_noise(model, one_step, pairs, keys, nudges=2) -> dict:
+    """Per compared tensor, the largest norm distance between eager's step and eager's step
+    with every floating weight multiplied by (1 +- 2**-mantissa), a one-ulp nudge."""
+    noise = dict.fromkeys(keys, 0.0)
+    for seed in range(nudges):
+        nudged = copy.deepcopy(model)
+        gen = torch.Generator().manual_seed(1234 + seed)
+        with torch.no_grad():
+            for p in nudged.parameters():
+                if p.is_floating_point():
+                    ulp = torch.finfo(p.dtype).eps
+                    sign = torch.randint(0, 2, p.shape, generator=gen).to(p.device, p.dtype) * 2 - 1
+                    p.mul_(1 + ulp * sign)
+        loss, grads, _ = one_step(nudged, nudged)
+        got = {"loss": loss}
+        names = [n for n, _ in nudged.named_parameters()]
+        for n, g in zip(names, grads):
+            got[f"grad {n}"] = g
+        for n, p in nudged.named_parameters():
+            got[f"param {n}"] = p.detach()
+        for n, b in nudged.named_buffers():
+            got[f"buffer {n}"] = b
+        for k in keys:
+            if got.get(k) is not None:
+                noise[k] = max(noise[k], _norm_diff(got[k], pairs[k][1]))
+    return noise
 
 
 def _difference(got, want, rtol, atol) -> tuple[float, bool]:
@@ -157,6 +212,9 @@ def print_report(title: str, results: dict):
     print(f"== {title}")
     for name, r in results.items():
         verdict = "matches eager" if r["match"] else f"DIFFERS from eager {r.get('mismatches', '')}"
+        if r["match"] and r.get("within_rounding_noise"):
+            verdict += (f" ({len(r['within_rounding_noise'])} tensor(s) within {SENSITIVITY_FACTOR:g}x of eager's own "
+                        f"change under a one-ulp nudge of its weights, not elementwise)")
         print(f"   {name:<11} {verdict} (largest difference {r['max_abs_diff']:.2e}); "
               f"{r['graphs']} graph(s) of {r['ops']} ops, {r['graph_breaks']} graph break(s)"
               + (f", {r['kernels']} kernels" if "kernels" in r else "")
