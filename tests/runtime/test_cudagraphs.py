@@ -113,3 +113,67 @@ def test_dropout_is_refused(capsys):
     outs = _logged(lambda: [f(x) for _ in range(3)])
     assert "random numbers" in capsys.readouterr().err
     assert not torch.equal(outs[1], outs[2])
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
+def test_outputs_alternate_between_two_recordings_without_copies(capsys):
+    """``out = f(x)`` in a loop: the previous result is held while the next call runs, so two
+    recordings alternate, and results are their memory itself (no clone per call)."""
+    f = kiln.compile(_seed, mode="reduce-overhead")
+    y = torch.randn(64, 32, device="cuda")
+    ptrs = []
+
+    def run():
+        out = None
+        for i in range(7):
+            x = randn((48, 64), torch.float32, "cuda", "transposed" if i % 2 else "contiguous")
+            out = f(x, y)
+            assert_close(out, _seed(x, y))
+            ptrs.append(out.data_ptr())
+    _logged(run)
+    err = capsys.readouterr().err
+    assert "slot 0" in err and "slot 1" in err and "still held" not in err
+    replayed = ptrs[1:]  # the first call is the warm-up, outside the graphs
+    assert len(set(replayed)) == 2 and all(a != b for a, b in zip(replayed, replayed[1:]))
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
+def test_held_outputs_are_never_overwritten(capsys):
+    """Results kept whole, as detached aliases or as views stay as eager computed them while
+    later calls run; calls with every recording's outputs held run without CUDA graphs."""
+    f = kiln.compile(_seed, mode="reduce-overhead")
+    y = torch.randn(64, 32, device="cuda")
+    kept = []
+
+    def run():
+        for i in range(6):
+            x = torch.randn(48, 64, device="cuda")
+            out = f(x, y)
+            want = _seed(x, y)
+            held = (out, out.detach(), out[3:, 1:]) if i % 3 == 0 else (out.detach(),) if i % 3 == 1 else (out[5],)
+            kept.append((held, (want, want, want[3:, 1:]) if i % 3 == 0 else (want,) if i % 3 == 1 else (want[5],)))
+            del out
+    _logged(run)
+    for held, want in kept:
+        for h, w in zip(held, want):
+            assert_close(h, w)
+    assert "still held" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
+def test_outputs_that_view_inputs():
+    """A view of an input copied in is cloned (the next copy-in rewrites the static buffer); a
+    view of an input read in place is that input's memory, as in eager."""
+    y = torch.randn(64, 32, device="cuda")
+
+    def fn(x, y):
+        return x.t(), y[:4], torch.relu(x @ y) + 1.0
+    f = kiln.compile(fn, mode="reduce-overhead")
+    results = []
+    for _ in range(5):
+        x = torch.randn(48, 64, device="cuda")
+        results.append((f(x, y), fn(x, y)))
+    for got, want in results:
+        for g, w in zip(got, want):
+            assert_close(g, w)
+    assert results[-1][0][1].data_ptr() == y.data_ptr()
