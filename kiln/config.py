@@ -65,6 +65,10 @@ class Config:
     # C++ pointwise kernels with a transposed load walk 32x32 tiles (codegen/cpp.py
     # _tiled_loops); KILN_CPP_TILE_2D=0 for an A/B
     cpp_tile_2d: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_TILE_2D", True))
+    # C++ reductions over dims that are contiguous only in a trailing group (batch norm's
+    # (0, 2, 3)) loop the leading dims outside a vectorized inner run
+    # (cpp_reduction.row_split); KILN_CPP_ROW_SPLIT=0 for an A/B
+    cpp_row_split: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_ROW_SPLIT", True))
     # C++ pointwise kernels store bf16 outputs a chunk at a time (codegen/cpp_runs.py)
     cpp_bf16_runs: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_CPP_BF16_RUNS", True))
     # the scheduler first moves each pointwise buffer to just before its first reader

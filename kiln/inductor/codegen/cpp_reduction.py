@@ -67,6 +67,61 @@ def _flat_reduced_index(kernel, rshape):
     return flat
 
 
+RI = sympy.Symbol("ri", integer=True, nonnegative=True)
+# the inner loop of a split row must be at least this long to be worth its own loop
+SPLIT_MIN_INNER = 16
+
+
+def _merge_inner(expr, kernel, inner_dims, inner_shape, ranges):
+    """expr with the inner reduced dims read through the inner counter ``ri``, or None when
+    that needs division (those dims are not contiguous together in this buffer)."""
+    sub, inner = {}, 1
+    for d, size in zip(reversed(inner_dims), reversed(inner_shape)):
+        e = sympy.floor(RI / inner) if inner > 1 else RI
+        sub[ir.index_symbol(d)] = sympy.Mod(e, size) if d != inner_dims[0] else e
+        inner *= size
+    if not (expr.free_symbols & set(sub)):
+        return expr
+    merged = ir.simplify_index(expr.xreplace(sub), {**ranges, RI: inner})
+    if merged.has(sympy.Mod) or merged.has(sympy.floor):
+        return None
+    return merged
+
+
+def row_split(kernel, rshape, ranges):
+    """How many leading reduced dims an outer row loop takes, or None (one flat loop). A
+    reduction over [N, C, H, W]'s (0, 2, 3) (batch norm's statistics and its backward's sums)
+    reads each channel's row as N runs of H*W contiguous elements; one flat counter over all
+    three dims indexes them with a division and a modulo per element, which gcc does not
+    vectorize (gathers), so the row becomes ``for ro < N: for ri < H*W`` with a vectorized
+    inner loop. The split is the smallest count of leading dims after which every access of
+    the kernel reads the remaining dims contiguously together; None when a flat counter is
+    already linear for every access, or no split is."""
+    dims = kernel.reduced_dims
+    if len(dims) < 2 or not all(isinstance(s, int) or getattr(s, "is_Integer", False) for s in rshape):
+        return None
+    rshape = [int(s) for s in rshape]
+    syms = {ir.index_symbol(d) for d in dims}
+    exprs = []
+    for node in kernel.nodes:
+        for ld in ir.loads_of(kernel.body(node)):
+            if ld.index.free_symbols & syms:
+                exprs.append(ir.simplify_index(ld.index, ranges))
+        if kernel.levels.get(node.name) == "r" and node.name in kernel.stores:
+            exprs.append(ir.simplify_index(kernel.store_index(node), ranges))
+    if not exprs:
+        return None
+    flat = _flat_reduced_index(kernel, rshape)
+    if all(flat(e) is not e or not (e.free_symbols & syms) for e in exprs):
+        return None  # one flat counter is linear everywhere already
+    for k in range(1, len(dims)):
+        if math.prod(rshape[k:]) < SPLIT_MIN_INNER:
+            break
+        if all(_merge_inner(e, kernel, dims[k:], rshape[k:], ranges) is not None for e in exprs):
+            return k
+    return None
+
+
 # Ops worth keeping per element in a row scratch array rather than recomputing in a later pass.
 EXPENSIVE = frozenset({"exp", "log", "tanh", "sigmoid", "erf", "pow", "sin", "cos", "exp2", "log2",
                        "log10", "expm1", "log1p"})
@@ -181,7 +236,16 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
     def ptr(buf):
         return in_names.setdefault(buf, f"in_ptr{len(in_names)}")
 
-    flat = _flat_reduced_index(kernel, rshape)
+    split = row_split(kernel, rshape, ranges) if config.cpp_row_split else None
+    if split is None:
+        flat = _flat_reduced_index(kernel, rshape)
+    else:
+        inner_dims, inner_shape = kernel.reduced_dims[split:], [int(s) for s in rshape[split:]]
+        outer_dims, outer_shape = kernel.reduced_dims[:split], [int(s) for s in rshape[:split]]
+
+        def flat(e):
+            merged = _merge_inner(e, kernel, inner_dims, inner_shape, ranges)
+            return e if merged is None else merged
 
     def index_text(expr):
         return printer.doprint(flat(ir.simplify_index(expr, ranges)))
@@ -203,7 +267,8 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
     emit_value = writer.emit_node
 
     runs = []  # this pass's bf16 row stores, written to a float row and rounded after it (cpp_runs.py)
-    row_runs = config.cpp_bf16_runs and isinstance(rnumel, int) and 0 < rnumel <= cpp_runs.ROW_MAX
+    row_runs = config.cpp_bf16_runs and isinstance(rnumel, int) and 0 < rnumel <= cpp_runs.ROW_MAX \
+        and split is None
     r_sym = ir.index_symbol(kernel.reduced_dims[0]) if len(kernel.reduced_dims) == 1 else R0
 
     def store(node, value, in_row_pass=False):
@@ -228,12 +293,16 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
     arg_dim = f"i{kernel.reduced_dims[0]}" if len(kernel.reduced_dims) == 1 else "r0"
     row = []
     row += [f"const int64_t i{d} = {e};" for d, e in decompose_index("x0", xshape, kernel.kept_dims, "/")]
-    rdecomp = [f"const int64_t i{d} = {e};" for d, e in decompose_index("r0", rshape, kernel.reduced_dims, "/")]
+    if split is None:
+        rdecomp = [f"const int64_t i{d} = {e};" for d, e in decompose_index("r0", rshape, kernel.reduced_dims, "/")]
+    else:
+        rdecomp = [f"const int64_t i{d} = {e};" for d, e in decompose_index("ri", inner_shape, inner_dims, "/")]
+        odecomp = [f"const int64_t i{d} = {e};" for d, e in decompose_index("ro", outer_shape, outer_dims, "/")]
     lines += row
     pre, phases = plan_phases(kernel)
     for node in pre:
         store(node, emit_value(node))
-    prefetches = next_row_prefetches(kernel, buffers, phases, ranges, flat, printer)
+    prefetches = next_row_prefetches(kernel, buffers, phases, ranges, flat, printer) if split is None else []
     last_lanes = max((p for p, ph in enumerate(phases) if ph.reductions and
                       all(n.reduction_type in LANE_REDUCTIONS for n in ph.reductions)), default=0)
     counter = [0]
@@ -286,37 +355,41 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
         writer.pop_scope()
         writer.phase = None
         rtext = size_text(rnumel, printer)
-        hoisted, body = hoist_row_invariants(body)
-        lines += hoisted
-        if lanes:
-            rmain = f"rmain{pnum}"
-            lines.append(f"const int64_t {rmain} = ({rtext} / {LANES}) * {LANES};")
-            lines.append(f"for (int64_t rb = 0; rb < {rmain}; rb += {LANES}) {{")
-            if prefetches and pnum == last_lanes and pnum > 0:
-                i_kept = f"i{kernel.kept_dims[0]}"
-                lines.append(f"    if ({i_kept} + 1 < {int(kernel.ranges[kernel.kept_dims[0]])}) {{ "
-                             + " ".join(t.replace("{ptr}", ptr(b)) for b, t in prefetches) + " }")
-            lines.append("    #pragma omp simd")
-            lines.append(f"    for (int64_t rl = 0; rl < {LANES}; ++rl) {{")
-            lines.append("        const int64_t r0 = rb + rl;")
-            lines += ["        " + ln for ln in body] + ["    }", "}"]
-            lines.append(f"for (int64_t r0 = {rmain}; r0 < {rtext}; ++r0) {{")
-            lines.append("    const int64_t rl = 0;")
-            lines += ["    " + ln for ln in body] + ["}"]
-            for node in phase.reductions:
-                acc, _, dt = accs[node.name]
-                lines.append(f"{ctype(dt)} {acc} = {acc}_v[0];")
-                lines.append(f"for (int64_t rl = 1; rl < {LANES}; ++rl) {_combine(node.reduction_type, acc, f'{acc}_v[rl]', dt)};")
+        if split is not None:
+            _emit_split_row(lines, body, phase, accs, lanes, odecomp, outer_dims, math.prod(outer_shape),
+                            math.prod(inner_shape))
         else:
-            lines += [f"float {arr}[{rtext}];" for arr, _, _ in runs]
-            if not phase.reductions:
-                lines.append("#pragma omp simd")
-            lines.append(f"for (int64_t r0 = 0; r0 < {rtext}; ++r0) {{")
-            lines += ["    " + ln for ln in body] + ["}"]
-            if runs:  # each run's row starts where its index has r0 = 0
-                lines += ["{", "    const int64_t r0 = 0;"] + ["    " + ln for ln in rdecomp]
-                lines += [f"    kiln_store_bf16_run(&{ptr_}[{idx}], {arr}, {rtext});" for arr, ptr_, idx in runs]
-                lines += ["}"]
+            hoisted, body = hoist_row_invariants(body)
+            lines += hoisted
+            if lanes:
+                rmain = f"rmain{pnum}"
+                lines.append(f"const int64_t {rmain} = ({rtext} / {LANES}) * {LANES};")
+                lines.append(f"for (int64_t rb = 0; rb < {rmain}; rb += {LANES}) {{")
+                if prefetches and pnum == last_lanes and pnum > 0:
+                    i_kept = f"i{kernel.kept_dims[0]}"
+                    lines.append(f"    if ({i_kept} + 1 < {int(kernel.ranges[kernel.kept_dims[0]])}) {{ "
+                                 + " ".join(t.replace("{ptr}", ptr(b)) for b, t in prefetches) + " }")
+                lines.append("    #pragma omp simd")
+                lines.append(f"    for (int64_t rl = 0; rl < {LANES}; ++rl) {{")
+                lines.append("        const int64_t r0 = rb + rl;")
+                lines += ["        " + ln for ln in body] + ["    }", "}"]
+                lines.append(f"for (int64_t r0 = {rmain}; r0 < {rtext}; ++r0) {{")
+                lines.append("    const int64_t rl = 0;")
+                lines += ["    " + ln for ln in body] + ["}"]
+                for node in phase.reductions:
+                    acc, _, dt = accs[node.name]
+                    lines.append(f"{ctype(dt)} {acc} = {acc}_v[0];")
+                    lines.append(f"for (int64_t rl = 1; rl < {LANES}; ++rl) {_combine(node.reduction_type, acc, f'{acc}_v[rl]', dt)};")
+            else:
+                lines += [f"float {arr}[{rtext}];" for arr, _, _ in runs]
+                if not phase.reductions:
+                    lines.append("#pragma omp simd")
+                lines.append(f"for (int64_t r0 = 0; r0 < {rtext}; ++r0) {{")
+                lines += ["    " + ln for ln in body] + ["}"]
+                if runs:  # each run's row starts where its index has r0 = 0
+                    lines += ["{", "    const int64_t r0 = 0;"] + ["    " + ln for ln in rdecomp]
+                    lines += [f"    kiln_store_bf16_run(&{ptr_}[{idx}], {arr}, {rtext});" for arr, ptr_, idx in runs]
+                    lines += ["}"]
         for node in phase.reductions:
             acc, idx, dt = accs[node.name]
             value = idx if idx is not None else acc
@@ -347,3 +420,45 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
     source = header + PRELUDE + _helpers_for(code_text) + "\n" + index_check_support(name, code_text) + "\n" + code_text + "\n"
     return CppKernel(name, source, list(in_names) + list(out_names), xnumel * rnumel, list(kernel.origins),
                      sizes), writer.seen
+
+
+SPLIT_LOOP_NAMES = frozenset({"r0", "rl", "rb", "ri", "ro"})
+
+
+def _emit_split_row(lines, body, phase, accs, lanes, odecomp, outer_dims, outer, inner):
+    """One pass over a split row (``row_split``): ``for ro < outer`` (the leading reduced dims'
+    indices, and what depends on them only, once per ``ro``), then the inner contiguous run
+    as the usual lane loop (or a plain loop) over ``ri``; ``r0 = ro * inner + ri`` stays the
+    flat reduced index (scratch rows, argmax)."""
+    per_ro, body = hoist_row_invariants(body, loop_names=SPLIT_LOOP_NAMES)
+    outer_names = SPLIT_LOOP_NAMES | {f"i{d}" for d in outer_dims}
+    before, per_ro = hoist_row_invariants(per_ro, loop_names=outer_names)
+    lines += before
+    lines.append(f"for (int64_t ro = 0; ro < {outer}; ++ro) {{")
+    lines += ["    " + ln for ln in odecomp + per_ro]
+    if lanes:
+        rmain = inner // LANES * LANES
+        if rmain:
+            lines.append(f"    for (int64_t rb = 0; rb < {rmain}; rb += {LANES}) {{")
+            lines.append("        #pragma omp simd")
+            lines.append(f"        for (int64_t rl = 0; rl < {LANES}; ++rl) {{")
+            lines.append("            const int64_t ri = rb + rl;")
+            lines.append(f"            const int64_t r0 = ro * {inner} + ri;")
+            lines += ["            " + ln for ln in body] + ["        }", "    }"]
+        if rmain < inner:
+            lines.append(f"    for (int64_t ri = {rmain}; ri < {inner}; ++ri) {{")
+            lines.append("        const int64_t rl = 0;")
+            lines.append(f"        const int64_t r0 = ro * {inner} + ri;")
+            lines += ["        " + ln for ln in body] + ["    }"]
+    else:
+        if not phase.reductions:
+            lines.append("    #pragma omp simd")
+        lines.append(f"    for (int64_t ri = 0; ri < {inner}; ++ri) {{")
+        lines.append(f"        const int64_t r0 = ro * {inner} + ri;")
+        lines += ["        " + ln for ln in body] + ["    }"]
+    lines.append("}")
+    if lanes:
+        for node in phase.reductions:
+            acc, _, dt = accs[node.name]
+            lines.append(f"{ctype(dt)} {acc} = {acc}_v[0];")
+            lines.append(f"for (int64_t rl = 1; rl < {LANES}; ++rl) {_combine(node.reduction_type, acc, f'{acc}_v[rl]', dt)};")
