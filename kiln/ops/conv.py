@@ -61,13 +61,9 @@ def _conv_backward_meta(g, x, weight, stride, padding, dilation, groups, mask):
     return tuple(out)
 
 
-def _lower_conv_backward(ctx, metas, *args):
-    return L.extern_multi_rule(ctx, metas, *args)
-
-
 prim_conv_backward = define("prims", "conv_backward", _conv_backward_eager, library=True)
 META_RULES[prim_conv_backward] = _conv_backward_meta
-LOWERINGS[prim_conv_backward] = _lower_conv_backward
+LOWERINGS[prim_conv_backward] = L.extern_multi_rule
 conv_backward = define("core", "conv_backward", _conv_backward_eager)
 META_RULES[conv_backward] = _conv_backward_meta
 DECOMPOSITIONS[conv_backward] = prim_conv_backward

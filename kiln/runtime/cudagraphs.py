@@ -113,12 +113,10 @@ class _Slot:
     def hand_out(self):
         out = []
         for o, how in zip(self.outputs, self.how):
-            if how == "alias":
-                out.append(o.detach())   # a new tensor on the slot's memory: counted as held
+            if how in ("alias", "same"):
+                out.append(o.detach())   # a new tensor on the same memory: counted as held
             elif how == "clone":
                 out.append(o.clone())
-            elif how == "same":
-                out.append(o.detach())
             else:
                 out.append(o)
         return tuple(out)

@@ -72,7 +72,7 @@ RI = sympy.Symbol("ri", integer=True, nonnegative=True)
 SPLIT_MIN_INNER = 16
 
 
-def _merge_inner(expr, kernel, inner_dims, inner_shape, ranges):
+def _merge_inner(expr, inner_dims, inner_shape, ranges):
     """expr with the inner reduced dims read through the inner counter ``ri``, or None when
     that needs division (those dims are not contiguous together in this buffer)."""
     sub, inner = {}, 1
@@ -117,7 +117,7 @@ def row_split(kernel, rshape, ranges):
     for k in range(1, len(dims)):
         if math.prod(rshape[k:]) < SPLIT_MIN_INNER:
             break
-        if all(_merge_inner(e, kernel, dims[k:], rshape[k:], ranges) is not None for e in exprs):
+        if all(_merge_inner(e, dims[k:], rshape[k:], ranges) is not None for e in exprs):
             return k
     return None
 
@@ -244,7 +244,7 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
         outer_dims, outer_shape = kernel.reduced_dims[:split], [int(s) for s in rshape[:split]]
 
         def flat(e):
-            merged = _merge_inner(e, kernel, inner_dims, inner_shape, ranges)
+            merged = _merge_inner(e, inner_dims, inner_shape, ranges)
             return e if merged is None else merged
 
     def index_text(expr):
@@ -376,10 +376,7 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
                 lines.append(f"for (int64_t r0 = {rmain}; r0 < {rtext}; ++r0) {{")
                 lines.append("    const int64_t rl = 0;")
                 lines += ["    " + ln for ln in body] + ["}"]
-                for node in phase.reductions:
-                    acc, _, dt = accs[node.name]
-                    lines.append(f"{ctype(dt)} {acc} = {acc}_v[0];")
-                    lines.append(f"for (int64_t rl = 1; rl < {LANES}; ++rl) {_combine(node.reduction_type, acc, f'{acc}_v[rl]', dt)};")
+                _combine_lanes(lines, phase, accs)
             else:
                 lines += [f"float {arr}[{rtext}];" for arr, _, _ in runs]
                 if not phase.reductions:
@@ -458,7 +455,12 @@ def _emit_split_row(lines, body, phase, accs, lanes, odecomp, outer_dims, outer,
         lines += ["        " + ln for ln in body] + ["    }"]
     lines.append("}")
     if lanes:
-        for node in phase.reductions:
-            acc, _, dt = accs[node.name]
-            lines.append(f"{ctype(dt)} {acc} = {acc}_v[0];")
-            lines.append(f"for (int64_t rl = 1; rl < {LANES}; ++rl) {_combine(node.reduction_type, acc, f'{acc}_v[rl]', dt)};")
+        _combine_lanes(lines, phase, accs)
+
+
+def _combine_lanes(lines, phase, accs):
+    """Each reduction's partial accumulators (one per lane) combined into one after its loop."""
+    for node in phase.reductions:
+        acc, _, dt = accs[node.name]
+        lines.append(f"{ctype(dt)} {acc} = {acc}_v[0];")
+        lines.append(f"for (int64_t rl = 1; rl < {LANES}; ++rl) {_combine(node.reduction_type, acc, f'{acc}_v[rl]', dt)};")
