@@ -391,7 +391,7 @@ class CompiledFunction:
             logs.guards(self.name, capture)
             if self.mode == "reduce-overhead" and compiled is not None:
                 from kiln.runtime import cudagraphs
-                compiled = cudagraphs.wrap(compiled, capture.graph, self.name, self,
+                compiled = cudagraphs.wrap(compiled, capture.graph, self.name,
                                            dynamic=capture.shape_env is not None)
             entry = (CacheEntry if state is None else BreakEntry)(capture, compiled, grad, ctx.compile_id)
             cache.entries.append(entry)

@@ -24,9 +24,11 @@ copied in (a static input buffer) is still cloned: the next copy-in overwrites i
 An in-place input that moves (a parameter replaced) makes the function run without CUDA graphs
 from then on (recording again is not done: see ``_replay``).
 
-All graphs recorded for one compiled function share one memory pool: they replay one after the
-other on the capturing stream, and a slot's outputs stay referenced by the slot, so no recorded
-graph's live outputs are handed to another recording.
+Each recording has a memory pool of its own. A shared pool lets a later recording place its
+outputs in memory an earlier recording uses for intermediates (freed when that capture ended);
+replaying the earlier one would then overwrite outputs the caller holds. That was harmless
+while every output was cloned right after its replay; with outputs handed out as they are it
+is not, so nothing is shared: the cost is the intermediates' memory once per recording.
 
 Refused, with the reason logged on ``cudagraphs`` (the graph then runs normally): CPU graphs,
 symbolic shapes, graphs that mutate their inputs, graphs that need autograd (training), graphs
@@ -65,13 +67,13 @@ def refusal(compiled, graph, dynamic=False) -> str | None:
     return None
 
 
-def wrap(compiled, graph, name: str, pool_owner, dynamic=False):
+def wrap(compiled, graph, name: str, dynamic=False):
     """compiled itself (refused, reason logged) or a CudaGraphRunner around it."""
     why = refusal(compiled, graph, dynamic)
     if why is not None:
         log.log("cudagraphs", "%s: not recorded into a CUDA graph: %s", name, why)
         return compiled
-    return CudaGraphRunner(compiled, name, pool_owner)
+    return CudaGraphRunner(compiled, name)
 
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)  # counts tensors on one storage
@@ -126,10 +128,9 @@ MAX_SLOTS = 2
 
 
 class CudaGraphRunner:
-    def __init__(self, compiled, name, pool_owner):
+    def __init__(self, compiled, name):
         self.compiled = compiled
         self.name = name
-        self.pool_owner = pool_owner  # holds the memory pool shared by its graphs
         self.calls = 0
         self.recordings = 0
         self.refused = None
@@ -200,12 +201,8 @@ class CudaGraphRunner:
         with torch.cuda.stream(stream):  # one run off the capture, as torch recommends
             self.compiled(*static)
         torch.cuda.current_stream().wait_stream(stream)
-        pool = getattr(self.pool_owner, "_kiln_graph_pool", None)
-        if pool is None:
-            pool = torch.cuda.graph_pool_handle()
-            setattr(self.pool_owner, "_kiln_graph_pool", pool)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph):  # a private pool (see the module doc)
             outs = self.compiled(*static)
         slot = _Slot(graph, tuple(outs), static, set(self.moving))
         log.log("cudagraphs", "%s: recorded a CUDA graph, slot %d (%d inputs copied in, %d in place)",
