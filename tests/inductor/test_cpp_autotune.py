@@ -18,7 +18,8 @@ POINTWISE = lambda x: torch.relu(x) * 2 + 1  # noqa: E731
 SOFTMAX = lambda x: torch.softmax(x, -1)  # noqa: E731
 COLUMN = lambda x: x.sum(0)  # noqa: E731
 # sha256 prefixes of these kernels' sources (less the "// from:" origin lines) generated before chunk tuning existed (x: [512, 256]); softmax regenerated in session 16 (a row division became a reciprocal multiply) and in session 19 (the reciprocal is computed once before the row loop)
-GOLDEN = {"pointwise": "bab130bd7c0e23c0", "softmax": "2076cd918fb3d583", "column": "dec0075a55d2bfd4"}
+# re-pinned in session 21: kiln_max without a short-circuit (so gcc vectorizes ReLU and max loops)
+GOLDEN = {"pointwise": "6c9776c5ea162f17", "softmax": "f8974bc0eeacd3f6", "column": "dec0075a55d2bfd4"}
 
 
 def _x():

@@ -23,6 +23,11 @@ C_TYPES = {
     torch.bfloat16: "uint16_t", torch.int64: "int64_t", torch.int32: "int32_t",
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
 }
+# The element types kernel arguments point to. bool memory is read and written as uint8_t (the
+# same bytes: torch stores a bool as 0 or 1 in one byte): gcc does not vectorize a loop that
+# stores through a bool* ("complicated access pattern"), and a batch norm + ReLU's output pass,
+# which also stores the ReLU's mask for the backward, ran as scalar code.
+C_MEM_TYPES = {**C_TYPES, torch.bool: "uint8_t"}
 
 PRELUDE = r"""
 #include <cstdint>
@@ -43,8 +48,10 @@ HELPERS = {
     return (uint16_t)(bits >> 16);
 }""",
     "kiln_round_bf16": "static inline float kiln_round_bf16(float f) { return kiln_bf16_to_float(kiln_float_to_bf16(f)); }",
-    "kiln_max": "template <typename T> static inline T kiln_max(T a, T b) { return (a > b || a != a) ? a : b; }",
-    "kiln_min": "template <typename T> static inline T kiln_min(T a, T b) { return (a < b || a != a) ? a : b; }",
+    # | rather than ||: a short-circuit is control flow, and gcc then leaves the whole loop
+    # (every ReLU's) unvectorized
+    "kiln_max": "template <typename T> static inline T kiln_max(T a, T b) { return ((a > b) | (a != a)) ? a : b; }",
+    "kiln_min": "template <typename T> static inline T kiln_min(T a, T b) { return ((a < b) | (a != a)) ? a : b; }",
 }
 
 
@@ -433,8 +440,8 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
             else:
                 writer.lines.append(f"{out}[{index_text(index)}] = {stored};")
 
-    params = [f"const {C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
-    params += [f"{C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
+    params = [f"const {C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
+    params += [f"{C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
     body = ["        " + ln for ln in writer.lines]
     ndim = len(shape)
     symbolic = is_symbolic(numel)

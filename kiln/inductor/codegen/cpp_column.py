@@ -19,7 +19,7 @@ import torch
 from kiln.inductor import ir
 from kiln.inductor.codegen.common import (IDENTITY, IndexPrinter, KernelWriter, compute_dtype,
                                           decompose_index, plan_phases)
-from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for,
+from kiln.inductor.codegen.cpp import (C_MEM_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for,
                                        cpp_bounds_check, cpp_cast, cpp_const, cpp_declare, cpp_load,
                                        cpp_store_value, ctype, index_check_support)
 
@@ -239,7 +239,7 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
         if key not in selects:
             (dt,) = storage
             name_ = f"tsel{len(selects)}"
-            decls = [f"const {C_TYPES[dt]}* __restrict__ {name_} = ({test}) ? {ptrs[0]} : {ptrs[1]};"]
+            decls = [f"const {C_MEM_TYPES[dt]}* __restrict__ {name_} = ({test}) ? {ptrs[0]} : {ptrs[1]};"]
             (ca, ba), (cb, bb) = forms
             index = sympy.Integer(0)
             for k, sym in enumerate(sorted(set(ca) | set(cb), key=str)):
@@ -337,8 +337,8 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
     lines[bases_at:bases_at] = [decl for _, decl in tile_bases.values()] + \
         [ln for _, decls, _ in selects.values() for ln in decls.split("\n")]
 
-    params = [f"const {C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
-    params += [f"{C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
+    params = [f"const {C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
+    params += [f"{C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
     parallel = xo_numel * tiles > 1 and xo_numel * width * max(rnumel, 1) >= 1 << 16
     code = [f'extern "C" void {name}({", ".join(params)}) {{',
             f"    #pragma omp parallel for{'' if parallel else ' if(0)'}",

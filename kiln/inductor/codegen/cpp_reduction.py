@@ -18,7 +18,7 @@ from kiln.inductor.codegen.cpp_hoist import hoist_row_invariants
 from kiln.inductor.codegen.common import (IDENTITY, IndexPrinter, KernelWriter, compute_dtype,
                                           decompose_index, is_symbolic, plan_phases, size_params,
                                           size_text)
-from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for,
+from kiln.inductor.codegen.cpp import (C_MEM_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for,
                                        cpp_bounds_check, cpp_cast, cpp_const, cpp_declare, cpp_load,
                                        cpp_store_value, ctype, index_check_support)
 
@@ -398,8 +398,8 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
         for node in phase.after:
             store(node, emit_value(node))
 
-    params = [f"const {C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
-    params += [f"{C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
+    params = [f"const {C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
+    params += [f"{C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
     symbolic = is_symbolic(xnumel) or is_symbolic(rnumel)
     xtext, rtext = size_text(xnumel, printer), size_text(rnumel, printer)
     if symbolic:  # threads only where they pay, decided at run time

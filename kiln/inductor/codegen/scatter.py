@@ -11,7 +11,7 @@ from kiln.inductor import ir
 from kiln.inductor.codegen.common import (LOW_PRECISION, IndexPrinter, KernelWriter, decompose_index,
                                           is_symbolic, size_params, size_text)
 from kiln.meta.symbolic import py
-from kiln.inductor.codegen.cpp import (C_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for, cpp_bounds_check,
+from kiln.inductor.codegen.cpp import (C_MEM_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for, cpp_bounds_check,
                                        cpp_cast, cpp_const, cpp_declare, cpp_load, ctype,
                                        index_check_support)
 from kiln.inductor.codegen.triton import (TL_DTYPES, TritonKernel, TritonOps, _block_config,
@@ -95,8 +95,8 @@ def _cpp(step, buffers):
     else:
         writer.lines += ["#pragma omp atomic", f"out_ptr0[{index}] += {value};"]
     name = f"kiln_{step.name}"
-    params = [f"const {C_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
-    params.append(f"{C_TYPES[node.dtype]}* out_ptr0")
+    params = [f"const {C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
+    params.append(f"{C_MEM_TYPES[node.dtype]}* out_ptr0")
     symbolic = is_symbolic(numel)
     numel_text = size_text(numel, printer)
     sizes = size_params(writer.lines + [numel_text])
