@@ -167,13 +167,20 @@ def batch_norm_vjp(g, out, x, running_mean, running_var, weight=None, bias=None,
                    momentum=0.1, eps=1e-5):
     xa, ga = _acc(x), _acc(g)
     gxhat = core.mul(ga, _per_channel(weight, x)) if is_tensor(weight) else ga
+    # the statistics come from the forward (reductions, saved: a few floats per channel); the
+    # normalized activations are computed here from the input (a convolution wrote it: saving
+    # it costs no write), so the forward does not write a second, same-sized tensor for them
     if training:
         dims = tuple(d for d in range(x.ndim) if d != 1)
-        xhat, rstd = _normalized(xa, dims, eps)
+        mean = core.mean(xa, dims, True)
+        rstd = core.rsqrt(core.add(core.var(xa, dims, 0, True), float(eps)))
+        with in_backward(g):
+            xhat = core.mul(core.sub(xa, mean), rstd)
         gx = _norm_input_grad(gxhat, xhat, rstd, dims)
     else:
         rstd = core.rsqrt(core.add(_per_channel(running_var, x), float(eps)))
-        xhat = core.mul(core.sub(xa, _per_channel(running_mean, x)), rstd)
+        with in_backward(g):
+            xhat = core.mul(core.sub(xa, _per_channel(running_mean, x)), rstd)
         gx = core.mul(gxhat, rstd)
     gw = _channel_sum(core.mul(ga, xhat)) if is_tensor(weight) else None
     gb = _channel_sum(ga) if is_tensor(bias) else None
@@ -263,11 +270,16 @@ def _through_log_softmax(dlogp, input, cd, dsum=None):
     x = input if input.dtype in (torch.float32, torch.float64) else core.to_dtype(input, torch.float32)
     # the forward's log_softmax computes the same max and sum (the prims graph's CSE merges
     # them: one pass over the logits, one exp per element)
-    shifted = core.sub(x, core.amax(x, (cd,), True))
-    log_s = core.log(core.sum(core.exp(shifted), (cd,), True))
+    row_max = core.amax(x, (cd,), True)
+    log_s = core.log(core.sum(core.exp(core.sub(x, row_max)), (cd,), True))
     if dsum is None:
         dsum = core.sum(dlogp, (cd,), True)
-    gx = core.sub(dlogp, core.mul(core.exp(core.sub(shifted, log_s)), dsum))
+    with in_backward(dlogp):
+        # the softmax from the logits here, so the forward has none to save: saving it (as big
+        # as float32 logits) would add a full-size write to the forward, where the logits a
+        # matmul wrote and two floats per row cost no write at all
+        p = core.exp(core.sub(core.sub(x, row_max), log_s))
+    gx = core.sub(dlogp, core.mul(p, dsum))
     return core.to_dtype(gx, input.dtype) if gx.dtype != input.dtype else gx
 
 
