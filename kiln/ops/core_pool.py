@@ -12,10 +12,11 @@ So the eager implementation is torch's, and the meta rule gives torch's output s
 max_pool2d's gradient has its own rule, as eager's has: the forward side finds each window's
 *first* maximum (a NaN wins, the last one if several, as in eager's kernel; a padded position
 never does) and keeps its offset in the window as one int8 per output; the backward hands
-each output's gradient to that one element. The rule is written as "the output is the
-window element the saved offset selects", run on the tape, so the slices' and the pad's own
-rules place the gradient: one pointwise kernel reads, per input element, the gradients and
-offsets of the windows that hold it. (Before, the gradient came from ``maximum``'s rule over
+each output's gradient to that one element. On CUDA the rule is written as "the output is
+the window element the saved offset selects", run on the tape, so the slices' and the pad's
+own rules place the gradient: one pointwise kernel reads, per input element, the gradients
+and offsets of the windows that hold it. On the CPU it is a scatter-add of each output's
+gradient at the position its offset names (``_scatter_grad``). (Before, the gradient came from ``maximum``'s rule over
 the chain of maxima: it split ties, unlike eager, and the backward recomputed the chain for
 every window of every element: 4.2 of 5.6 ms of kernel time in a small ResNet's step.)
 """
@@ -170,12 +171,36 @@ def _max_pool_vjp(g, out, x, kernel, stride, padding):
         y = next(_windows(tape, x, kernel, stride, padding, -math.inf))
         return tape.grads(x, y, g), None, None, None
     idx = _first_max_offsets(x, kernel, stride, padding)
+    if x.device.type == "cpu":
+        return _scatter_grad(g, x, idx, kernel, stride, padding), None, None, None
     tape = _Tape()
     y = None
     for k, w in enumerate(_windows(tape, x, kernel, stride, padding, -math.inf)):
         term = tape(core.where, core.eq(idx, k), w, 0.0)
         y = term if y is None else tape(core.add, y, term)
     return tape.grads(x, y, g), None, None, None
+
+
+def _scatter_grad(g, x, idx, kernel, stride, padding):
+    """The CPU form of the gradient: each output adds its gradient at the input position its
+    offset names (a scatter-add over the outputs, as eager's CPU kernel does). The gather
+    form, where each input element visits every window that may hold it, costs a division and
+    a modulo per window per element in C++, which gcc does not vectorize: a small ResNet
+    block's max_pool backward took 1.9 ms that way, 0.3 ms as a scatter (eager: 0.14 ms)."""
+    core = _core()
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    h, w = x.shape[-2], x.shape[-1]
+    oh, ow = g.shape[-2], g.shape[-1]
+    lead = tuple(x.shape[:-2])
+    k = core.to_dtype(idx, torch.int64)
+    rows = core.reshape(core.iota(g, oh), (oh, 1))
+    rows = core.add(core.mul(rows, sh), core.sub(core.floor_divide(k, kw), ph))
+    cols = core.add(core.mul(core.iota(g, ow), sw), core.sub(core.remainder(k, kw), pw))
+    where = core.reshape(core.add(core.mul(rows, w), cols), lead + (oh * ow,))
+    with g.graph_builder.inherit(backward_only=True):  # the zeros belong to the backward
+        base = core.full(lead + (h * w,), 0.0, x.dtype, x.device)
+    gx = core.scatter_add(base, len(lead), where, core.reshape(g, lead + (oh * ow,)))
+    return core.reshape(gx, tuple(x.shape))
 
 
 class _AsIs:
