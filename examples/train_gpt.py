@@ -126,8 +126,20 @@ def _sync(device: torch.device):
         torch.cuda.synchronize()
 
 
+def lr_at(step: int, steps: int, lr: float) -> float:
+    """nanoGPT's schedule: a linear warm-up over the first tenth of the run, then a cosine decay to
+    a tenth of ``lr``. Without the warm-up, GPT-2 small in bf16 spikes in its first steps (loss 5
+    -> 8 at step 3), and a spike amplifies the rounding differences of any two correct runs."""
+    warmup = max(1, steps // 10)
+    if step <= warmup:
+        return lr * step / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * t)))
+
+
 def train(name: str, model, batches: list, lr: float, device: torch.device, quiet: bool = False) -> dict:
-    """AdamW steps over ``batches``; returns the losses, the steady tokens/s and step times."""
+    """AdamW steps over ``batches`` (clipped gradients, warm-up and cosine decay); returns the
+    losses, the steady tokens/s and step times."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     progress = None if quiet else Progress(name, len(batches))
     if device.type == "cuda":
@@ -140,6 +152,8 @@ def train(name: str, model, batches: list, lr: float, device: torch.device, quie
         loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, len(batches), lr)
         opt.step()
         opt.zero_grad(set_to_none=True)
         value = loss.item()  # synchronizes

@@ -71,3 +71,11 @@ def test_corpus_is_the_projects_own_text():
     assert x.shape == y.shape == (3, 16)
     assert (x[:, 1:] == y[:, :-1]).all()  # targets are the inputs shifted by one
     assert data.decode(data.encode("def x")) == "def x"
+
+
+def test_lr_schedule_warms_up_then_decays():
+    lrs = [train_gpt.lr_at(s, 100, 1.0) for s in range(1, 101)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)  # ten warm-up steps
+    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))  # then never rises
+    assert lrs[-1] == pytest.approx(0.1)  # down to a tenth
