@@ -63,7 +63,7 @@ EARLY_WORKERS = 4  # started before capture; the rest once a compile misses the 
 
 def prestart(target: str, count: int | None = None):
     """Start the build workers (all, or ``count`` of them) while lowering and codegen run
-    (Triton on a GPU only)."""
+    (Triton on a GPU only), and warm the parent's own Triton setup in a thread."""
     if target != "triton":
         return
     from kiln.runtime import triton_aot
@@ -73,31 +73,53 @@ def prestart(target: str, count: int | None = None):
             from kiln.runtime.triton_load import ensure_triton_cache_dir
             ensure_triton_cache_dir()
             p.prestart(triton=True, count=count)
-            if count is None or not config.triton_binary_records:
-                # a compile that missed the graph cache: its first launches may go through
-                # the JIT (kernels too few to build ahead). A graph from the cache launches
-                # from kiln's binary records, which need no Triton cache key.
-                _warm_triton_key()
+            # a compile that missed the graph cache: its first launches may go through the JIT
+            # (kernels too few to build ahead) and need Triton's cache key. A graph from the
+            # cache launches from kiln's binary records, which need no Triton cache key.
+            warm_triton(key=count is None or not config.triton_binary_records)
 
 
-_key_warmed = []
+_warm_lock = threading.Lock()
+_warm_threads: dict = {}  # "driver" / "key" -> the thread that warms it
 
 
-def _warm_triton_key():
-    """Triton's own cache key hashes its sources and libraries (0.36-0.6 s on the H200 host) at
-    the process's first JIT launch. Hashing releases the GIL, so a thread computes it now, while
-    capture and lowering run."""
-    if _key_warmed:
-        return
-    _key_warmed.append(True)
+def warm_triton(key: bool = True):
+    """Warm, in threads, what the parent's first Triton use would otherwise pay on the critical
+    path of a compile:
 
-    def warm():
+    - the driver: Triton's CUDA driver object builds its C helper module (``cuda_utils``) with
+      the C compiler when the Triton cache lacks it (0.8 s of a cold compile on the H200 host,
+      between codegen and the first build request), else loads it. gcc is a subprocess, so the
+      thread runs beside capture, lowering and codegen. ``wait_triton_driver`` joins it before
+      the parent touches the driver itself (two threads would both create one);
+    - with ``key``, Triton's own cache key, which hashes its sources and libraries (0.36-0.6 s)
+      at the process's first JIT launch, with the GIL released."""
+    def driver():
+        try:
+            from triton.runtime import driver as d
+            d.active  # noqa: B018 - creates the driver and its utils module
+        except Exception:  # noqa: BLE001 - the parent's own first use reports any trouble
+            pass
+
+    def cache_key():
         try:
             from triton.runtime.cache import triton_key
             triton_key()
         except Exception:  # noqa: BLE001 - a Triton without it; the first launch does its own
             pass
-    threading.Thread(target=warm, name="kiln-triton-key", daemon=True).start()
+    with _warm_lock:
+        for name, fn, wanted in (("driver", driver, True), ("key", cache_key, key)):
+            if wanted and name not in _warm_threads:
+                t = threading.Thread(target=fn, name=f"kiln-triton-{name}", daemon=True)
+                _warm_threads[name] = t
+                t.start()
+
+
+def wait_triton_driver():
+    """Before the parent uses Triton's driver: let a warming thread finish creating it."""
+    t = _warm_threads.get("driver")
+    if t is not None and t is not threading.current_thread():
+        t.join()
 
 
 def prestart_if_gpu():

@@ -108,6 +108,9 @@ class FastLauncher:
         self.failed = False
         if get_device is None:
             from triton.runtime import driver
+
+            from kiln.runtime.builder import wait_triton_driver
+            wait_triton_driver()
             get_device = driver.active.get_current_device
             get_stream = driver.active.get_current_stream
             import torch

@@ -47,6 +47,9 @@ def supported() -> str | None:
 def current_target() -> list:
     import torch
     from triton.runtime import driver
+
+    from kiln.runtime.builder import wait_triton_driver
+    wait_triton_driver()
     try:
         t = driver.active.get_current_target()
         return [t.backend, t.arch, t.warp_size]
@@ -114,7 +117,9 @@ def build_ahead(kernels, launches: dict, pool) -> None:
     ensure_triton_cache_dir()
     target = current_target()
     jobs = []
-    for k in kernels:
+    # longest first (a kernel's source length stands for its compile time): the pool's threads
+    # take jobs in order, and a long kernel that starts last would end the build stage alone
+    for k in sorted(kernels, key=lambda k: -len(k.source)):
         req = launches.get(k.name)
         if req is not None:
             jobs.append(dict(req, kind="triton", path=source_path(k.source), module=module_name(k.source),
