@@ -201,8 +201,13 @@ def _build_triton(req):
     fn = getattr(module, req["name"])
     args = [_Pointer(_tl_dtype(a[1]), a[2]) if a[0] == "ptr" else a[1] for a in req["args"]]
     kernel = fn.warmup(*args, grid=(1,), **req["kwargs"])
+    t0 = time.perf_counter()
     _build_launcher(kernel)
+    _last_launcher_s[0] = time.perf_counter() - t0
     return kernel
+
+
+_last_launcher_s = [0.0]  # the last Triton build's launcher time, for its answer
 
 
 def _build_launcher(kernel):
@@ -245,8 +250,10 @@ def main():
             reply = {"id": req.get("id"), "ok": True, "seconds": time.perf_counter() - t0}
             if kind == "ping":
                 reply["torch_loaded"] = sys.modules.get("torch") is not None
-            elif kind == "triton" and req.get("record"):
-                reply["record"], reply["record_error"] = describe_kernel(kernel)
+            elif kind == "triton":
+                reply["launcher_seconds"] = _last_launcher_s[0]
+                if req.get("record"):
+                    reply["record"], reply["record_error"] = describe_kernel(kernel)
         except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
             reply = {"id": req.get("id"), "ok": False, "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
         out.write(json.dumps(reply) + "\n")
