@@ -55,3 +55,61 @@ def test_the_launcher_build_can_be_switched_off(fake_nvidia_driver, monkeypatch)
     monkeypatch.setenv("KILN_AOT_LAUNCHERS", "0")
     build_worker._build_launcher(_Kernel())
     assert built == []
+
+
+def _fresh_early(monkeypatch):
+    monkeypatch.setattr(build_worker, "_early", {})
+
+
+def test_the_launcher_starts_when_the_compile_starts(fake_nvidia_driver, monkeypatch):
+    """build_worker._early_launchers: Triton's compile entry point, wrapped, starts a thread
+    that builds the launcher from the source's signature while the compile runs; the build
+    joins it before its own launcher step."""
+    import threading
+
+    import triton.compiler as tc
+    _fresh_early(monkeypatch)
+    started, release = threading.Event(), threading.Event()
+    seen = []
+
+    def launcher(src, metadata):
+        seen.append((src, metadata.tensordesc_meta, metadata.num_ctas, metadata.global_scratch_size))
+        started.set()
+        release.wait(5)
+    fake_nvidia_driver.make_launcher = lambda *a: "src"
+    fake_nvidia_driver.CudaLauncher = launcher
+
+    def real_compile(src, **kw):
+        assert started.wait(5), "the launcher build did not start beside the compile"
+        release.set()
+        return "kernel"
+    monkeypatch.setattr(tc, "compile", real_compile)
+    build_worker._early_launchers()
+    src = types.SimpleNamespace(signature={"x": "*fp32"}, fn=object())
+    assert tc.compile(src, target=None) == "kernel"
+    assert seen == [(src, None, 1, 0)]
+    build_worker._early.pop("thread").join(5)
+
+
+def test_a_failing_early_launcher_changes_nothing(fake_nvidia_driver, monkeypatch):
+    import triton.compiler as tc
+    _fresh_early(monkeypatch)
+
+    def boom(src, metadata):
+        raise RuntimeError("the stand-in metadata lacks something")
+    fake_nvidia_driver.make_launcher = lambda *a: "src"
+    fake_nvidia_driver.CudaLauncher = boom
+    monkeypatch.setattr(tc, "compile", lambda src, **kw: "kernel")
+    build_worker._early_launchers()
+    assert tc.compile(types.SimpleNamespace(signature={}, fn=object())) == "kernel"
+    build_worker._early.pop("thread").join(5)
+
+
+def test_no_early_launcher_without_per_signature_launchers(fake_nvidia_driver, monkeypatch):
+    import triton.compiler as tc
+    _fresh_early(monkeypatch)
+    fake_nvidia_driver.CudaLauncher = lambda src, metadata: None
+    original = lambda src, **kw: "kernel"  # noqa: E731
+    monkeypatch.setattr(tc, "compile", original)
+    build_worker._early_launchers()
+    assert tc.compile is original
