@@ -282,7 +282,20 @@ def _build_launcher(kernel):
         pass
 
 
+def _lower_priority():
+    """``KILN_WORKER_NICE=n``: run this worker (and the compilers it starts) n steps nicer than
+    the compiling process, whose own Python stages (the backward's lowering and codegen while
+    the forward's kernels build) are on the compile's critical path."""
+    try:
+        n = int(os.environ.get("KILN_WORKER_NICE", "0"))
+        if n > 0:
+            os.nice(n)
+    except (ValueError, OSError):
+        pass
+
+
 def main():
+    _lower_priority()
     _block_torch()
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nothing else may write to the protocol
