@@ -97,14 +97,28 @@ def permute_rule(ctx, meta, x, dims):
                   lambda idx: x.loader([idx[inverse[k]] for k in range(len(dims))]), ref)
 
 
+_UNRAVELED: dict = {}  # (flat index, shape) -> indices: a model's repeated layers unravel alike
+
+
 def _unravel(flat, shape):
+    key = (flat, tuple(shape))
+    try:
+        return list(_UNRAVELED[key])
+    except (KeyError, TypeError):  # TypeError: an unhashable size
+        pass
     if any(size == 0 for size in shape):  # an empty source is never read: any index will do
         return [sympy.Integer(0)] * len(shape)
     out = []
     for size in reversed(shape):
         out.append(flat % size if size != 1 else sympy.Integer(0))
         flat = sympy.floor(flat / size) if size != 1 else flat
-    return list(reversed(out))
+    out.reverse()
+    if len(_UNRAVELED) < 4096:
+        try:
+            _UNRAVELED[key] = tuple(out)
+        except TypeError:
+            pass
+    return out
 
 
 def reshape_rule(ctx, meta, x, shape):
