@@ -94,6 +94,8 @@ def warm_triton(key: bool = True):
       the parent touches the driver itself (two threads would both create one);
     - with ``key``, Triton's own cache key, which hashes its sources and libraries (0.36-0.6 s)
       at the process's first JIT launch, with the GIL released."""
+    if not config.triton_warm:
+        return
     def driver():
         try:
             from triton.runtime import driver as d

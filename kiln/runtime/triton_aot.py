@@ -45,17 +45,20 @@ def supported() -> str | None:
 
 
 def current_target() -> list:
+    """[backend, arch, warp size] of the current GPU, as Triton's CUDA driver names it
+    (``get_current_target``: the capability's major * 10 + minor, warps of 32), from torch: the
+    driver would build its C helper module first on a cold Triton cache, on the critical path
+    between codegen and the first build request. Other backends ask their driver."""
     import torch
+    if torch.version.hip is None:
+        major, minor = torch.cuda.get_device_capability()
+        return ["cuda", major * 10 + minor, 32]
     from triton.runtime import driver
 
     from kiln.runtime.builder import wait_triton_driver
     wait_triton_driver()
-    try:
-        t = driver.active.get_current_target()
-        return [t.backend, t.arch, t.warp_size]
-    except Exception:  # noqa: BLE001 - older drivers: the capability names it
-        major, minor = torch.cuda.get_device_capability()
-        return ["cuda", major * 10 + minor, 32]
+    t = driver.active.get_current_target()
+    return [t.backend, t.arch, t.warp_size]
 
 
 def _predict_int(value, hints: dict):
