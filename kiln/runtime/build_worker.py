@@ -283,11 +283,13 @@ def _build_launcher(kernel):
 
 
 def _lower_priority():
-    """``KILN_WORKER_NICE=n``: run this worker (and the compilers it starts) n steps nicer than
-    the compiling process, whose own Python stages (the backward's lowering and codegen while
-    the forward's kernels build) are on the compile's critical path."""
+    """Run this worker (and the compilers it starts) ``KILN_WORKER_NICE`` (default 10) steps
+    nicer than the compiling process, whose own Python stages (lowering and codegen while the
+    workers start, the backward's while the forward's kernels build) are on the compile's
+    critical path; 0 keeps the parent's priority. H200, GPT-2 small cold training step: 4.15 s
+    at 0, 3.55 s at 10 (lowering 0.77 -> 0.32 s); inference 2.11 / 2.18 s (one pair each)."""
     try:
-        n = int(os.environ.get("KILN_WORKER_NICE", "0"))
+        n = int(os.environ.get("KILN_WORKER_NICE", "10"))
         if n > 0:
             os.nice(n)
     except (ValueError, OSError):
