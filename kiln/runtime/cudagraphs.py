@@ -24,11 +24,23 @@ copied in (a static input buffer) is still cloned: the next copy-in overwrites i
 An in-place input that moves (a parameter replaced) makes the function run without CUDA graphs
 from then on (recording again is not done: see ``_replay``).
 
-Each recording has a memory pool of its own. A shared pool lets a later recording place its
-outputs in memory an earlier recording uses for intermediates (freed when that capture ended);
-replaying the earlier one would then overwrite outputs the caller holds. That was harmless
-while every output was cloned right after its replay; with outputs handed out as they are it
-is not, so nothing is shared: the cost is the intermediates' memory once per recording.
+**Memory pools.** By default each recording has a memory pool of its own. A shared pool lets a
+later recording place its outputs in memory an earlier recording uses for intermediates (freed
+when that capture ended); replaying the earlier one would then overwrite outputs the caller
+holds. So sharing is safe only for recordings whose outputs never leave the pool: those that
+hand out clones, made right after their replay on the recording's stream, before any other
+replay of the pool can run. ``config.cudagraph_share`` (``KILN_CUDAGRAPH_SHARE``) chooses:
+
+- ``"0"`` (default): a private pool per recording, outputs handed out as they are (above);
+- ``"auto"``: the first recording is made in a private pool and measured; when its
+  intermediates take at least ``SHARE_MIN_SCRATCH`` bytes and its outputs at most
+  1/``SHARE_RATIO`` of that, it is recorded again in the device's shared pool, where every
+  recording so chosen reuses the same intermediate memory and hands out clones (a device copy
+  of small outputs per call instead of one more copy of large intermediates per recording);
+- ``"1"``: every recording in the shared pool, outputs cloned.
+
+A shared recording replays only on the stream it was recorded on (replays of one pool must
+not overlap); on another stream the call runs without CUDA graphs.
 
 Refused, with the reason logged on ``cudagraphs`` (the graph then runs normally): CPU graphs,
 symbolic shapes, graphs that mutate their inputs, graphs that need autograd (training), graphs
@@ -79,15 +91,38 @@ def wrap(compiled, graph, name: str, dynamic=False):
 _use_count = getattr(torch._C, "_storage_Use_Count", None)  # counts tensors on one storage
 
 
+SHARE_MIN_SCRATCH = 64 << 20  # "auto": intermediates worth sharing (bytes)
+SHARE_RATIO = 16              # "auto": outputs at most 1/16 of the intermediates
+_shared_pools: dict = {}      # CUDA device index -> the pool shared recordings are made in
+
+
+def _shared_pool():
+    dev = torch.cuda.current_device()
+    pool = _shared_pools.get(dev)
+    if pool is None:
+        pool = _shared_pools[dev] = torch.cuda.graph_pool_handle()
+    return pool
+
+
+def _share_choice(scratch: int, out_bytes: int) -> bool:
+    """"auto": share a recording whose intermediates are large and outputs small."""
+    return scratch >= SHARE_MIN_SCRATCH and out_bytes * SHARE_RATIO <= scratch
+
+
 class _Slot:
     """One recording: the CUDA graph, its static outputs, how to hand each out (``alias``: the
-    runner's own memory; ``clone``: a view of a static input buffer; ``same``: a view of an
-    input read in place, which replays never write), and the storages whose use counts say
-    whether the caller still holds any output."""
-    __slots__ = ("graph", "outputs", "how", "storages", "baseline")
+    runner's own memory, cloned instead when the recording is in the shared pool; ``clone``: a
+    view of a static input buffer; ``same``: a view of an input read in place, which replays
+    never write), and the storages whose use counts say whether the caller still holds any
+    output."""
+    __slots__ = ("graph", "outputs", "how", "storages", "baseline", "shared", "stream", "pool_bytes")
 
-    def __init__(self, graph, outputs, static_inputs, moving):
+    def __init__(self, graph, outputs, static_inputs, moving, shared=False, pool_bytes=0):
         self.graph, self.outputs = graph, outputs
+        self.shared, self.pool_bytes = shared, pool_bytes
+        self.stream = torch.cuda.current_stream()
+        if shared:  # nothing is handed out as it is: no use counts to watch
+            outputs = ()
         inputs_at = {}
         for i, t in enumerate(static_inputs):
             if isinstance(t, torch.Tensor):
@@ -105,6 +140,18 @@ class _Slot:
                 storages.setdefault(ptr, o.untyped_storage())
         self.storages = tuple(storages.values())
         self.baseline = tuple(_use_count(st._cdata) for st in self.storages) if _use_count else None
+        if shared:
+            self.how = ["clone" if isinstance(o, torch.Tensor) and self._inside(o, static_inputs, moving)
+                        else "same" if isinstance(o, torch.Tensor) else None for o in self.outputs]
+            self.baseline = ()
+
+    @staticmethod
+    def _inside(o, static_inputs, moving) -> bool:
+        """A shared recording's output that must be cloned: anything but a view of an input
+        read in place."""
+        ptr = o.untyped_storage().data_ptr()
+        return not any(isinstance(t, torch.Tensor) and i not in moving and t.untyped_storage().data_ptr() == ptr
+                       for i, t in enumerate(static_inputs))
 
     def free(self) -> bool:
         """Nothing outside the runner refers to this slot's output memory."""
@@ -193,7 +240,9 @@ class CudaGraphRunner:
                               if isinstance(t, torch.Tensor) and i not in moving)
 
     def _record(self) -> _Slot:
-        """One more recording of the graph over the static inputs, with outputs of its own."""
+        """One more recording of the graph over the static inputs, with outputs of its own (in a
+        private pool, or the shared one: see the module doc)."""
+        from kiln.config import config
         self.recordings += 1
         static = self.static_inputs
         stream = torch.cuda.Stream()
@@ -201,13 +250,31 @@ class CudaGraphRunner:
         with torch.cuda.stream(stream):  # one run off the capture, as torch recommends
             self.compiled(*static)
         torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # a private pool (see the module doc)
-            outs = self.compiled(*static)
-        slot = _Slot(graph, tuple(outs), static, set(self.moving))
-        log.log("cudagraphs", "%s: recorded a CUDA graph, slot %d (%d inputs copied in, %d in place)",
-                self.name, len(self.slots), len(self.moving), len(self.in_place))
+        share = config.cudagraph_share if not self.slots else "0"  # a shared slot never needs a second
+        if share == "1":
+            slot = self._capture(static, shared=True)
+        else:
+            slot = self._capture(static, shared=False)
+            if share == "auto":
+                out_bytes = sum(st.nbytes() for st in slot.storages)
+                scratch = max(0, slot.pool_bytes - out_bytes)
+                if _share_choice(scratch, out_bytes):
+                    log.log("cudagraphs", "%s: intermediates %.1f MB, outputs %.1f MB: recorded again in the "
+                            "shared pool, outputs cloned per call", self.name, scratch / 2**20, out_bytes / 2**20)
+                    del slot
+                    slot = self._capture(static, shared=True)
+        log.log("cudagraphs", "%s: recorded a CUDA graph, slot %d (%d inputs copied in, %d in place)%s",
+                self.name, len(self.slots), len(self.moving), len(self.in_place),
+                ", in the shared pool" if slot.shared else "")
         return slot
+
+    def _capture(self, static, shared: bool) -> _Slot:
+        graph = torch.cuda.CUDAGraph()
+        before = torch.cuda.memory_reserved()
+        with torch.cuda.graph(graph, pool=_shared_pool() if shared else None):
+            outs = self.compiled(*static)
+        return _Slot(graph, tuple(outs), static, set(self.moving), shared=shared,
+                     pool_bytes=torch.cuda.memory_reserved() - before)
 
     def _pick_slot(self):
         """A slot whose outputs nothing holds, starting with the one after the last replayed;
@@ -252,6 +319,8 @@ class CudaGraphRunner:
                 log.log("cudagraphs", "%s: the outputs of both recordings are still held; this call (and "
                         "any like it) runs without CUDA graphs", self.name)
             return self.compiled(*inputs)
+        if slot.shared and torch.cuda.current_stream() != slot.stream:
+            return self.compiled(*inputs)  # replays of the shared pool must not overlap
         slot.graph.replay()
         return slot.hand_out()
 

@@ -181,3 +181,99 @@ def test_outputs_that_view_inputs():
         for g, w in zip(got, want):
             assert_close(g, w)
     assert results[-1][0][1].data_ptr() == y.data_ptr()
+
+
+# ---------------------------------------------------------------- the shared memory pool
+def _wide(x, w):
+    """Large intermediates (the [512, 4096] product), small outputs (a row sum)."""
+    return (torch.relu(x @ w) * 2).sum(1)
+
+
+def _runners():
+    import gc
+
+    from kiln.runtime.cudagraphs import CudaGraphRunner
+    return [o for o in gc.get_objects() if isinstance(o, CudaGraphRunner) and o.slots]
+
+
+def test_share_choice_wants_large_intermediates_and_small_outputs():
+    from kiln.runtime.cudagraphs import SHARE_MIN_SCRATCH, SHARE_RATIO, _share_choice
+    assert _share_choice(SHARE_MIN_SCRATCH, SHARE_MIN_SCRATCH // SHARE_RATIO)
+    assert not _share_choice(SHARE_MIN_SCRATCH - 1, 0)              # too little to share
+    assert not _share_choice(SHARE_MIN_SCRATCH * 4, SHARE_MIN_SCRATCH)  # outputs too large to clone
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
+def test_shared_pool_reuses_intermediates_and_keeps_results(capsys):
+    """Two compiled functions recorded into the shared pool: the second reuses the first's
+    intermediate memory, results handed out are clones (kept results stay right while the other
+    graph replays over the pool), and each matches eager on fresh inputs."""
+    import gc
+    gc.collect()
+    before = {id(r) for r in _runners()}
+    w = torch.randn(1024, 4096, device="cuda")
+    f1 = kiln.compile(lambda x, w: _wide(x, w), mode="reduce-overhead")
+    f2 = kiln.compile(lambda x, w: _wide(x, w) + 1.0, mode="reduce-overhead")
+    kept = []
+
+    def run():
+        with kiln.config.patch(cudagraph_share="1"):
+            for i in range(4):
+                x = torch.randn(512, 1024, device="cuda")
+                kept.append((f1(x, w), _wide(x, w)))
+                kept.append((f2(x, w), _wide(x, w) + 1.0))
+    _logged(run)
+    for got, want in kept:
+        torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-4)
+    assert "in the shared pool" in capsys.readouterr().err
+    runners = [r for r in _runners() if id(r) not in before]
+    assert len(runners) == 2 and all(len(r.slots) == 1 and r.slots[0].shared for r in runners)
+    first, second = sorted((r.slots[0].pool_bytes for r in runners), reverse=True)
+    assert first >= 8 << 20            # the [512, 4096] fp32 product lives in the pool
+    assert second <= first // 2        # the second recording found it there
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
+def test_auto_shares_small_outputs_and_keeps_large_ones_private(capsys, monkeypatch):
+    import gc
+
+    from kiln.runtime import cudagraphs
+    monkeypatch.setattr(cudagraphs, "SHARE_MIN_SCRATCH", 1 << 20)
+    gc.collect()
+    before = {id(r) for r in _runners()}
+    w = torch.randn(1024, 4096, device="cuda")
+    small = kiln.compile(lambda x, w: _wide(x, w), mode="reduce-overhead")
+    large = kiln.compile(lambda x, w: torch.relu(x @ w) * 2, mode="reduce-overhead")  # the product is the output
+    results = []
+
+    def run():
+        with kiln.config.patch(cudagraph_share="auto"):
+            for _ in range(4):
+                x = torch.randn(512, 1024, device="cuda")
+                results.append((small(x, w), _wide(x, w)))
+                results.append((large(x, w), torch.relu(x @ w) * 2))
+    _logged(run)
+    for got, want in results:
+        torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-4)
+    err = capsys.readouterr().err
+    assert "recorded again in the shared pool" in err
+    runners = [r for r in _runners() if id(r) not in before]
+    shared = sorted(r.slots[0].shared for r in runners)
+    assert shared == [False, True]
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
+def test_shared_recording_on_another_stream_runs_normally():
+    w = torch.randn(1024, 4096, device="cuda")
+    f = kiln.compile(lambda x, w: _wide(x, w), mode="reduce-overhead")
+    with kiln.config.patch(cudagraph_share="1"):
+        for _ in range(3):
+            x = torch.randn(512, 1024, device="cuda")
+            torch.testing.assert_close(f(x, w), _wide(x, w), atol=1e-2, rtol=1e-4)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x = torch.randn(512, 1024, device="cuda")
+            got, want = f(x, w), _wide(x, w)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-4)
