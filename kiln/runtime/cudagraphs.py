@@ -121,8 +121,11 @@ class _Slot:
         self.graph, self.outputs = graph, outputs
         self.shared, self.pool_bytes = shared, pool_bytes
         self.stream = torch.cuda.current_stream()
-        if shared:  # nothing is handed out as it is: no use counts to watch
-            outputs = ()
+        if shared:  # every output in the pool is cloned: no use counts to watch
+            self.how = ["clone" if self._inside(o, static_inputs, moving) else "same"
+                        if isinstance(o, torch.Tensor) else None for o in outputs]
+            self.storages, self.baseline = (), ()
+            return
         inputs_at = {}
         for i, t in enumerate(static_inputs):
             if isinstance(t, torch.Tensor):
@@ -140,15 +143,13 @@ class _Slot:
                 storages.setdefault(ptr, o.untyped_storage())
         self.storages = tuple(storages.values())
         self.baseline = tuple(_use_count(st._cdata) for st in self.storages) if _use_count else None
-        if shared:
-            self.how = ["clone" if isinstance(o, torch.Tensor) and self._inside(o, static_inputs, moving)
-                        else "same" if isinstance(o, torch.Tensor) else None for o in self.outputs]
-            self.baseline = ()
 
     @staticmethod
     def _inside(o, static_inputs, moving) -> bool:
         """A shared recording's output that must be cloned: anything but a view of an input
         read in place."""
+        if not isinstance(o, torch.Tensor):
+            return False
         ptr = o.untyped_storage().data_ptr()
         return not any(isinstance(t, torch.Tensor) and i not in moving and t.untyped_storage().data_ptr() == ptr
                        for i, t in enumerate(static_inputs))

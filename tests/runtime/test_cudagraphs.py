@@ -277,3 +277,21 @@ def test_shared_recording_on_another_stream_runs_normally():
             got, want = f(x, w), _wide(x, w)
         torch.cuda.current_stream().wait_stream(side)
         torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-4)
+
+
+def test_a_shared_slot_clones_pool_outputs_and_is_always_free(monkeypatch):
+    """The bookkeeping of a shared recording, without a GPU: outputs in the pool are cloned,
+    views of inputs read in place are handed out as they are, non-tensors pass through, and the
+    slot never waits on held outputs (nothing handed out lives in the pool)."""
+    from kiln.runtime import cudagraphs
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: "recording stream")
+    w, moving_input = torch.randn(4, 4), torch.randn(2)
+    in_pool = torch.randn(3)
+    slot = cudagraphs._Slot(None, (in_pool, w[:2], moving_input[:1], 5), [moving_input, w], {0}, shared=True)
+    assert slot.how == ["clone", "same", "clone", None] and slot.free()
+    got = slot.hand_out()
+    assert got[0].data_ptr() != in_pool.data_ptr() and torch.equal(got[0], in_pool)
+    assert got[1].data_ptr() == w.data_ptr() and got[2].data_ptr() != moving_input.data_ptr()
+    assert got[3] == 5
+    in_pool.zero_()                      # the next replay of the pool
+    assert not torch.equal(got[0], in_pool)
