@@ -202,3 +202,19 @@ def test_prestart_can_start_a_few_first_and_the_rest_later():
         assert len(p._all) == 3
     finally:
         p.shutdown()
+
+
+@pytest.mark.parametrize("env, step", [(None, 10), ("0", 0), ("3", 3)])
+def test_build_workers_run_nicer_than_the_compiler(monkeypatch, env, step):
+    """KILN_WORKER_NICE (default 10): a worker's priority against the compiling process's."""
+    if env is None:
+        monkeypatch.delenv("KILN_WORKER_NICE", raising=False)
+    else:
+        monkeypatch.setenv("KILN_WORKER_NICE", env)
+    w = pool.Worker()
+    try:
+        assert w.request({"kind": "ping"})["ok"]      # the worker is up (its nice call done)
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, w.proc.pid) == min(19, mine + step)
+    finally:
+        w.close()
