@@ -67,3 +67,46 @@ def test_softmax_max_pass_vectorizes(tmp_path):
     assert "kiln_max" in source
     done, simd = _vectorized_lines(source, tmp_path)
     assert _all_vectorized(done, simd), (sorted(done), simd)
+
+
+def test_max_pool_window_chain_vectorizes(tmp_path):
+    """Nine window maxima over stride-2 loads: with kiln_max's | form gcc reported "no vectype"
+    for the loads and left the loop scalar (4.7 ms for an [8, 64, 56, 56] input against 1.3 ms
+    vectorized); between two computed values CppOps now writes the nested-select form."""
+    x = torch.randn(2, 4, 64, 64)
+
+    def pool(x):
+        return F.max_pool2d(x, 3, 2, 1)
+    chains = [s for s in _sources(pool, x) if "kiln_maxc<float>(tmp" in s]
+    assert len(chains) == 1 and chains[0].count("kiln_maxc<float>(") == 8
+    done, simd = _vectorized_lines(chains[0], tmp_path)
+    assert _all_vectorized(done, simd), (sorted(done), simd)
+
+
+@pytest.mark.parametrize("args, helper", [
+    (["tmp3", "0.0f"], "kiln_max"), (["tmp3", "float(1e-05)"], "kiln_max"), (["5LL", "tmp1"], "kiln_max"),
+    (["tmp3", "(-std::numeric_limits<float>::infinity())"], "kiln_max"), (["tmp3", "tmp4"], "kiln_maxc"),
+    (["acc0", "in_ptr0[2*i3 + 1]"], "kiln_maxc"),
+])
+def test_min_max_helper_by_operand(args, helper):
+    from kiln.inductor.codegen.cpp import _minmax_helper
+    assert _minmax_helper("maximum", args) == helper
+    assert _minmax_helper("minimum", args) == helper.replace("max", "min")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
+def test_both_helpers_propagate_nan_and_match_eager(dtype):
+    """maximum/minimum between computed values (the nested-select helper) and against a
+    constant (the | helper), with NaNs on either side, against eager."""
+    torch.manual_seed(0)
+    if dtype.is_floating_point:
+        a, b = torch.randn(64, 33, dtype=dtype), torch.randn(64, 33, dtype=dtype)
+        a[::5, ::3], b[::7, 1::4] = float("nan"), float("nan")
+    else:
+        a, b = torch.randint(-9, 9, (64, 33), dtype=dtype), torch.randint(-9, 9, (64, 33), dtype=dtype)
+
+    def fn(a, b):
+        return torch.maximum(a, b * 2), torch.minimum(a + 1, b), torch.clamp(a, min=0), torch.relu(b)
+    got = kiln.compile(fn)(a, b)
+    for g, w in zip(got, fn(a, b)):
+        torch.testing.assert_close(g, w, equal_nan=True)

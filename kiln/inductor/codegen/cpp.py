@@ -7,6 +7,7 @@ precision is computed in float and rounded where stored or cast, as the Triton p
 from __future__ import annotations
 
 import math
+import re
 
 import sympy
 import torch
@@ -52,6 +53,11 @@ HELPERS = {
     # (every ReLU's) unvectorized
     "kiln_max": "template <typename T> static inline T kiln_max(T a, T b) { return ((a > b) | (a != a)) ? a : b; }",
     "kiln_min": "template <typename T> static inline T kiln_min(T a, T b) { return ((a < b) | (a != a)) ? a : b; }",
+    # the same values, as nested selects: gcc vectorizes chains of these over strided loads
+    # (max_pool2d's windows), which it does not with the | form; but a ReLU's loop that also
+    # stores its mask stays scalar with these. CppOps picks by operand: see _MINMAX.
+    "kiln_maxc": "template <typename T> static inline T kiln_maxc(T a, T b) { return (a != a) ? a : (a > b ? a : b); }",
+    "kiln_minc": "template <typename T> static inline T kiln_minc(T a, T b) { return (a != a) ? a : (a < b ? a : b); }",
 }
 
 
@@ -224,12 +230,25 @@ class CppOps(ScalarOps):
         if op == "rsqrt":
             return f"({ct}(1) / std::sqrt({args[0]}))"
         if op in ("maximum", "minimum"):
-            return f"kiln_{op[:3]}<{ct}>({args[0]}, {args[1]})"
+            return f"{_minmax_helper(op, args)}<{ct}>({args[0]}, {args[1]})"
         if op == "abs" and dtype == torch.bool:
             return args[0]
         if op == "fmod":
             return f"std::fmod({args[0]}, {args[1]})" if dtype.is_floating_point else f"({args[0]} % {args[1]})"
         return super().call(op, args, dtype, arg_dtypes)
+
+
+# what cpp_const writes: 0.5f, 3, 5LL, float(1e-05), (-std::numeric_limits<float>::infinity()), true
+_LITERAL = re.compile(r"^\(?[-+]?\d+\.?\d*([eE][-+]?\d+)?(f|LL)?\)?$|numeric_limits|^\w+\([-+0-9.eE]+\)$"
+                      r"|^(true|false)$")
+
+
+def _minmax_helper(op: str, args) -> str:
+    """``kiln_max``/``kiln_min`` (the | form) against a constant (a ReLU, a clamp), the nested
+    select form (``kiln_maxc``) between two computed values (window maxima, row maxima): each
+    is the form gcc vectorizes in its usual loops (``tests/inductor/test_cpp_vectorized.py``)."""
+    constant = any(_LITERAL.search(str(a).strip()) for a in args)
+    return f"kiln_{op[:3]}" + ("" if constant else "c")
 
 
 def ctype(dtype) -> str:
