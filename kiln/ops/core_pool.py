@@ -192,12 +192,15 @@ def _scatter_grad(g, x, idx, kernel, stride, padding):
     h, w = x.shape[-2], x.shape[-1]
     oh, ow = g.shape[-2], g.shape[-1]
     lead = tuple(x.shape[:-2])
-    k = core.to_dtype(idx, torch.int64)
-    rows = core.reshape(core.iota(g, oh), (oh, 1))
-    rows = core.add(core.mul(rows, sh), core.sub(core.floor_divide(k, kw), ph))
-    cols = core.add(core.mul(core.iota(g, ow), sw), core.sub(core.remainder(k, kw), pw))
-    where = core.reshape(core.add(core.mul(rows, w), cols), lead + (oh * ow,))
-    with g.graph_builder.inherit(backward_only=True):  # the zeros belong to the backward
+    # the positions and the zeros belong to the backward: computed in the forward, the int64
+    # positions would be saved (8 bytes an output beside the 1-byte offsets), and their store
+    # kept gcc from vectorizing the forward's window loop
+    with g.graph_builder.inherit(backward_only=True):
+        k = core.to_dtype(idx, torch.int64)
+        rows = core.reshape(core.iota(g, oh), (oh, 1))
+        rows = core.add(core.mul(rows, sh), core.sub(core.floor_divide(k, kw), ph))
+        cols = core.add(core.mul(core.iota(g, ow), sw), core.sub(core.remainder(k, kw), pw))
+        where = core.reshape(core.add(core.mul(rows, w), cols), lead + (oh * ow,))
         base = core.full(lead + (h * w,), 0.0, x.dtype, x.device)
     gx = core.scatter_add(base, len(lead), where, core.reshape(g, lead + (oh * ow,)))
     return core.reshape(gx, tuple(x.shape))
