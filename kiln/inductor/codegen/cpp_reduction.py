@@ -404,8 +404,10 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
     xtext, rtext = size_text(xnumel, printer), size_text(rnumel, printer)
     if symbolic:  # threads only where they pay, decided at run time
         clause = f" if({xtext} * {rtext} >= 65536 && {xtext} > 1)"
-    else:
-        clause = "" if xnumel * max(rnumel, 1) >= 1 << 16 and xnumel > 1 else " if(0)"
+    else:  # threads pay for a row's work, which grows with the loads each element makes
+        loads = sum(ln.count("in_ptr") for ln in lines)
+        work = xnumel * max(rnumel, 1) * max(1, loads // 4)
+        clause = "" if work >= 1 << 16 and xnumel > 1 else " if(0)"
     sizes = size_params(lines + [xtext, rtext])
     params += [f"const int64_t {p}" for p in sizes]
     code = [f'extern "C" void {name}({", ".join(params)}) {{',
