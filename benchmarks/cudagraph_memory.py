@@ -54,6 +54,10 @@ def _child(name: str, device: str, batch: int, seq: int, layers: int, stages: in
     parts, loss, x = _program(device, batch, seq, layers, stages)
 
     def run(fs, h):
+        if name == "torch.compile" and hasattr(torch.compiler, "cudagraph_mark_step_begin"):
+            # torch.compile's CUDA-graph trees ask for this mark before each forward of a program
+            # whose compiled parts feed one another (otherwise it reports outputs overwritten)
+            torch.compiler.cudagraph_mark_step_begin()
         for f in fs[:-1]:
             h = f(h)
         return fs[-1](h)

@@ -119,9 +119,9 @@ class Config:
     # (runtime/builder.py warm_triton); KILN_TRITON_WARM=0 for an A/B
     triton_warm: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_TRITON_WARM", True))
     # mode="reduce-overhead": which recordings share one memory pool (runtime/cudagraphs.py):
-    # "0" none (each recording has its own; outputs handed out as they are), "auto" those whose
-    # intermediates are large and outputs small (outputs then cloned per call), "1" all of them
-    cudagraph_share: str = dataclasses.field(default_factory=lambda: os.environ.get("KILN_CUDAGRAPH_SHARE", "0"))
+    # "0" none (each recording has its own; outputs handed out as they are), "auto" (default) those
+    # whose intermediates are large and outputs small (outputs then cloned per call), "1" all of them
+    cudagraph_share: str = dataclasses.field(default_factory=lambda: os.environ.get("KILN_CUDAGRAPH_SHARE", "auto"))
     # "kernels built k/n" on a terminal for compiles with at least this many kernels
     progress_min: int = 8
     aot_min_kernels: int = 4          # fewer Triton kernels compile lazily in-process

@@ -31,8 +31,8 @@ holds. So sharing is safe only for recordings whose outputs never leave the pool
 hand out clones, made right after their replay on the recording's stream, before any other
 replay of the pool can run. ``config.cudagraph_share`` (``KILN_CUDAGRAPH_SHARE``) chooses:
 
-- ``"0"`` (default): a private pool per recording, outputs handed out as they are (above);
-- ``"auto"``: the first recording is made in a private pool and measured; when its
+- ``"0"``: a private pool per recording, outputs handed out as they are (above);
+- ``"auto"`` (default): the first recording is made in a private pool and measured; when its
   intermediates take at least ``SHARE_MIN_SCRATCH`` bytes and its outputs at most
   1/``SHARE_RATIO`` of that, it is recorded again in the device's shared pool, where every
   recording so chosen reuses the same intermediate memory and hands out clones (a device copy
@@ -92,7 +92,7 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)  # counts tensors on 
 
 
 SHARE_MIN_SCRATCH = 64 << 20  # "auto": intermediates worth sharing (bytes)
-SHARE_RATIO = 16              # "auto": outputs at most 1/16 of the intermediates
+SHARE_RATIO = 8               # "auto": outputs at most 1/8 of the intermediates
 _shared_pools: dict = {}      # CUDA device index -> the pool shared recordings are made in
 
 
@@ -271,11 +271,16 @@ class CudaGraphRunner:
 
     def _capture(self, static, shared: bool) -> _Slot:
         graph = torch.cuda.CUDAGraph()
+        # torch.cuda.graph empties the allocator's cache before capturing; emptying it here first
+        # makes the reserved memory's growth the memory the capture took (the shared pool's and
+        # live private pools' blocks are never released by it)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved()
         with torch.cuda.graph(graph, pool=_shared_pool() if shared else None):
             outs = self.compiled(*static)
         return _Slot(graph, tuple(outs), static, set(self.moving), shared=shared,
-                     pool_bytes=torch.cuda.memory_reserved() - before)
+                     pool_bytes=max(0, torch.cuda.memory_reserved() - before))
 
     def _pick_slot(self):
         """A slot whose outputs nothing holds, starting with the one after the last replayed;
