@@ -58,5 +58,8 @@ def test_scatters_that_may_collide_across_threads_keep_atomics(case):
         x, idx, src = torch.randn(2, 64), torch.randint(0, 64, (2, 8192)), torch.randn(2, 8192)
         fn = lambda x, i, s: x.scatter_add(1, i, s) * 2  # noqa: E731
     r, sources = _sources(fn, x, idx, src)
-    assert_close(r.result, fn(x, idx, src))
+    # threads add into a row in any order: about 80 (index_add) or 128 (scatter_add) fp32 terms
+    # of size ~2 per element, so the sum's rounding differs from eager's sequential one by up to
+    # ~n * eps * sum|terms| (1.6e-05 seen on 16 cores)
+    torch.testing.assert_close(r.result, fn(x, idx, src), rtol=1e-5, atol=2e-4)
     assert len(sources) == 1 and "omp atomic" in sources[0] and "xp" not in sources[0]
