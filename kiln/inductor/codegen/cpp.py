@@ -38,6 +38,15 @@ PRELUDE = r"""
 """
 
 # Helpers, each included only when the kernel uses it.
+def _minmax_select(name: str, cmp: str) -> str:
+    """A NaN-propagating max or min as nested selects (see HELPERS), per compiler version."""
+    pick = f"(a {cmp} b ? a : b)"
+    unordered = "".join(f"template <> inline {t} {name}({t} a, {t} b) {{ return __builtin_isunordered(a, b) ? a + b : {pick}; }}\n"
+                        for t in ("float", "double"))
+    return (f"template <typename T> static inline T {name}(T a, T b) {{ return (a != a) ? a : {pick}; }}\n"
+            f"#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 13\n{unordered}#endif")
+
+
 HELPERS = {
     "kiln_bf16_to_float": r"""static inline float kiln_bf16_to_float(uint16_t v) {
     uint32_t bits = ((uint32_t)v) << 16; float f; std::memcpy(&f, &bits, 4); return f;
@@ -56,8 +65,12 @@ HELPERS = {
     # the same values, as nested selects: gcc vectorizes chains of these over strided loads
     # (max_pool2d's windows), which it does not with the | form; but a ReLU's loop that also
     # stores its mask stays scalar with these. CppOps picks by operand: see _MINMAX.
-    "kiln_maxc": "template <typename T> static inline T kiln_maxc(T a, T b) { return (a != a) ? a : (a > b ? a : b); }",
-    "kiln_minc": "template <typename T> static inline T kiln_minc(T a, T b) { return (a != a) ? a : (a < b ? a : b); }",
+    # gcc 13 leaves those chains scalar ("no vectype" for the loads) but vectorizes them when the
+    # NaN test is one unordered compare of both operands (NaN + x is NaN), which gcc 12 does not:
+    # each compiler gets the form it vectorizes (both seen with -fopt-info-vec on the max-pool
+    # window chain: gcc 12.2 here, gcc 13.3 on the H200 host)
+    "kiln_maxc": _minmax_select("kiln_maxc", ">"),
+    "kiln_minc": _minmax_select("kiln_minc", "<"),
 }
 
 
