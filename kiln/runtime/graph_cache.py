@@ -38,7 +38,7 @@ _IRRELEVANT_SETTINGS = {"cache_dir", "debug", "debug_dir", "verify", "strict", "
                         "compile_threads",
                         # how kernels are built, launched or scheduled at run time, not what they are
                         "cpp_pch", "cpp_call", "triton_pointer_ints", "triton_direct_launch", "triton_binary_records",
-                        "speculative_backward", "triton_warm", "cudagraph_share"}
+                        "speculative_backward", "triton_warm", "cudagraph_share", "worker_fork"}
 ENTRY_FORMAT = 1
 
 

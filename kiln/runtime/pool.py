@@ -8,6 +8,11 @@ default: the CPU count, capped at 32); 1 means every build runs in-process, one 
 
 Every worker gets the parent's environment, so Triton's cache-key settings and
 ``TRITON_CACHE_DIR`` (kiln's ``<cache>/triton_bin``) are the same on both sides.
+
+With ``config.worker_fork`` (``KILN_WORKER_FORK``; Linux), workers are forked by one *zygote*
+process (``build_worker.py --zygote``) that imports Triton once, instead of each importing it;
+they talk over a private Unix socket. Should the zygote fail, workers start as their own
+processes again.
 """
 from __future__ import annotations
 
@@ -17,9 +22,14 @@ import itertools
 import json
 import os
 import queue
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 
 from kiln import log
 from kiln.config import config
@@ -39,16 +49,21 @@ def pool_size() -> int:
     return max(1, int(n))
 
 
+def _worker_env() -> dict:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)  # workers compile for the real target
+    return env
+
+
 class Worker:
-    """One build_worker.py process; one request at a time."""
+    """One build_worker.py process; one request at a time, one JSON line each way."""
     _ids = itertools.count()
 
     def __init__(self):
-        env = dict(os.environ)
-        env.pop("TRITON_INTERPRET", None)  # workers compile for the real target
         self.proc = subprocess.Popen([sys.executable, _WORKER_SCRIPT], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_worker_env(),
                                      text=True, bufsize=1)
+        self._out, self._in = self.proc.stdin, self.proc.stdout
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -56,9 +71,9 @@ class Worker:
     def request(self, msg: dict) -> dict:
         msg = dict(msg, id=next(self._ids))
         try:
-            self.proc.stdin.write(json.dumps(msg) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
+            self._out.write(json.dumps(msg) + "\n")
+            self._out.flush()
+            line = self._in.readline()
         except (OSError, ValueError) as e:
             raise BuildError(f"[build] build worker {self.proc.pid} is gone: {e}") from e
         if not line:
@@ -77,6 +92,102 @@ class Worker:
             pass
 
 
+class _ForkedProc:
+    """The parts of Popen a pool uses, for a worker the zygote forked (not this process's child:
+    the zygote reaps it)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def poll(self):
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return -1
+        except PermissionError:  # the pid was reused by another user's process
+            return -1
+        return None
+
+    def kill(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float = 5.0):
+        end = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < end:
+            time.sleep(0.005)
+        return self.poll()
+
+
+class ForkedWorker(Worker):
+    """A worker forked by the zygote; the same protocol over a Unix socket."""
+
+    def __init__(self, conn, pid: int, rfile, wfile):
+        self.conn, self.proc = conn, _ForkedProc(pid)
+        self._out, self._in = wfile, rfile
+
+    def close(self):
+        for f in (self._out, self._in, self.conn):
+            try:
+                f.close()  # the worker reads the end of its requests and exits
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class Zygote:
+    """build_worker.py --zygote: imports once, forks workers on request (see its ``zygote``).
+    ``fork`` hands back a ForkedWorker connected through a private Unix socket."""
+    FORK_TIMEOUT = 60.0  # seconds: the first fork waits for the zygote's imports
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="kiln-zygote-")  # mode 0700: only this user connects
+        path = os.path.join(self.dir, "s")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(MAX_WORKERS)
+        self.listener.settimeout(self.FORK_TIMEOUT)
+        self.proc = subprocess.Popen([sys.executable, _WORKER_SCRIPT, "--zygote", path], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_worker_env(),
+                                     text=True, bufsize=1)
+        self._lock = threading.Lock()
+        self._tokens = itertools.count()
+
+    def fork(self, triton: bool) -> ForkedWorker:
+        with self._lock:
+            if self.proc.poll() is not None:
+                raise BuildError(f"[build] the build workers' zygote exited (code {self.proc.poll()})")
+            token = next(self._tokens)
+            try:
+                self.proc.stdin.write(json.dumps({"token": token, "triton": triton}) + "\n")
+                self.proc.stdin.flush()
+                conn, _ = self.listener.accept()
+            except (OSError, ValueError) as e:  # socket.timeout is an OSError
+                raise BuildError(f"[build] the build workers' zygote did not fork a worker: {e}") from e
+            conn.settimeout(None)
+            rfile, wfile = conn.makefile("r", encoding="utf-8"), conn.makefile("w", encoding="utf-8")
+            hello = json.loads(rfile.readline() or "{}")
+            if hello.get("token") != token:
+                conn.close()
+                raise BuildError(f"[build] a forked build worker answered {hello!r} for fork {token}")
+            return ForkedWorker(conn, hello["pid"], rfile, wfile)
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()
+        self.listener.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _fork_workers() -> bool:
+    return bool(config.worker_fork) and hasattr(os, "fork") and hasattr(socket, "AF_UNIX") \
+        and sys.platform.startswith("linux")
+
+
 class BuildPool:
     def __init__(self, size: int):
         self.size = size
@@ -85,6 +196,9 @@ class BuildPool:
         self._count = 0  # workers running or being started; never more than size
         self._lock = threading.Lock()
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=size, thread_name_prefix="kiln-build")
+        self._zygote: Zygote | None = None
+        self._zygote_failed = not _fork_workers()
+        self._zygote_lock = threading.Lock()
 
     def _reserve(self, n: int) -> int:
         with self._lock:
@@ -92,9 +206,23 @@ class BuildPool:
             self._count += n
             return n
 
-    def _start(self) -> Worker:
+    def _new_worker(self, triton: bool) -> Worker:
+        """Forked by the zygote (``config.worker_fork``), else a process of its own."""
+        if not self._zygote_failed:
+            try:
+                with self._zygote_lock:
+                    if self._zygote is None:
+                        self._zygote = Zygote()
+                    zygote = self._zygote
+                return zygote.fork(triton)
+            except Exception as e:  # noqa: BLE001 - workers start as processes of their own
+                self._zygote_failed = True
+                log.log("kernels", "build workers start on their own: the zygote failed (%s: %s)", type(e).__name__, e)
+        return Worker()
+
+    def _start(self, triton: bool = False) -> Worker:
         try:
-            w = Worker()
+            w = self._new_worker(triton)
         except BaseException:
             with self._lock:
                 self._count -= 1
@@ -132,7 +260,7 @@ class BuildPool:
         warm its imports (Triton's compiler with ``triton``) while the compile goes on."""
         def start_one():
             try:
-                w = self._start()
+                w = self._start(triton)
             except Exception as e:  # noqa: BLE001 - a build starts its own worker later
                 log.log("kernels", "build worker did not start: %s", e)
                 return
@@ -181,6 +309,10 @@ class BuildPool:
             self._count = 0
         for w in workers:
             w.close()
+        with self._zygote_lock:
+            zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.close()
 
 
 _pool: BuildPool | None = None
