@@ -9,10 +9,13 @@ default: the CPU count, capped at 32); 1 means every build runs in-process, one 
 Every worker gets the parent's environment, so Triton's cache-key settings and
 ``TRITON_CACHE_DIR`` (kiln's ``<cache>/triton_bin``) are the same on both sides.
 
-With ``config.worker_fork`` (``KILN_WORKER_FORK``; Linux), workers are forked by one *zygote*
-process (``build_worker.py --zygote``) that imports Triton once, instead of each importing it;
-they talk over a private Unix socket. Should the zygote fail, workers start as their own
-processes again.
+On Linux, with ``config.worker_fork`` (``KILN_WORKER_FORK``, default on), workers are forked by
+one *zygote* process (``build_worker.py --zygote``) that imports Triton once, instead of each
+importing it, and talk over a private Unix socket; should the zygote fail, workers start as
+processes of their own again. On the H200 host, GPT-2 small (one sample each): cold inference
+compile 2.73-3.08 s -> 2.37 s (lowering 0.26-0.44 -> 0.18 s: sixteen imports no longer compete
+with the parent), warm start 0.76 -> 0.47 s (the four workers started before capture imported
+Triton beside it), cold training step 5.57 -> 5.23 s.
 """
 from __future__ import annotations
 

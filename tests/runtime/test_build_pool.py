@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -14,6 +15,13 @@ import torch
 import kiln
 from kiln.runtime import cache, pool
 from tests.testing import assert_close
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["forked", "own-process"])
+def _worker_kind(request):
+    """Every test with workers forked by the zygote (the default on Linux) and without."""
+    with kiln.config.patch(worker_fork=request.param):
+        yield
 
 
 def _many_kernels(x, y):
@@ -153,6 +161,13 @@ def test_progress_on_a_terminal_only(monkeypatch):
     assert quiet.getvalue() == ""
 
 
+def _until_started(p, n, timeout=60.0):
+    """Prestarted workers come up in their own threads: wait for n of them (at most timeout)."""
+    end = time.monotonic() + timeout
+    while len(p._all) < n and time.monotonic() < end:
+        time.sleep(0.01)
+
+
 def test_prestart_starts_every_worker_at_once_and_never_more_than_the_size():
     p = pool.BuildPool(3)
     try:
@@ -161,6 +176,7 @@ def test_prestart_starts_every_worker_at_once_and_never_more_than_the_size():
         # requests made while the workers are still starting wait for one of them
         replies = p.map(lambda i: p.in_worker({"kind": "ping"}), range(8))
         assert all(r["ok"] for r in replies)
+        _until_started(p, 3)  # forked workers (KILN_WORKER_FORK) can answer all 8 before the rest connect
         assert len(p._all) == 3 and p._count == 3
         pids = {w.proc.pid for w in p._all}
         p.map(lambda i: p.in_worker({"kind": "ping"}), range(6))
@@ -199,6 +215,7 @@ def test_prestart_can_start_a_few_first_and_the_rest_later():
         p.prestart()  # a graph-cache miss: the rest
         assert p._count == 3
         assert all(r["ok"] for r in p.map(lambda i: p.in_worker({"kind": "ping"}), range(4)))
+        _until_started(p, 3)
         assert len(p._all) == 3
     finally:
         p.shutdown()
