@@ -58,6 +58,15 @@ def _worker_env() -> dict:
     return env
 
 
+def _end(proc):
+    """A worker or zygote reads the end of its input and exits; one that does not is killed."""
+    try:
+        proc.stdin.close()
+        proc.wait(timeout=5)
+    except Exception:  # noqa: BLE001
+        proc.kill()
+
+
 class Worker:
     """One build_worker.py process; one request at a time, one JSON line each way."""
     _ids = itertools.count()
@@ -84,11 +93,7 @@ class Worker:
         return json.loads(line)
 
     def close(self):
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=5)
-        except Exception:  # noqa: BLE001
-            self.proc.kill()
+        _end(self.proc)
         try:
             self.proc.stdout.close()
         except Exception:  # noqa: BLE001
@@ -177,11 +182,7 @@ class Zygote:
             return ForkedWorker(conn, hello["pid"], rfile, wfile)
 
     def close(self):
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=5)
-        except Exception:  # noqa: BLE001
-            self.proc.kill()
+        _end(self.proc)
         self.listener.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
