@@ -116,8 +116,8 @@ class Config:
     compile_threads: object = dataclasses.field(default_factory=lambda: int(os.environ["KILN_COMPILE_THREADS"])
                                                 if os.environ.get("KILN_COMPILE_THREADS") else None)
     # build workers forked by one process that imports Triton once (runtime/pool.py Zygote);
-    # KILN_WORKER_FORK=0 starts each worker as a process of its own
-    worker_fork: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_WORKER_FORK", True))
+    # off until the full suite has run with it on the H200 (its A/B there: session 23 notes)
+    worker_fork: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_WORKER_FORK", False))
     # the parent warms Triton's driver and cache key in threads while lowering runs
     # (runtime/builder.py warm_triton); KILN_TRITON_WARM=0 for an A/B
     triton_warm: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_TRITON_WARM", True))

@@ -9,7 +9,8 @@ default: the CPU count, capped at 32); 1 means every build runs in-process, one 
 Every worker gets the parent's environment, so Triton's cache-key settings and
 ``TRITON_CACHE_DIR`` (kiln's ``<cache>/triton_bin``) are the same on both sides.
 
-On Linux, with ``config.worker_fork`` (``KILN_WORKER_FORK``, default on), workers are forked by
+On Linux, with ``config.worker_fork`` (``KILN_WORKER_FORK=1``; off by default until the whole
+suite has run with it on the H200), workers are forked by
 one *zygote* process (``build_worker.py --zygote``) that imports Triton once, instead of each
 importing it, and talk over a private Unix socket; should the zygote fail, workers start as
 processes of their own again. On the H200 host, GPT-2 small (one sample each): cold inference

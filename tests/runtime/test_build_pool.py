@@ -19,7 +19,7 @@ from tests.testing import assert_close
 
 @pytest.fixture(autouse=True, params=[True, False], ids=["forked", "own-process"])
 def _worker_kind(request):
-    """Every test with workers forked by the zygote (the default on Linux) and without."""
+    """Every test with workers forked by the zygote (KILN_WORKER_FORK=1) and without."""
     with kiln.config.patch(worker_fork=request.param):
         yield
 
