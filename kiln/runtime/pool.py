@@ -154,12 +154,17 @@ class Zygote:
         self.dir = tempfile.mkdtemp(prefix="kiln-zygote-")  # mode 0700: only this user connects
         path = os.path.join(self.dir, "s")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(path)
-        self.listener.listen(MAX_WORKERS)
-        self.listener.settimeout(self.FORK_TIMEOUT)
-        self.proc = subprocess.Popen([sys.executable, _WORKER_SCRIPT, "--zygote", path], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_worker_env(),
-                                     text=True, bufsize=1)
+        try:
+            self.listener.bind(path)
+            self.listener.listen(MAX_WORKERS)
+            self.listener.settimeout(self.FORK_TIMEOUT)
+            self.proc = subprocess.Popen([sys.executable, _WORKER_SCRIPT, "--zygote", path], stdin=subprocess.PIPE,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_worker_env(),
+                                         text=True, bufsize=1)
+        except BaseException:
+            self.listener.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         self._lock = threading.Lock()
         self._tokens = itertools.count()
 
