@@ -10,7 +10,7 @@ import warnings
 
 import torch
 
-from kiln import context, counters, log
+from kiln import api_args, context, counters, log
 from kiln.capture import Unsupported, frame_locals, trace
 from kiln.capture.tracer import CLOSURE_KEY
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
@@ -375,7 +375,13 @@ class CompiledFunction:
                 if config.verify:
                     from kiln.meta.verify import verify_meta
                     context.run_pass("meta", verify_meta, capture.graph, capture.fetch(L))
-                compiled = self.compile_graph(capture.graph, self.backend) if needed else None
+                if not needed:
+                    compiled = None
+                elif api_args.autotune(self.mode, self.options) and not config.triton_autotune:
+                    with config.patch(triton_autotune=True):
+                        compiled = self.compile_graph(capture.graph, self.backend)
+                else:
+                    compiled = self.compile_graph(capture.graph, self.backend)
             except StageError as e:
                 return self._internal_error(cache, e, e.__cause__ or e)
             except Exception as e:  # noqa: BLE001 - the meta verifier found a wrong meta
@@ -389,7 +395,7 @@ class CompiledFunction:
                 log.log("dynamic", "shape guards of %s:\n  %s", self.name,
                         "\n  ".join(capture.shape_env.guard_lines()) or "(none)")
             logs.guards(self.name, capture)
-            if self.mode == "reduce-overhead" and compiled is not None:
+            if self.mode in api_args.CUDAGRAPH_MODES and compiled is not None:
                 from kiln.runtime import cudagraphs
                 compiled = cudagraphs.wrap(compiled, capture.graph, self.name,
                                            dynamic=capture.shape_env is not None)
@@ -446,28 +452,27 @@ class CompiledModule(torch.nn.Module):
             return getattr(self._modules["_orig_mod"], name)
 
 
-# "reduce-overhead": record compiled graphs into CUDA graphs (kiln/runtime/cudagraphs.py)
-MODES = (None, "default", "reduce-overhead")
+MODES = api_args.MODES
 
 
-def compile(fn_or_module=None, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
-            options=None):
-    """Compile a function or nn.Module; usable as ``@kiln.compile`` or ``@kiln.compile(...)``."""
+def compile(model=None, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
+            options=None, disable=False):
+    """Compile a function or nn.Module; usable as ``@kiln.compile`` or ``@kiln.compile(...)``.
+    torch.compile's signature; ``disable=True`` returns ``model`` itself."""
+    options = api_args.check(fullgraph, dynamic, backend, mode, options, disable)
     opts = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options)
-    if backend not in ("kiln", "eager", "aot_eager"):
-        raise ValueError(f"unknown backend {backend!r}; expected 'kiln', 'eager' or 'aot_eager'")
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-    if fn_or_module is None:
-        return lambda f: compile(f, **opts)
-    if isinstance(fn_or_module, torch.nn.Module):
+    if model is None:
+        return lambda f: compile(f, disable=disable, **opts)
+    if disable:
+        return model
+    if isinstance(model, torch.nn.Module):
         from kiln import distributed
-        if distributed.is_ddp(fn_or_module):  # DDP's Python forward around the inner compiled one
-            return distributed.CompiledDDP(fn_or_module, **opts)
-        return CompiledModule(fn_or_module, **opts)
-    if not callable(fn_or_module):
-        raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(fn_or_module).__name__}")
-    return CompiledFunction(fn_or_module, **opts)
+        if distributed.is_ddp(model):  # DDP's Python forward around the inner compiled one
+            return distributed.CompiledDDP(model, **opts)
+        return CompiledModule(model, **opts)
+    if not callable(model):
+        raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(model).__name__}")
+    return CompiledFunction(model, **opts)
 
 
 def reset():
