@@ -6,11 +6,11 @@ import re
 import threading
 import time
 import types
-import warnings
 
 import torch
 
-from kiln import api_args, context, counters, log
+from kiln import api_args, context, counters, log, module_hooks
+from kiln.eager_runs import note_eager_run
 from kiln.capture import Unsupported, frame_locals, trace
 from kiln.capture.tracer import CLOSURE_KEY
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
@@ -23,6 +23,7 @@ class _Local(threading.local):
     ``getattr(..., default)`` raised and caught an AttributeError on every call."""
     disabled = 0
     compiling = False
+    eager_call = None  # (reason, lineno): _compile's "run eagerly this call only"
 
 
 _local = _Local()
@@ -84,11 +85,14 @@ class BreakEntry(CacheEntry):
 
 class CodeCache:
     """Everything kiln knows about one code object: its entries, or why it runs eagerly."""
-    __slots__ = ("entries", "eager_reason", "compiles", "auto_dynamic", "auto_dynamic_ints", "static_ints")
+    __slots__ = ("entries", "eager_reason", "compiles", "auto_dynamic", "auto_dynamic_ints", "static_ints",
+                 "eager_where", "eager_quiet")
 
     def __init__(self):
         self.entries: list[CacheEntry] = []
         self.eager_reason: str | None = None
+        self.eager_where: tuple = (None, None)  # (filename, lineno) that made it eager (a break's)
+        self.eager_quiet = False  # plain Python with no tensor work: eager is the same program
         self.compiles = 0
         # automatic dynamic (dynamic=None): input source -> dims whose size changed between calls
         self.auto_dynamic: dict[str, set] = {}
@@ -241,13 +245,15 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         cache = self.cache
         if cache.eager_reason is not None:
-            return self.fn(*args, **kwargs)
+            return self._run_eagerly(cache, args, kwargs)
         L = self._fast_locals(args, kwargs) if self._fast_locals is not None else None
         if L is None:
             try:
                 L = frame_locals(self.fn, args, kwargs)
             except TypeError:
-                return self.fn(*args, **kwargs)  # let Python raise the user's own binding error
+                out = self.fn(*args, **kwargs)  # let Python raise the user's own binding error
+                note_eager_run("capture could not bind the call's arguments", self.code)
+                return out
         grad = torch.is_grad_enabled()
         G = self.globals
         for entry in cache.entries:
@@ -256,8 +262,24 @@ class CompiledFunction:
                 return entry.run(L)
         entry = self._compile(cache, L, args, kwargs, grad)
         if entry is None:
-            return self.fn(*args, **kwargs)
+            return self._run_eagerly(cache, args, kwargs)
         return entry.run(L)
+
+    def _run_eagerly(self, cache, args, kwargs):
+        """The frame runs natively: for good (``cache.eager_reason``) or for this call only
+        (``_local.eager_call``: an op refused its arguments at capture), noted either way
+        (kiln/eager_runs.py) unless it is plain Python with no tensor work."""
+        why = cache.eager_reason
+        if why is None:
+            why, _local.eager_call = _local.eager_call, None
+            out = self.fn(*args, **kwargs)  # the user's own error, if eager torch rejects it too
+            if why is not None:
+                note_eager_run(why[0], self.code, why[2], filename=why[1], stacklevel=4)
+            return out
+        if not cache.eager_quiet:
+            note_eager_run(why, self.code, cache.eager_where[1], filename=cache.eager_where[0],
+                           stacklevel=4)
+        return self.fn(*args, **kwargs)
 
     # ------------------------------------------------------------------ compiling
     def _why_miss(self, cache, L, grad) -> str:
@@ -305,7 +327,8 @@ class CompiledFunction:
                 limit = max(limit, config.loop_resume_limit)
             if len(cache.entries) >= limit:
                 cache.eager_reason = (f"recompile limit ({limit}) reached for "
-                                      f"{self.name}; it runs eagerly from now on")
+                                      f"{self.name}; it runs eagerly from now on "
+                                      f"(last miss: {self._why_miss(cache, L, grad)})")
                 log.log("recompiles", "%s", cache.eager_reason)
                 counters.bump("fallbacks")
                 return None
@@ -345,6 +368,8 @@ class CompiledFunction:
                     if self.fullgraph:
                         self.fn(*args, **kwargs)  # raises the user's error if eager rejects it too
                         raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
+                    _local.eager_call = (f"capture refused an op's arguments, eager torch ran it "
+                                         f"(this call only): {e.reason}", e.filename, e.lineno)
                     return None
                 if config.debug:
                     from kiln.observe.debug import write_dump
@@ -361,6 +386,7 @@ class CompiledFunction:
             if reason is not None and self._plain_python_tail(cache, capture):
                 cache.eager_reason = (f"{self.name} holds no tensor work and a value it was traced "
                                       f"with changed ({reason}); it runs as plain Python from now on")
+                cache.eager_quiet = True
                 log.log("recompiles", "%s", cache.eager_reason)
                 return None
             ctx.record("capture", "bytecode", capture.bytecode)
@@ -427,9 +453,7 @@ class CompiledFunction:
         counters.bump("fallbacks")
         if self.fullgraph or config.strict:
             raise err
-        warnings.warn(f"kiln: {err}; running {self.name} eagerly instead", RuntimeWarning,
-                      stacklevel=4)
-        cache.eager_reason = str(err)
+        cache.eager_reason = f"internal error: {err}"
         return None
 
 
@@ -442,7 +466,25 @@ class CompiledModule(torch.nn.Module):
         self._orig_mod = mod
         self._compiled_forward = CompiledFunction(mod.forward, **opts)
 
+    def __call__(self, *args, **kwargs):
+        # the original module's hooks (and the global ones) run around the compiled forward, as
+        # m(...) runs them around m.forward (kiln/module_hooks.py); read on every call, so a
+        # hook added after compiling counts. Hooks on this wrapper itself: nn.Module's own call
+        # runs them (and the global ones) around forward.
+        if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or \
+                self._backward_pre_hooks:
+            return torch.nn.Module.__call__(self, *args, **kwargs)
+        mod = self._modules["_orig_mod"]
+        # a subclass (kiln.distributed.CompiledDDP) has a forward of its own around the compiled one
+        forward = self._compiled_forward if type(self) is CompiledModule else self.forward
+        if module_hooks.has_hooks(mod, True):
+            return module_hooks.call_with_hooks(mod, forward, args, kwargs)
+        return forward(*args, **kwargs)
+
     def forward(self, *args, **kwargs):
+        mod = self._modules["_orig_mod"]
+        if module_hooks.has_hooks(mod, False):  # called by nn.Module.__call__ (hooks of its own)
+            return module_hooks.call_with_hooks(mod, self._compiled_forward, args, kwargs, False)
         return self._compiled_forward(*args, **kwargs)
 
     def __getattr__(self, name):
@@ -481,6 +523,8 @@ def reset():
 
     _CODE_CACHES.clear()
     _CACHE_GEN[0] += 1
+    from kiln import eager_runs
+    eager_runs.reset()
     cpp_build.clear_memory()
     triton_load.clear_memory()
     triton_binary.clear_memory()
