@@ -86,13 +86,16 @@ class BreakEntry(CacheEntry):
 class CodeCache:
     """Everything kiln knows about one code object: its entries, or why it runs eagerly."""
     __slots__ = ("entries", "eager_reason", "compiles", "auto_dynamic", "auto_dynamic_ints", "static_ints",
-                 "eager_where", "eager_quiet")
+                 "eager_where", "eager_quiet", "lock")
 
     def __init__(self):
         self.entries: list[CacheEntry] = []
         self.eager_reason: str | None = None
         self.eager_where: tuple = (None, None)  # (filename, lineno) that made it eager (a break's)
         self.eager_quiet = False  # plain Python with no tensor work: eager is the same program
+        # one compile at a time per code: threads racing a miss wait for the first one's entry
+        # (re-entrant: a compile may run the function natively, and it may call itself)
+        self.lock = threading.RLock()
         self.compiles = 0
         # automatic dynamic (dynamic=None): input source -> dims whose size changed between calls
         self.auto_dynamic: dict[str, set] = {}
@@ -223,8 +226,8 @@ class CompiledFunction:
             return c  # no hash of the key tuple per call; kiln.reset() moves the generation on
         # a closure's resume functions hold its cells: closures are cached per function object
         c = _CODE_CACHES.get(self._cache_key)
-        if c is None:
-            c = _CODE_CACHES[self._cache_key] = CodeCache()
+        if c is None:  # setdefault: threads racing the first call get one CodeCache
+            c = _CODE_CACHES.setdefault(self._cache_key, CodeCache())
         self._cache_obj, self._cache_gen = c, _CACHE_GEN[0]
         return c
 
@@ -260,10 +263,22 @@ class CompiledFunction:
             if entry.grad_enabled == grad and entry.guard_fn(L, G):
                 _COUNTS["cache_hits"] += 1
                 return entry.run(L)
-        entry = self._compile(cache, L, args, kwargs, grad)
+        entry = self._compile_once(cache, L, args, kwargs, grad)
         if entry is None:
             return self._run_eagerly(cache, args, kwargs)
         return entry.run(L)
+
+    def _compile_once(self, cache, L, args, kwargs, grad):
+        """``_compile`` under the code's lock: a thread that waited for another's compile
+        looks again first, and runs that entry (or eagerly, if it made the code eager)."""
+        with cache.lock:
+            for entry in cache.entries:
+                if entry.grad_enabled == grad and entry.guard_fn(L, self.globals):
+                    _COUNTS["cache_hits"] += 1
+                    return entry
+            if cache.eager_reason is not None:
+                return None
+            return self._compile(cache, L, args, kwargs, grad)
 
     def _run_eagerly(self, cache, args, kwargs):
         """The frame runs natively: for good (``cache.eager_reason``) or for this call only
