@@ -14,6 +14,7 @@ from kiln.eager_runs import note_eager_run
 from kiln.capture import Unsupported, frame_locals, trace
 from kiln.capture.tracer import CLOSURE_KEY
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
+from kiln.code_caches import CodeCaches
 from kiln.config import config
 from kiln.observe import logs
 from kiln.pipeline import StageError, compile_graph
@@ -106,7 +107,7 @@ class CodeCache:
 
 # (code object, or the function for a closure; the compile options) -> its entries: a function
 # compiled with another backend, fullgraph, dynamic or mode never reuses these
-_CODE_CACHES: dict[tuple, CodeCache] = {}
+_CODE_CACHES = CodeCaches()  # the code object or function is held weakly (code_caches.py)
 _CACHE_GEN = [0]  # moves on when _CODE_CACHES is cleared
 
 
@@ -289,11 +290,10 @@ class CompiledFunction:
             why, _local.eager_call = _local.eager_call, None
             out = self.fn(*args, **kwargs)  # the user's own error, if eager torch rejects it too
             if why is not None:
-                note_eager_run(why[0], self.code, why[2], filename=why[1], stacklevel=4)
+                note_eager_run(why[0], self.code, why[2], filename=why[1])
             return out
         if not cache.eager_quiet:
-            note_eager_run(why, self.code, cache.eager_where[1], filename=cache.eager_where[0],
-                           stacklevel=4)
+            note_eager_run(why, self.code, cache.eager_where[1], filename=cache.eager_where[0])
         return self.fn(*args, **kwargs)
 
     # ------------------------------------------------------------------ compiling

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import linecache
 import os
+import sys
 import warnings
 
 from kiln import counters, log
@@ -29,7 +30,7 @@ _COUNTS = counters.counters
 
 
 def note_eager_run(reason: str, code=None, lineno: int | None = None, name: str | None = None,
-                   stacklevel: int = 3, filename: str | None = None) -> dict:
+                   filename: str | None = None) -> dict:
     """One run of a frame (``code``, or a graph called ``name``) natively instead of compiled,
     because of ``reason``; ``filename:lineno`` is the line that decided it (a graph break's,
     maybe in a callee), else the frame's first line."""
@@ -40,7 +41,7 @@ def note_eager_run(reason: str, code=None, lineno: int | None = None, name: str 
         rec["count"] += 1
     else:
         rec = _RECORDS[key] = _record(reason, code, filename, lineno, name)
-        _announce(rec, stacklevel + 1)
+        _announce(rec)
     for listener in _LISTENERS:
         if not any(r is rec for r in listener):
             listener.append(rec)
@@ -58,16 +59,27 @@ def _record(reason, code, filename, lineno, name) -> dict:
             "source_line": source, "count": 1}
 
 
-def _announce(rec, stacklevel):
+def _announce(rec):
     """The first run of a (frame, reason): a warning, a log line, the debug run folder's list."""
     filename, lineno, source = rec["filename"], rec["lineno"], rec["source_line"]
     where = f" ({filename}:{lineno})" if filename else ""
     text = f"kiln: {rec['name']}{where} runs eagerly: {rec['reason']}" + (f"\n    {source}" if source else "")
-    warnings.warn(text, RuntimeWarning, stacklevel=stacklevel)
+    warnings.warn(text, RuntimeWarning, stacklevel=_user_level())
     log.log("graph_breaks", "%s", text)
     from kiln.config import config
     if config.debug:
         _write_debug_file()
+
+
+_KILN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _user_level() -> int:
+    """The stacklevel of the first frame outside kiln: the warning names the user's call."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_KILN_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _write_debug_file():

@@ -135,3 +135,16 @@ def test_compiled_frames_are_not_noted():
     x = torch.randn(3)
     _, ws = _run(kiln.compile(f), x)
     assert not ws and kiln.stats()["eager_runs"] == 0
+
+
+def test_the_warning_points_at_the_users_call():
+    def f(x):
+        return x + 1
+
+    cf = kiln.compile(f, dynamic=False)
+    with kiln.config.patch(recompile_limit=1), warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        cf(torch.randn(1))
+        cf(torch.randn(2))  # this line
+    (w,) = _eager_warnings(record)
+    assert w.filename == __file__ and "cf(torch.randn(2))" in open(__file__).read().splitlines()[w.lineno - 1]

@@ -123,7 +123,7 @@ def compile_backward(part: Partition, name: str, backend: str, compile_id, metas
                 raise
             from kiln.eager_runs import note_eager_run  # noted once, when the backward compiles
             note_eager_run(f"internal error: {e}; the backward graph runs with eager torch ops",
-                           name=f"{name}_backward", stacklevel=3)
+                           name=f"{name}_backward")
             compiled = EagerGraph(graph, f"backward fallback: {e}")
         if config.debug:  # the backward's own dump folder: prims graph, loop IR, kernels
             from kiln.observe.debug import write_dump

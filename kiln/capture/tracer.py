@@ -706,6 +706,11 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
         guard_set=tx.guards, shape_env=tx.shape_env if tx.shape_env.hints else None,
         autocast_devices=autocast_devices)
     result.break_state = break_state
+    # the capture outlives the call: it holds no tensor of it (issue 24, item 6). The shape
+    # env's location callback is the tracer's (the tensors it saw, by id); later stages'
+    # guards have no trace position anyway.
+    tx.shape_env.location = None
+    tx._tensor_inputs.clear()
     if break_state is None and tx.grad_enabled != grad_at_entry:
         # the frame leaves grad mode changed (a resume function that exits a no_grad block)
         result.rebuild = _set_grad_after(result.rebuild, tx.grad_enabled)
