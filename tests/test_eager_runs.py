@@ -4,7 +4,6 @@ import json
 import os
 import warnings
 
-import pytest
 import torch
 
 import kiln
@@ -148,3 +147,23 @@ def test_the_warning_points_at_the_users_call():
         cf(torch.randn(2))  # this line
     (w,) = _eager_warnings(record)
     assert w.filename == __file__ and "cf(torch.randn(2))" in open(__file__).read().splitlines()[w.lineno - 1]
+
+
+def test_an_op_refused_at_capture_that_eager_runs_is_noted_per_call(monkeypatch):
+    """An op's capture rule raising (kiln's own gap, when eager torch accepts the call) runs the
+    call eagerly: noted, and counted each call."""
+    from kiln.capture import torch_api
+
+    def refuse(*a, **k):
+        raise ValueError("this capture rule refuses")
+    monkeypatch.setitem(torch_api.TORCH_FUNCTIONS, torch.cos, refuse)
+
+    def f(x):
+        return torch.cos(x) + 1
+
+    x = torch.randn(4)
+    out, ws = _run(kiln.compile(f), x)
+    torch.testing.assert_close(out, f(x))
+    assert len(ws) == 1 and "capture refused" in str(ws[0].message), [str(w.message) for w in ws]
+    assert "torch.cos(x) + 1" in str(ws[0].message)
+    assert kiln.stats()["eager_runs"] == 3
