@@ -193,7 +193,7 @@ def _as_python_function(fn):
 
 class CompiledFunction:
     def __init__(self, fn, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
-                 options=None, private_cache=False):
+                 options=None, private_cache=False, recompile_limit=None, name=None):
         fn = _as_python_function(fn)
         self.fn = fn
         self.fullgraph = fullgraph
@@ -209,6 +209,9 @@ class CompiledFunction:
         self.name = getattr(func, "__qualname__", self.code.co_name)
         self._fast_locals = _fast_locals_builder(fn)
         self._private = CodeCache() if private_cache else None
+        self.recompile_limit = recompile_limit  # None: config.recompile_limit
+        if name is not None:  # torch.compile(name=...): the name logs, dumps and warnings use
+            self.name = name
         self._cache_obj, self._cache_gen = None, -1  # the shared CodeCache, remembered (cache)
         # captured graph -> callable; kiln.distributed swaps in one that splits at DDP buckets
         self.compile_graph = compile_graph
@@ -337,10 +340,13 @@ class CompiledFunction:
     def _compile(self, cache, L, args, kwargs, grad):
         reason = None
         if cache.entries:
-            limit = config.recompile_limit
+            limit = config.recompile_limit if self.recompile_limit is None else self.recompile_limit
             if starts_in_loop(self.code):  # one entry per iteration that looks different
                 limit = max(limit, config.loop_resume_limit)
             if len(cache.entries) >= limit:
+                if self.fullgraph:  # as torch.compile: no eager fallback under fullgraph=True
+                    raise GraphBreakError(f"recompile limit ({limit}) reached for {self.name} under "
+                                          f"fullgraph=True (last miss: {self._why_miss(cache, L, grad)})")
                 cache.eager_reason = (f"recompile limit ({limit}) reached for "
                                       f"{self.name}; it runs eagerly from now on "
                                       f"(last miss: {self._why_miss(cache, L, grad)})")
@@ -513,13 +519,22 @@ MODES = api_args.MODES
 
 
 def compile(model=None, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
-            options=None, disable=False):
+            options=None, name=None, disable=False, recompile_limit=None, isolate_recompiles=False,
+            shapes_spec=None):
     """Compile a function or nn.Module; usable as ``@kiln.compile`` or ``@kiln.compile(...)``.
-    torch.compile's signature; ``disable=True`` returns ``model`` itself."""
+    torch.compile's signature: ``disable=True`` returns ``model`` itself; ``name`` names it in
+    logs and warnings; ``recompile_limit`` overrides ``config.recompile_limit`` for it;
+    ``isolate_recompiles=True`` gives it entries of its own (not shared with other compiles of
+    the same code); ``shapes_spec`` is not supported (None only)."""
     options = api_args.check(fullgraph, dynamic, backend, mode, options, disable)
-    opts = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options)
+    api_args.check_more(name, recompile_limit, isolate_recompiles, shapes_spec)
+    opts = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options,
+                name=name, recompile_limit=recompile_limit, private_cache=isolate_recompiles)
     if model is None:
-        return lambda f: compile(f, disable=disable, **opts)
+        return lambda f: compile(f, disable=disable, fullgraph=fullgraph, dynamic=dynamic,
+                                 backend=backend, mode=mode, options=options, name=name,
+                                 recompile_limit=recompile_limit,
+                                 isolate_recompiles=isolate_recompiles)
     if disable:
         return model
     if isinstance(model, torch.nn.Module):

@@ -51,5 +51,19 @@ def check(fullgraph, dynamic, backend, mode, options, disable) -> dict:
     return dict(options)
 
 
+def check_more(name, recompile_limit, isolate_recompiles, shapes_spec):
+    """torch.compile's newer keywords."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"kiln.compile: name must be a str or None, got {name!r}")
+    if recompile_limit is not None and (type(recompile_limit) is not int or recompile_limit < 1):
+        raise ValueError(f"kiln.compile: recompile_limit must be None (config.recompile_limit) "
+                         f"or an int >= 1, got {recompile_limit!r}")
+    if not _is_bool(isolate_recompiles):
+        raise TypeError(f"kiln.compile: isolate_recompiles must be True or False, got {isolate_recompiles!r}")
+    if shapes_spec is not None:
+        raise ValueError("kiln.compile: shapes_spec is not supported; it accepts only None "
+                         "(mark sizes with kiln.mark_dynamic or dynamic=True instead)")
+
+
 def autotune(mode, options) -> bool:
     return mode in AUTOTUNE_MODES or bool(options.get("max_autotune"))

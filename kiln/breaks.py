@@ -83,7 +83,8 @@ def _record(err, resume_names, eager_rest, eager_reason):
 
 def _opts(cf):
     return dict(fullgraph=cf.fullgraph, dynamic=cf.dynamic, backend=cf.backend, mode=cf.mode,
-                options=cf.options, private_cache=cf._private is not None)
+                options=cf.options, private_cache=cf._private is not None,
+                recompile_limit=cf.recompile_limit)
 
 
 def _resume_maker(cf, where):

@@ -32,14 +32,60 @@ def test_bad_argument_names_itself_and_what_it_accepts(kw, exc, words):
         kiln.compile(**kw)
 
 
-def test_signature_has_torch_compile_keywords():
-    """The keywords DESIGN.md section 3 lists (torch 2.13's newer name, recompile_limit,
-    isolate_recompiles and shapes_spec are not in kiln yet)."""
+def test_signature_has_every_torch_compile_keyword():
     ours = inspect.signature(kiln.compile).parameters
     theirs = inspect.signature(torch.compile).parameters
-    wanted = ["model", "fullgraph", "dynamic", "backend", "mode", "options", "disable"]
-    assert set(wanted) <= set(theirs) and set(wanted) <= set(ours), set(wanted) - set(ours)
+    assert set(theirs) <= set(ours), set(theirs) - set(ours)
     assert list(ours)[0] == "model"
+    for k in theirs:
+        if k != "backend":  # torch's backend default is None (inductor); kiln's is "kiln"
+            assert ours[k].default == theirs[k].default, k
+
+
+@pytest.mark.parametrize("kw, exc, words", [
+    (dict(recompile_limit=0), ValueError, ["recompile_limit", "int >= 1"]),
+    (dict(recompile_limit="8"), ValueError, ["recompile_limit"]),
+    (dict(isolate_recompiles=1), TypeError, ["isolate_recompiles"]),
+    (dict(name=3), TypeError, ["name", "str"]),
+    (dict(shapes_spec={"x": 0}), ValueError, ["shapes_spec", "None"]),
+])
+def test_newer_torch_compile_keywords_are_checked(kw, exc, words):
+    with pytest.raises(exc) as info:
+        kiln.compile(f, **kw)
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_recompile_limit_per_compile():
+    import warnings
+
+    def g(x):
+        return x * 2
+    cg = kiln.compile(g, dynamic=False, recompile_limit=2)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for n in range(1, 5):
+            x = torch.randn(n)
+            torch.testing.assert_close(cg(x), g(x))
+    assert kiln.stats()["frames_compiled"] == 2 and kiln.stats()["eager_runs"] == 2
+    assert any("recompile limit (2)" in str(w.message) for w in record)
+    strict = kiln.compile(lambda x: x + 1, dynamic=False, fullgraph=True, recompile_limit=1)
+    strict(torch.randn(1))
+    with pytest.raises(kiln.GraphBreakError, match="recompile limit"):
+        strict(torch.randn(2))
+
+
+def test_isolate_recompiles_and_name():
+    def g(x):
+        return x - 1
+    x = torch.randn(3)
+    a = kiln.compile(g, name="my_region")
+    b = kiln.compile(g, isolate_recompiles=True)
+    torch.testing.assert_close(a(x), g(x))
+    torch.testing.assert_close(b(x), g(x))
+    assert a.name == "my_region"
+    assert kiln.stats()["frames_compiled"] == 2  # b did not reuse a's entry
+    kiln.compile(g)(x)
+    assert kiln.stats()["frames_compiled"] == 2  # a third, shared compile reuses a's
 
 
 def test_model_keyword_and_disable():
