@@ -24,7 +24,7 @@ import warnings
 
 from kiln import counters, log
 
-_RECORDS: dict = {}            # (code or name, reason) -> the record of its runs
+_RECORDS: dict = {}            # (where the code is, or name; reason) -> the record of its runs
 _LISTENERS: list[list] = []    # kiln.explain's lists: records of the runs during its call
 _COUNTS = counters.counters
 
@@ -35,7 +35,10 @@ def note_eager_run(reason: str, code=None, lineno: int | None = None, name: str 
     because of ``reason``; ``filename:lineno`` is the line that decided it (a graph break's,
     maybe in a callee), else the frame's first line."""
     _COUNTS["eager_runs"] += 1
-    key = (code if code is not None else name, reason)
+    # by where the code is, not the code object: a record must not keep a dropped function's
+    # code (and the weakly keyed CodeCache of it, kiln/code_caches.py) alive
+    where = (code.co_filename, code.co_firstlineno, code.co_name) if code is not None else name
+    key = (where, reason)
     rec = _RECORDS.get(key)
     if rec is not None:
         rec["count"] += 1

@@ -82,3 +82,19 @@ def test_dropped_functions_with_graph_breaks_are_freed():
     gc.collect()
     gc.collect()  # the resume function's cycle is unreachable only once f's cache entry went
     assert [r for r, b in refs if r() is not None or b() is not None] == []
+
+
+def test_a_dropped_function_that_ran_eagerly_is_freed():
+    import warnings
+
+    f, big = _closure()
+    cf = kiln.compile(f, dynamic=False)
+    with kiln.config.patch(recompile_limit=1), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cf(torch.randn(1 << 12))
+        cf(torch.randn(1))  # past the limit: noted as an eager run
+    assert kiln.stats()["eager_runs"] == 1
+    ref = weakref.ref(f)
+    del f, cf
+    gc.collect()
+    assert ref() is None and big() is None
