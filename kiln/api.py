@@ -24,7 +24,7 @@ class _Local(threading.local):
     ``getattr(..., default)`` raised and caught an AttributeError on every call."""
     disabled = 0
     compiling = False
-    eager_call = None  # (reason, lineno): _compile's "run eagerly this call only"
+    eager_call = None  # (reason, filename, lineno): _compile's "run eagerly this call only"
 
 
 _local = _Local()
