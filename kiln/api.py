@@ -6,14 +6,15 @@ import re
 import threading
 import time
 import types
-import warnings
 
 import torch
 
-from kiln import context, counters, log
+from kiln import api_args, context, counters, log, module_hooks
+from kiln.eager_runs import note_eager_run
 from kiln.capture import Unsupported, frame_locals, trace
 from kiln.capture.tracer import CLOSURE_KEY
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
+from kiln.code_caches import CodeCaches
 from kiln.config import config
 from kiln.observe import logs
 from kiln.pipeline import StageError, compile_graph
@@ -23,6 +24,7 @@ class _Local(threading.local):
     ``getattr(..., default)`` raised and caught an AttributeError on every call."""
     disabled = 0
     compiling = False
+    eager_call = None  # (reason, filename, lineno): _compile's "run eagerly this call only"
 
 
 _local = _Local()
@@ -84,11 +86,17 @@ class BreakEntry(CacheEntry):
 
 class CodeCache:
     """Everything kiln knows about one code object: its entries, or why it runs eagerly."""
-    __slots__ = ("entries", "eager_reason", "compiles", "auto_dynamic", "auto_dynamic_ints", "static_ints")
+    __slots__ = ("entries", "eager_reason", "compiles", "auto_dynamic", "auto_dynamic_ints", "static_ints",
+                 "eager_where", "eager_quiet", "lock")
 
     def __init__(self):
         self.entries: list[CacheEntry] = []
         self.eager_reason: str | None = None
+        self.eager_where: tuple = (None, None)  # (filename, lineno) that made it eager (a break's)
+        self.eager_quiet = False  # plain Python with no tensor work: eager is the same program
+        # one compile at a time per code: threads racing a miss wait for the first one's entry
+        # (re-entrant: a compile may run the function natively, and it may call itself)
+        self.lock = threading.RLock()
         self.compiles = 0
         # automatic dynamic (dynamic=None): input source -> dims whose size changed between calls
         self.auto_dynamic: dict[str, set] = {}
@@ -99,7 +107,7 @@ class CodeCache:
 
 # (code object, or the function for a closure; the compile options) -> its entries: a function
 # compiled with another backend, fullgraph, dynamic or mode never reuses these
-_CODE_CACHES: dict[tuple, CodeCache] = {}
+_CODE_CACHES = CodeCaches()  # the code object or function is held weakly (code_caches.py)
 _CACHE_GEN = [0]  # moves on when _CODE_CACHES is cleared
 
 
@@ -185,7 +193,7 @@ def _as_python_function(fn):
 
 class CompiledFunction:
     def __init__(self, fn, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
-                 options=None, private_cache=False):
+                 options=None, private_cache=False, recompile_limit=None, name=None):
         fn = _as_python_function(fn)
         self.fn = fn
         self.fullgraph = fullgraph
@@ -201,6 +209,9 @@ class CompiledFunction:
         self.name = getattr(func, "__qualname__", self.code.co_name)
         self._fast_locals = _fast_locals_builder(fn)
         self._private = CodeCache() if private_cache else None
+        self.recompile_limit = recompile_limit  # None: config.recompile_limit
+        if name is not None:  # torch.compile(name=...): the name logs, dumps and warnings use
+            self.name = name
         self._cache_obj, self._cache_gen = None, -1  # the shared CodeCache, remembered (cache)
         # captured graph -> callable; kiln.distributed swaps in one that splits at DDP buckets
         self.compile_graph = compile_graph
@@ -219,8 +230,8 @@ class CompiledFunction:
             return c  # no hash of the key tuple per call; kiln.reset() moves the generation on
         # a closure's resume functions hold its cells: closures are cached per function object
         c = _CODE_CACHES.get(self._cache_key)
-        if c is None:
-            c = _CODE_CACHES[self._cache_key] = CodeCache()
+        if c is None:  # setdefault: threads racing the first call get one CodeCache
+            c = _CODE_CACHES.setdefault(self._cache_key, CodeCache())
         self._cache_obj, self._cache_gen = c, _CACHE_GEN[0]
         return c
 
@@ -241,23 +252,52 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         cache = self.cache
         if cache.eager_reason is not None:
-            return self.fn(*args, **kwargs)
+            return self._run_eagerly(cache, args, kwargs)
         L = self._fast_locals(args, kwargs) if self._fast_locals is not None else None
         if L is None:
             try:
                 L = frame_locals(self.fn, args, kwargs)
             except TypeError:
-                return self.fn(*args, **kwargs)  # let Python raise the user's own binding error
+                out = self.fn(*args, **kwargs)  # let Python raise the user's own binding error
+                note_eager_run("capture could not bind the call's arguments", self.code)
+                return out
         grad = torch.is_grad_enabled()
         G = self.globals
         for entry in cache.entries:
             if entry.grad_enabled == grad and entry.guard_fn(L, G):
                 _COUNTS["cache_hits"] += 1
                 return entry.run(L)
-        entry = self._compile(cache, L, args, kwargs, grad)
+        entry = self._compile_once(cache, L, args, kwargs, grad)
         if entry is None:
-            return self.fn(*args, **kwargs)
+            return self._run_eagerly(cache, args, kwargs)
         return entry.run(L)
+
+    def _compile_once(self, cache, L, args, kwargs, grad):
+        """``_compile`` under the code's lock: a thread that waited for another's compile
+        looks again first, and runs that entry (or eagerly, if it made the code eager)."""
+        with cache.lock:
+            for entry in cache.entries:
+                if entry.grad_enabled == grad and entry.guard_fn(L, self.globals):
+                    _COUNTS["cache_hits"] += 1
+                    return entry
+            if cache.eager_reason is not None:
+                return None
+            return self._compile(cache, L, args, kwargs, grad)
+
+    def _run_eagerly(self, cache, args, kwargs):
+        """The frame runs natively: for good (``cache.eager_reason``) or for this call only
+        (``_local.eager_call``: an op refused its arguments at capture), noted either way
+        (kiln/eager_runs.py) unless it is plain Python with no tensor work."""
+        why = cache.eager_reason
+        if why is None:
+            why, _local.eager_call = _local.eager_call, None
+            out = self.fn(*args, **kwargs)  # the user's own error, if eager torch rejects it too
+            if why is not None:
+                note_eager_run(why[0], self.code, why[2], filename=why[1])
+            return out
+        if not cache.eager_quiet:
+            note_eager_run(why, self.code, cache.eager_where[1], filename=cache.eager_where[0])
+        return self.fn(*args, **kwargs)
 
     # ------------------------------------------------------------------ compiling
     def _why_miss(self, cache, L, grad) -> str:
@@ -300,12 +340,16 @@ class CompiledFunction:
     def _compile(self, cache, L, args, kwargs, grad):
         reason = None
         if cache.entries:
-            limit = config.recompile_limit
+            limit = config.recompile_limit if self.recompile_limit is None else self.recompile_limit
             if starts_in_loop(self.code):  # one entry per iteration that looks different
                 limit = max(limit, config.loop_resume_limit)
             if len(cache.entries) >= limit:
+                if self.fullgraph:  # as torch.compile: no eager fallback under fullgraph=True
+                    raise GraphBreakError(f"recompile limit ({limit}) reached for {self.name} under "
+                                          f"fullgraph=True (last miss: {self._why_miss(cache, L, grad)})")
                 cache.eager_reason = (f"recompile limit ({limit}) reached for "
-                                      f"{self.name}; it runs eagerly from now on")
+                                      f"{self.name}; it runs eagerly from now on "
+                                      f"(last miss: {self._why_miss(cache, L, grad)})")
                 log.log("recompiles", "%s", cache.eager_reason)
                 counters.bump("fallbacks")
                 return None
@@ -345,6 +389,8 @@ class CompiledFunction:
                     if self.fullgraph:
                         self.fn(*args, **kwargs)  # raises the user's error if eager rejects it too
                         raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
+                    _local.eager_call = (f"capture refused an op's arguments, eager torch ran it "
+                                         f"(this call only): {e.reason}", e.filename, e.lineno)
                     return None
                 if config.debug:
                     from kiln.observe.debug import write_dump
@@ -361,6 +407,7 @@ class CompiledFunction:
             if reason is not None and self._plain_python_tail(cache, capture):
                 cache.eager_reason = (f"{self.name} holds no tensor work and a value it was traced "
                                       f"with changed ({reason}); it runs as plain Python from now on")
+                cache.eager_quiet = True
                 log.log("recompiles", "%s", cache.eager_reason)
                 return None
             ctx.record("capture", "bytecode", capture.bytecode)
@@ -375,7 +422,13 @@ class CompiledFunction:
                 if config.verify:
                     from kiln.meta.verify import verify_meta
                     context.run_pass("meta", verify_meta, capture.graph, capture.fetch(L))
-                compiled = self.compile_graph(capture.graph, self.backend) if needed else None
+                if not needed:
+                    compiled = None
+                elif api_args.autotune(self.mode, self.options) and not config.triton_autotune:
+                    with config.patch(triton_autotune=True):
+                        compiled = self.compile_graph(capture.graph, self.backend)
+                else:
+                    compiled = self.compile_graph(capture.graph, self.backend)
             except StageError as e:
                 return self._internal_error(cache, e, e.__cause__ or e)
             except Exception as e:  # noqa: BLE001 - the meta verifier found a wrong meta
@@ -389,7 +442,7 @@ class CompiledFunction:
                 log.log("dynamic", "shape guards of %s:\n  %s", self.name,
                         "\n  ".join(capture.shape_env.guard_lines()) or "(none)")
             logs.guards(self.name, capture)
-            if self.mode == "reduce-overhead" and compiled is not None:
+            if self.mode in api_args.CUDAGRAPH_MODES and compiled is not None:
                 from kiln.runtime import cudagraphs
                 compiled = cudagraphs.wrap(compiled, capture.graph, self.name,
                                            dynamic=capture.shape_env is not None)
@@ -421,9 +474,7 @@ class CompiledFunction:
         counters.bump("fallbacks")
         if self.fullgraph or config.strict:
             raise err
-        warnings.warn(f"kiln: {err}; running {self.name} eagerly instead", RuntimeWarning,
-                      stacklevel=4)
-        cache.eager_reason = str(err)
+        cache.eager_reason = f"internal error: {err}"
         return None
 
 
@@ -436,7 +487,25 @@ class CompiledModule(torch.nn.Module):
         self._orig_mod = mod
         self._compiled_forward = CompiledFunction(mod.forward, **opts)
 
+    def __call__(self, *args, **kwargs):
+        # the original module's hooks (and the global ones) run around the compiled forward, as
+        # m(...) runs them around m.forward (kiln/module_hooks.py); read on every call, so a
+        # hook added after compiling counts. Hooks on this wrapper itself: nn.Module's own call
+        # runs them (and the global ones) around forward.
+        if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or \
+                self._backward_pre_hooks:
+            return torch.nn.Module.__call__(self, *args, **kwargs)
+        mod = self._modules["_orig_mod"]
+        # a subclass (kiln.distributed.CompiledDDP) has a forward of its own around the compiled one
+        forward = self._compiled_forward if type(self) is CompiledModule else self.forward
+        if module_hooks.has_hooks(mod, True):
+            return module_hooks.call_with_hooks(mod, forward, args, kwargs)
+        return forward(*args, **kwargs)
+
     def forward(self, *args, **kwargs):
+        mod = self._modules["_orig_mod"]
+        if module_hooks.has_hooks(mod, False):  # called by nn.Module.__call__ (hooks of its own)
+            return module_hooks.call_with_hooks(mod, self._compiled_forward, args, kwargs, False)
         return self._compiled_forward(*args, **kwargs)
 
     def __getattr__(self, name):
@@ -446,28 +515,36 @@ class CompiledModule(torch.nn.Module):
             return getattr(self._modules["_orig_mod"], name)
 
 
-# "reduce-overhead": record compiled graphs into CUDA graphs (kiln/runtime/cudagraphs.py)
-MODES = (None, "default", "reduce-overhead")
+MODES = api_args.MODES
 
 
-def compile(fn_or_module=None, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
-            options=None):
-    """Compile a function or nn.Module; usable as ``@kiln.compile`` or ``@kiln.compile(...)``."""
-    opts = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options)
-    if backend not in ("kiln", "eager", "aot_eager"):
-        raise ValueError(f"unknown backend {backend!r}; expected 'kiln', 'eager' or 'aot_eager'")
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-    if fn_or_module is None:
-        return lambda f: compile(f, **opts)
-    if isinstance(fn_or_module, torch.nn.Module):
+def compile(model=None, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
+            options=None, name=None, disable=False, recompile_limit=None, isolate_recompiles=False,
+            shapes_spec=None):
+    """Compile a function or nn.Module; usable as ``@kiln.compile`` or ``@kiln.compile(...)``.
+    torch.compile's signature: ``disable=True`` returns ``model`` itself; ``name`` names it in
+    logs and warnings; ``recompile_limit`` overrides ``config.recompile_limit`` for it;
+    ``isolate_recompiles=True`` gives it entries of its own (not shared with other compiles of
+    the same code); ``shapes_spec`` is not supported (None only)."""
+    options = api_args.check(fullgraph, dynamic, backend, mode, options, disable)
+    api_args.check_more(name, recompile_limit, isolate_recompiles, shapes_spec)
+    opts = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options,
+                name=name, recompile_limit=recompile_limit, private_cache=isolate_recompiles)
+    if model is None:
+        return lambda f: compile(f, disable=disable, fullgraph=fullgraph, dynamic=dynamic,
+                                 backend=backend, mode=mode, options=options, name=name,
+                                 recompile_limit=recompile_limit,
+                                 isolate_recompiles=isolate_recompiles)
+    if disable:
+        return model
+    if isinstance(model, torch.nn.Module):
         from kiln import distributed
-        if distributed.is_ddp(fn_or_module):  # DDP's Python forward around the inner compiled one
-            return distributed.CompiledDDP(fn_or_module, **opts)
-        return CompiledModule(fn_or_module, **opts)
-    if not callable(fn_or_module):
-        raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(fn_or_module).__name__}")
-    return CompiledFunction(fn_or_module, **opts)
+        if distributed.is_ddp(model):  # DDP's Python forward around the inner compiled one
+            return distributed.CompiledDDP(model, **opts)
+        return CompiledModule(model, **opts)
+    if not callable(model):
+        raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(model).__name__}")
+    return CompiledFunction(model, **opts)
 
 
 def reset():
@@ -476,6 +553,8 @@ def reset():
 
     _CODE_CACHES.clear()
     _CACHE_GEN[0] += 1
+    from kiln import eager_runs
+    eager_runs.reset()
     cpp_build.clear_memory()
     triton_load.clear_memory()
     triton_binary.clear_memory()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import types
 
 from kiln import context, log
+from kiln.eager_runs import note_eager_run
 from kiln.capture import Unsupported, trace
 from kiln.capture.resume import CannotResume, build_glue, plan_break
 
@@ -22,16 +23,17 @@ def retrace_at_break(cf, cache, err, args, kwargs):
     try:
         plan = plan_break(err, cf.code)
         try:
-            capture, glue, codes = _capture_with_glue(cf, cache, plan, args, kwargs)
+            capture, glue, codes = _capture_with_glue(cf, cache, plan, err, args, kwargs)
         except (CannotResume, Unsupported) as why:
             if not plan.in_loop:
                 raise
             log.log("graph_breaks", "%s: cannot resume inside the loop (%s); the graph stops "
                     "before the loop and the rest of the frame runs eagerly", cf.name, why)
             plan = plan_break(err, cf.code, loops=False)
-            capture, glue, codes = _capture_with_glue(cf, cache, plan, args, kwargs)
+            capture, glue, codes = _capture_with_glue(cf, cache, plan, err, args, kwargs)
     except (CannotResume, Unsupported) as why:
         cache.eager_reason = f"graph break: {err}; it cannot be resumed: {why}"
+        cache.eager_where = (err.filename, err.lineno)
         log.log("graph_breaks", "%s runs eagerly: %s", cf.name, cache.eager_reason)
         _record(err, [], True, cache.eager_reason)
         return None
@@ -53,7 +55,7 @@ def retrace_at_break(cf, cache, err, args, kwargs):
     return capture
 
 
-def _capture_with_glue(cf, cache, plan, args, kwargs):
+def _capture_with_glue(cf, cache, plan, err, args, kwargs):
     """Trace ``cf``'s call up to ``plan``'s stop and build the glue there."""
     from kiln import api
 
@@ -65,8 +67,9 @@ def _capture_with_glue(cf, cache, plan, args, kwargs):
                             auto_dynamic_ints=cache.auto_dynamic_ints)
     finally:
         api._local.compiling = False
-    glue, codes = build_glue(capture.break_state, api._unwrap(cf.fn), _resume_maker(cf),
-                             _callee_wrapper(cf) if plan.wrap_callee else None)
+    where = (err.filename, err.lineno, err.reason)  # not err: it holds the trace's frames
+    glue, codes = build_glue(capture.break_state, api._unwrap(cf.fn), _resume_maker(cf, where),
+                             _callee_wrapper(cf, where) if plan.wrap_callee else None)
     return capture, glue, codes
 
 
@@ -80,10 +83,11 @@ def _record(err, resume_names, eager_rest, eager_reason):
 
 def _opts(cf):
     return dict(fullgraph=cf.fullgraph, dynamic=cf.dynamic, backend=cf.backend, mode=cf.mode,
-                options=cf.options, private_cache=cf._private is not None)
+                options=cf.options, private_cache=cf._private is not None,
+                recompile_limit=cf.recompile_limit)
 
 
-def _resume_maker(cf):
+def _resume_maker(cf, where):
     from kiln.api import CompiledFunction
 
     family = cf.resume_family  # shared down the chain: a resume code gets one CompiledFunction
@@ -94,7 +98,7 @@ def _resume_maker(cf):
             return hit[1]
         fn = types.FunctionType(code, cf.globals, code.co_name, None, closure)
         fn.__qualname__ = code.co_qualname if hasattr(code, "co_qualname") else code.co_name
-        made = fn if eager else CompiledFunction(fn, **_opts(cf))
+        made = _noted_rest(fn, cf, where) if eager else CompiledFunction(fn, **_opts(cf))
         if not eager:
             made.resume_family = family
             made.is_resume = True
@@ -103,7 +107,21 @@ def _resume_maker(cf):
     return make
 
 
-def _callee_wrapper(cf):
+def _noted_rest(fn, cf, where):
+    """The uncompiled rest of a frame after a break, noted on each run (kiln/eager_runs.py)."""
+    filename, lineno, reason = where
+    why = (f"the rest of {cf.name} after the graph break at line {lineno} ({reason}) "
+           f"cannot resume compiled; it runs uncompiled")
+    code = cf.code
+
+    def rest(*args):
+        note_eager_run(why, code, lineno, filename=filename)
+        return fn(*args)
+    rest.__qualname__ = rest.__name__ = fn.__name__
+    return rest
+
+
+def _callee_wrapper(cf, where):
     """A break inside an inlined call: the callee (known at compile time, and guarded by
     identity) is called through kiln's compile, so its own body is compiled."""
     from kiln.api import CompiledFunction
@@ -121,7 +139,10 @@ def _callee_wrapper(cf):
         elif isinstance(v, ModuleVariable):
             target = v.module.forward
         if target is None:
-            log.log("graph_breaks", "the callee %s runs eagerly (not known at compile time)", v)
+            # noted once, at compile time: the glue calls the callee itself, with no hook per run
+            note_eager_run(f"the callee {v} of the graph break at line {where[1]} is not known "
+                           f"at compile time: it runs uncompiled", cf.code, where[1],
+                           filename=where[0])
             return None
         return CompiledFunction(target, **_opts(cf))
     return wrap

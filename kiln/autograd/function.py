@@ -8,7 +8,6 @@ graph, compiling it on first use (with the saved tensors' real strides).
 from __future__ import annotations
 
 import threading
-import warnings
 
 import sympy
 import torch
@@ -122,8 +121,9 @@ def compile_backward(part: Partition, name: str, backend: str, compile_id, metas
             counters.bump("fallbacks")
             if config.strict:
                 raise
-            warnings.warn(f"kiln: {e}; the backward of {name} runs with eager torch ops "
-                          "instead", RuntimeWarning, stacklevel=3)
+            from kiln.eager_runs import note_eager_run  # noted once, when the backward compiles
+            note_eager_run(f"internal error: {e}; the backward graph runs with eager torch ops",
+                           name=f"{name}_backward")
             compiled = EagerGraph(graph, f"backward fallback: {e}")
         if config.debug:  # the backward's own dump folder: prims graph, loop IR, kernels
             from kiln.observe.debug import write_dump

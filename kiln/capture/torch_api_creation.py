@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from kiln.meta.defaults import default_device, default_dtype
 from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
 from kiln.graph.proxy import active_graph
@@ -27,13 +28,13 @@ def _check(requires_grad=False, layout=None, pin_memory=False, out=None, memory_
 def _dev(device, like=None):
     if device is not None:
         return torch.device(device)
-    return like.device if like is not None else torch.device("cpu")
+    return like.device if like is not None else default_device()
 
 
 def _filler(value):
     def adapter(*size, dtype=None, device=None, **kw):
         _check(**kw)
-        return core.full(_size(size), value, dtype or torch.get_default_dtype(), _dev(device))
+        return core.full(_size(size), value, dtype or default_dtype(), _dev(device))
     return adapter
 
 
@@ -43,7 +44,7 @@ def full(size, fill_value, *, dtype=None, device=None, **kw):
         raise Unsupported("torch.full with a tensor fill value")
     if dtype is None:
         dtype = torch.bool if isinstance(fill_value, bool) else torch.int64 if isinstance(fill_value, int) \
-            else torch.get_default_dtype()
+            else default_dtype()
     return core.full(tuple(size), fill_value, dtype, _dev(device))
 
 
@@ -76,25 +77,25 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, **kw):
     if end is None:
         start, end = 0, start
     if dtype is None:
-        dtype = torch.int64 if all(is_int_like(v) for v in (start, end, step)) else torch.get_default_dtype()
+        dtype = torch.int64 if all(is_int_like(v) for v in (start, end, step)) else default_dtype()
     return core.arange(start, end, step, dtype, _dev(device))
 
 
 def linspace(start, end, steps, *, dtype=None, device=None, **kw):
     _check(**kw)
-    return core.linspace(start, end, steps, dtype or torch.get_default_dtype(), _dev(device))
+    return core.linspace(start, end, steps, dtype or default_dtype(), _dev(device))
 
 
 def eye(n, m=None, *, dtype=None, device=None, **kw):
     _check(**kw)
-    return core.eye(n, n if m is None else m, dtype or torch.get_default_dtype(), _dev(device))
+    return core.eye(n, n if m is None else m, dtype or default_dtype(), _dev(device))
 
 
 def randn(*size, generator=None, dtype=None, device=None, **kw):
     _check(**kw)
     if generator is not None:
         raise Unsupported("torch.randn(generator=...) is not supported")
-    return core.randn(_size(size), dtype or torch.get_default_dtype(), _dev(device))
+    return core.randn(_size(size), dtype or default_dtype(), _dev(device))
 
 
 def randn_like(input, *, dtype=None, device=None, **kw):
@@ -121,10 +122,17 @@ def tensor(data, *, dtype=None, device=None, **kw):
     graph = active_graph()
     if graph is None:
         raise Unsupported("torch.tensor outside a graph build")
-    value = torch.tensor(data, dtype=dtype, device=device)
+    value = torch.tensor(data, dtype=dtype or _inferred_dtype(data),
+                         device=device if device is not None else default_device())
     if value.numel() > 1 << 16:
         raise Unsupported("torch.tensor of more than 65536 elements inside a compiled region")
     return Proxy(graph.get_attr("const", value))
+
+
+def _inferred_dtype(data):
+    """torch.tensor's dtype for ``data``; a float in it makes it the (guarded) default dtype."""
+    dtype = torch.tensor(data, device="cpu").dtype if not isinstance(data, torch.Tensor) else data.dtype
+    return default_dtype() if dtype == torch.get_default_dtype() and dtype.is_floating_point else dtype
 
 
 FUNCTIONS = {

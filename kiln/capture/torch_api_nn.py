@@ -94,8 +94,9 @@ def rand(*size, generator=None, dtype=None, device=None, layout=None, requires_g
          pin_memory=False, out=None):
     if generator is not None or out is not None or requires_grad:
         raise Unsupported("torch.rand with generator/out/requires_grad is not supported")
-    return core.rand(_size_args(size), dtype or torch.get_default_dtype(),
-                     torch.device(device) if device is not None else torch.device("cpu"))
+    from kiln.meta.defaults import default_device, default_dtype
+    return core.rand(_size_args(size), dtype or default_dtype(),
+                     torch.device(device) if device is not None else default_device())
 
 
 def rand_like(input, *, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None):

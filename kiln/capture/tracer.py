@@ -39,7 +39,7 @@ from kiln.capture.values import (BuiltinVariable, CellVariable, ConstantVariable
                                  TensorVariable, TorchFunctionVariable, TupleVariable, Variable,
                                  _Sequence, is_constant)
 from kiln.graph import Graph, Proxy
-from kiln.meta import TensorMeta
+from kiln.meta import TensorMeta, defaults
 from kiln.meta.symbolic import ShapeEnv, has_symbols, symbolic_meta
 
 MAX_INLINE_DEPTH = 32
@@ -658,7 +658,8 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
     root = Frame(tx, code, func.__globals__, None, locals_, cells)
     if plan is not None:
         root.stop_at = plan.stop_at
-    ret = tx.run_frame(root)
+    with defaults.watching() as default_reads:  # torch's default dtype and device, guarded below
+        ret = tx.run_frame(root)
 
     proxies: list[Proxy] = []
     filename, lineno, line = root.location(root.current)
@@ -698,6 +699,7 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
     # guards the ambient autocast state; a region still open at a break is re-entered for real
     # by the glue (resume.py), so the resume function sees it as ambient autocast
     autocast_devices = tx.autocast.finish(tx.graph, at_break=break_state is not None)
+    defaults.add_guards(tx.guards, default_reads)
     guard_source, guard_fn = tx.guards.compile(L, func.__globals__)
     result = CaptureResult(
         graph=tx.graph, input_sources=input_sources, fetch=fetch, fetch_source=fetch_source,
@@ -706,6 +708,11 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
         guard_set=tx.guards, shape_env=tx.shape_env if tx.shape_env.hints else None,
         autocast_devices=autocast_devices)
     result.break_state = break_state
+    # the capture outlives the call: it holds no tensor of it (issue 24, item 6). The shape
+    # env's location callback is the tracer's (the tensors it saw, by id); later stages'
+    # guards have no trace position anyway.
+    tx.shape_env.location = None
+    tx._tensor_inputs.clear()
     if break_state is None and tx.grad_enabled != grad_at_entry:
         # the frame leaves grad mode changed (a resume function that exits a no_grad block)
         result.rebuild = _set_grad_after(result.rebuild, tx.grad_enabled)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kiln import api, context
+from kiln import api, context, eager_runs
 
 
 @dataclasses.dataclass
@@ -15,6 +15,20 @@ class BreakReason:
 
     def __str__(self):
         return f"{self.reason} at {self.filename}:{self.lineno}: {self.source_line.strip()}"
+
+
+@dataclasses.dataclass
+class EagerRun:
+    reason: str
+    name: str
+    filename: str
+    lineno: int
+    source_line: str
+    count: int  # runs during the explained call
+
+    def __str__(self):
+        return (f"{self.name} ran eagerly ({self.count}x): {self.reason} at {self.filename}:"
+                f"{self.lineno}: {self.source_line.strip()}")
 
 
 @dataclasses.dataclass
@@ -63,12 +77,16 @@ class ExplainOutput:
     result: object = None
     compiles: list = dataclasses.field(default_factory=list)  # CompileSummary, in compile order
     kernels_per_graph: list = dataclasses.field(default_factory=list)  # kernel names per graph
+    # frames (or rests of frames) that ran natively during the call (kiln/eager_runs.py)
+    eager_runs: list = dataclasses.field(default_factory=list)  # EagerRun
 
     def __str__(self):
         lines = [f"Graphs: {self.graph_count}   Graph breaks: {self.graph_break_count}   "
                  f"Kernels: {self.kernel_count}   Library calls: {self.extern_calls}"]
         for i, b in enumerate(self.break_reasons):
             lines.append(f"Break {i + 1}: {b}")
+        for r in self.eager_runs:
+            lines.append(f"Eager: {r}")
         if self.compiles:
             lines += [str(c) for c in self.compiles]
         else:  # built by hand, without per-compile records
@@ -101,12 +119,19 @@ def explain(fn, backend="kiln", dynamic=None):
         dyn = dynamic if dynamic is not None else getattr(fn, "dynamic", None)
         compiled = api.CompiledFunction(target, backend=backend, dynamic=dyn, private_cache=True)
         recorder: list = []
+        eager: list = []
+        before = {id(r): r["count"] for r in eager_runs._RECORDS.values()}
         api._RECORDERS.append(recorder)
+        eager_runs._LISTENERS.append(eager)
         try:
             result = compiled(*args, **kwargs)
         finally:
             api._RECORDERS.remove(recorder)
-        return summarize(recorder, result)
+            eager_runs._LISTENERS.remove(eager)
+        out = summarize(recorder, result)
+        out.eager_runs = [EagerRun(r["reason"], r["name"], r["filename"] or "", r["lineno"] or 0,
+                                   r["source_line"], r["count"] - before.get(id(r), 0)) for r in eager]
+        return out
     return run
 
 

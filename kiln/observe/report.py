@@ -55,7 +55,8 @@ def find_run(path: str) -> str:
         raise FileNotFoundError(f"no such folder: {path}")
     if os.path.exists(os.path.join(path, "metrics.json")):
         return os.path.dirname(path)
-    if any(os.path.exists(os.path.join(path, d, "metrics.json")) for d in os.listdir(path)):
+    if os.path.exists(os.path.join(path, "eager_runs.json")) or \
+            any(os.path.exists(os.path.join(path, d, "metrics.json")) for d in os.listdir(path)):
         return path
     runs = [os.path.join(path, d) for d in os.listdir(path) if d.startswith("run_")]
     if not runs:
@@ -134,7 +135,9 @@ def load_run(path: str) -> dict:
     compiles.sort(key=lambda c: (c["id"] if c["id"] is not None else 1 << 30, c["folder"]))
     prof_path = os.path.join(run, "profile.json")
     prof = json.loads(_read(prof_path, 50_000_000)) if os.path.exists(prof_path) else None
-    return {"dir": run, "compiles": compiles, "profile": prof}
+    eager_path = os.path.join(run, "eager_runs.json")  # kiln/eager_runs.py writes it
+    eager = json.loads(_read(eager_path)) if os.path.exists(eager_path) else []
+    return {"dir": run, "compiles": compiles, "profile": prof, "eager_runs": eager}
 
 
 def sync_kind(reason: str) -> str | None:
@@ -252,7 +255,7 @@ class Page:
 
     def render(self) -> str:
         run = self.run
-        head = [self.summary(), self.syncs(), self.timeline()]
+        head = [self.summary(), self.eager(), self.syncs(), self.timeline()]
         compiles = [self.compile_section(c) for c in run["compiles"]]
         body = head + [self.sources()] + compiles  # sources last: the others fill its line index
         return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kiln report</title>"
@@ -267,7 +270,8 @@ class Page:
         graphs = sum(1 for c in cs if "02_captured_graph.py" in c["files"])
         n = {"compiles": len(cs), "graphs": graphs, "graph breaks": sum(len(c["breaks"]) for c in cs),
              "recompiles": sum(len(c["recompiles"]) for c in cs),
-             "kernels": sum(len(c["kernels"]) for c in cs), "host syncs": len(host_syncs(self.run))}
+             "kernels": sum(len(c["kernels"]) for c in cs), "host syncs": len(host_syncs(self.run)),
+             "eager frames": len(self.run.get("eager_runs", []))}
         items = "".join(f"<span><b>{v}</b> {k}</span>" for k, v in n.items())
         prof = self.run["profile"]
         note = (f"<div class='muted'>profile: {esc(prof['program'])}, {prof['runs']} run(s) on "
@@ -276,6 +280,24 @@ class Page:
                 "script.py</code> for times, bandwidth and the runtime sync list</div>")
         toc = " · ".join(f"<a href='#c-{esc(c['folder'])}'>{esc(c['folder'])}</a>" for c in cs)
         return f"<div class='card summary'>{items}{note}<div>compiles: {toc}</div></div>"
+
+    def eager(self) -> str:
+        """Frames that ran natively instead of compiled (kiln/eager_runs.py), with the reason."""
+        rows = self.run.get("eager_runs", [])
+        if not rows:
+            return ""
+        out = ["<h2 id='eager'>Eager runs</h2><div class='card'><p class='muted'>Frames (or the "
+               "rest of a frame after a graph break) that ran as plain Python and torch, "
+               "uncompiled; counted as of the first run of each.</p><table class='synclist'>"
+               "<tr><th>line</th><th>function</th><th>source</th><th>why</th></tr>"]
+        for r in rows:
+            tag = "<a class='tag t-break' href='#eager'>eager</a>"
+            link = self.line_ref(r.get("filename"), r.get("lineno"), r.get("source_line"), tag) or "?"
+            out.append(f"<tr><td>{link}</td><td>{esc(r.get('name'))}</td><td><code>"
+                       f"{esc((r.get('source_line') or '').strip())}</code></td>"
+                       f"<td>{esc(r.get('reason'))}</td></tr>")
+        out.append("</table></div>")
+        return "".join(out)
 
     def syncs(self) -> str:
         rows = host_syncs(self.run)

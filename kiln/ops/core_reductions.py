@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from kiln.meta.defaults import default_dtype
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import prims
 from kiln.ops.core_views import normalize_dim
@@ -304,7 +305,7 @@ def _logsumexp_eager(x, dims, keepdim=False):
 
 
 logsumexp = define("core", "logsumexp", _logsumexp_eager)
-META_RULES[logsumexp] = _meta("logsumexp", lambda d, dt: d if d.is_floating_point else torch.get_default_dtype())
+META_RULES[logsumexp] = _meta("logsumexp", lambda d, dt: d if d.is_floating_point else default_dtype())
 
 
 @DECOMPOSITIONS.register(logsumexp)

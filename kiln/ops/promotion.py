@@ -10,6 +10,7 @@ import enum
 
 import torch
 
+from kiln.meta.defaults import default_dtype
 from kiln.meta.tensor_meta import TensorMeta
 
 
@@ -36,9 +37,9 @@ def _scalar_dtype(x) -> torch.dtype:
     if isinstance(x, int) or _is_symint(x):
         return torch.int64
     if isinstance(x, float):
-        return torch.get_default_dtype()
+        return default_dtype()
     if isinstance(x, complex):
-        return torch.complex64 if torch.get_default_dtype() == torch.float32 else torch.complex128
+        return torch.complex64 if default_dtype() == torch.float32 else torch.complex128
     raise TypeError(f"type promotion: {type(x).__name__} is not a number")
 
 
@@ -92,7 +93,7 @@ def promoted_dtypes(args, kind: Promotion) -> tuple[torch.dtype, torch.dtype]:
     """(compute dtype, result dtype) for an elementwise op under a promotion kind."""
     compute = result_type(*args)
     if kind == Promotion.INT_TO_FLOAT and _category(compute) < 2:
-        compute = torch.get_default_dtype()
+        compute = default_dtype()
     if kind == Promotion.BOOL_TO_LONG and compute == torch.bool:
         compute = torch.int64
     result = torch.bool if kind == Promotion.ALWAYS_BOOL else compute
