@@ -28,6 +28,7 @@ from kiln.capture.interpreter import Frame
 from kiln.capture.resume import GradModeExit, SetGradModeVariable, set_grad_mode
 from kiln.capture.resume_loops import LoopRest, wrap_loop_rest
 from kiln.capture.side_effects import SideEffects
+from kiln.capture.values_stdlib import wrap_stdlib
 from kiln.capture.values_dict import (ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
@@ -133,6 +134,8 @@ class Tracer:
             exit_var.grad_prev = value.prev  # a later break rebuilds it (resume._grad_prev)
             return exit_var
         special = wrap_autocast(self, value, source, guard)  # torch.autocast and its queries
+        if special is None:  # os.environ, loggers, warnings.warn (values_stdlib.py)
+            special = wrap_stdlib(self, value, source, guard)
         if special is not None:
             return special
         if isinstance(value, enum.Enum):  # members are singletons: guarded by identity

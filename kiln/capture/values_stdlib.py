@@ -1,0 +1,243 @@
+"""Standard-library objects library code calls around its tensors, handled at trace time the
+way a user expects (and the way Dynamo does): evaluated on constants, guarded, no break.
+
+- ``os.environ`` (``EnvironVariable``): ``get``, ``[]``, ``in`` and ``os.getenv`` read the
+  variable for real; the guard re-reads it (``os.environ.get('X') == '1'``), so changing it
+  recompiles. Writes are graph breaks (they change the process for later calls).
+- ``logging.Logger`` methods that emit (``warning``, ``info``, transformers' ``warning_once``
+  and ``warning_advice``...) and ``warnings.warn``: the arguments must be Python constants;
+  the call is not traced but recorded, and replayed for real after the compiled graph runs on
+  every call (side_effects.py ``"call"`` steps), as Dynamo replays reorderable logging
+  calls. So the side effect happens as often as in eager (``warning_once`` once, through its
+  own cache; ``warnings.warn`` once per location, through the caller's warning registry).
+  Queries (``isEnabledFor``, ``getEffectiveLevel``) are read at trace time and guarded.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import warnings
+
+from kiln.capture.errors import Unsupported
+from kiln.capture.guards import Source
+from kiln.capture.values import ConstantVariable, Variable
+
+_Environ = type(os.environ)
+
+
+def wrap_stdlib(tx, value, source, guard):
+    """The tracker for a standard-library object modeled here, or None."""
+    if type(value) is _Environ:
+        if guard:
+            tx.guards.identity(source, value)
+        return EnvironVariable(value, source)
+    if isinstance(value, logging.Logger):
+        if guard:
+            tx.guards.identity(source, value)
+        return LoggerVariable(value, source)
+    if value is warnings.warn:
+        return WarnVariable()
+    if value is os.getenv and source is not None:
+        return _EnvironMethod(EnvironVariable(os.environ, _EnvironSource()), "get")
+    if type(value) is functools.partial:
+        return wrap_partial(tx, value, source, guard)
+    return None
+
+
+def wrap_partial(tx, value, source, guard):
+    """A ``functools.partial`` object reached as a value (``self.act = partial(F.gelu, ...)``):
+    its function and bound arguments are read through ``.func``/``.args[i]``/``.keywords[k]``,
+    each with the guards of any value there; the partial itself by type and layout."""
+    from kiln.capture.guards import AttrSource, ItemSource
+    from kiln.capture.values_python import PartialVariable
+    if guard:
+        tx.guards.add(source, f"id(type({{}})) == {id(functools.partial)} and "
+                              f"len({{}}.args) == {len(value.args)} and "
+                              f"list({{}}.keywords) == {list(value.keywords)!r}")
+
+    def part(v, src):
+        return tx.wrap(v, src if source is not None else None, guard)
+    fn = part(value.func, source and AttrSource(source, "func"))
+    args = [part(a, source and ItemSource(AttrSource(source, "args"), i))
+            for i, a in enumerate(value.args)]
+    kwargs = {k: part(v, source and ItemSource(AttrSource(source, "keywords"), k))
+              for k, v in value.keywords.items()}
+    return PartialVariable(fn, args, kwargs)
+
+
+def _constants(args, kwargs, what):
+    """The Python values of call arguments; a tensor or other traced value is a break."""
+    try:
+        return [a.as_python() for a in args], {k: v.as_python() for k, v in kwargs.items()}
+    except Unsupported:
+        raise Unsupported(f"{what} with a non-constant argument (a tensor?) is not supported") \
+            from None
+
+
+# ====================================================================== os.environ
+class _EnvironSource(Source):
+    """``os.environ``, for ``os.getenv`` (whose own globals are the ``os`` module's)."""
+    __slots__ = ()
+
+    def expr(self, base=None):
+        return "__import__('os').environ"
+
+
+class EnvironVariable(Variable):
+    """``os.environ``: reads are constants guarded by re-reading the variable."""
+
+    def __init__(self, env, source):
+        self.env, self.source = env, source
+
+    def python_type(self):
+        return _Environ
+
+    def truth(self, tx):
+        return True
+
+    def read(self, tx, key):
+        """The variable's value now (None when unset), guarded on the same read."""
+        if not isinstance(key, str):
+            raise Unsupported(f"os.environ read with a {type(key).__name__} key")
+        if self.source is None:
+            raise Unsupported("os.environ reached without a source")
+        value = self.env.get(key)
+        check = f"{{}}.get({key!r}) is None" if value is None else f"{{}}.get({key!r}) == {value!r}"
+        tx.guards.add(self.source, check)
+        return value
+
+    def getitem(self, tx, key):
+        key = key.as_python()
+        value = self.read(tx, key)
+        if value is None:
+            raise Unsupported(f"os.environ[{key!r}] raises KeyError")
+        return ConstantVariable(value)
+
+    def contains(self, tx, item) -> bool:
+        return self.read(tx, item.as_python()) is not None
+
+    def getattr(self, tx, name):
+        if name in ("get", "__getitem__", "__contains__"):
+            return _EnvironMethod(self, name)
+        raise Unsupported(f"os.environ.{name} is not supported (only reads are)")
+
+
+class _EnvironMethod(Variable):
+    def __init__(self, env, name):
+        self.env, self.name = env, name
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        args, kwargs = _constants(args, kwargs, f"os.environ.{self.name}")
+        if self.name == "get" and 1 <= len(args) <= 2 and not kwargs or \
+                self.name == "get" and len(args) == 1 and set(kwargs) == {"default"}:
+            value = self.env.read(tx, args[0])
+            default = args[1] if len(args) == 2 else kwargs.get("default")
+            return tx.wrap_constant(default if value is None else value)
+        if self.name == "__getitem__" and len(args) == 1 and not kwargs:
+            return self.env.getitem(tx, ConstantVariable(args[0]))
+        if self.name == "__contains__" and len(args) == 1 and not kwargs:
+            return ConstantVariable(self.env.read(tx, args[0]) is not None)
+        raise Unsupported(f"os.environ.{self.name} with these arguments is not supported")
+
+
+# ====================================================================== logging and warnings
+# Logger methods that only emit a record (their effect is the output): replayed after the graph
+_EMITTING = frozenset({"debug", "info", "warning", "warn", "error", "critical", "fatal",
+                       "exception", "log", "warning_once", "info_once", "warning_advice"})
+# Logger methods whose result depends on the logger's configuration: read and guarded
+_QUERIES = frozenset({"isEnabledFor", "getEffectiveLevel"})
+
+
+class LoggerVariable(Variable):
+    """A ``logging.Logger`` (guarded by identity)."""
+
+    def __init__(self, logger, source):
+        self.logger, self.source = logger, source
+
+    def python_type(self):
+        return type(self.logger)
+
+    def truth(self, tx):
+        return True
+
+    def getattr(self, tx, name):
+        if name in _EMITTING or name.endswith("_once") and callable(getattr(self.logger, name, None)):
+            return ReplayedCallVariable(getattr(self.logger, name), f"Logger.{name}")
+        if name in _QUERIES:
+            return _LoggerQuery(self, name)
+        if name in ("name", "level", "disabled", "propagate"):
+            value = getattr(self.logger, name)
+            if self.source is not None:
+                tx.guards.constant(tx.attr_source(self.source, name), value)
+            return ConstantVariable(value)
+        raise Unsupported(f"Logger.{name} is not supported")
+
+
+class _LoggerQuery(Variable):
+    def __init__(self, logger_var, name):
+        self.logger_var, self.name = logger_var, name
+
+    def call(self, tx, args, kwargs):
+        args, kwargs = _constants(args, kwargs, f"Logger.{self.name}")
+        if self.logger_var.source is None:
+            raise Unsupported(f"Logger.{self.name} on a logger reached without a source")
+        value = getattr(self.logger_var.logger, self.name)(*args, **kwargs)
+        call = f"{self.name}({', '.join(repr(a) for a in args)})"
+        tx.guards.add(self.logger_var.source, f"{{}}.{call} == {value!r}")
+        return ConstantVariable(value)
+
+
+class ReplayedCallVariable(Variable):
+    """A call whose only effect is output: recorded with its constant arguments and made for
+    real after the graph runs, on every call (``SideEffects.record_call``)."""
+
+    def __init__(self, fn, what):
+        self.fn, self.what = fn, what
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        args, kwargs = _constants(args, kwargs, self.what)
+        tx.side_effects.record_call(self.fn, args, kwargs)
+        return ConstantVariable(None)
+
+
+class WarnVariable(Variable):
+    """``warnings.warn``: replayed as ``warnings.warn_explicit`` at the location the traced
+    code's ``stacklevel`` names, with that module's warning registry, so the warning says the
+    same line as in eager and shows as often (once per location under the default filter)."""
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        args, kwargs = _constants(args, kwargs, "warnings.warn")
+        names = ("message", "category", "stacklevel")
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        if len(args) > 3 or set(bound) - set(names) - {"source", "skip_file_prefixes"}:
+            raise Unsupported("warnings.warn with these arguments is not supported")
+        message = bound["message"]
+        category = bound.get("category") or (
+            type(message) if isinstance(message, Warning) else UserWarning)
+        frame = tx._current_frame
+        for _ in range(int(bound.get("stacklevel", 1)) - 1):
+            if frame is not None and frame.parent is not None:
+                frame = frame.parent
+        if frame is None:
+            raise Unsupported("warnings.warn outside a traced frame")
+        _, lineno, _ = frame.location(frame.current)
+        module = frame.globals.get("__name__", "<string>")
+        registry = frame.globals.setdefault("__warningregistry__", {})
+        tx.side_effects.record_call(
+            warnings.warn_explicit, [message, category, frame.code.co_filename, lineno or 0],
+            {"module": module, "registry": registry, "module_globals": frame.globals})
+        return ConstantVariable(None)
+
+
+__all__ = ["wrap_stdlib", "EnvironVariable", "LoggerVariable", "WarnVariable"]
