@@ -34,6 +34,7 @@ Every such choice is logged on the ``graph_breaks`` channel.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import sys
 import types
@@ -216,6 +217,13 @@ def finish_at_break(tx, root, plan) -> BreakState:
             seen.add(id(v))
             for x in v.attrs.values():
                 collect(x, depth + 1)
+        elif type(v).__name__ == "DictDataclassVariable" and id(v) not in seen:
+            seen.add(id(v))
+            for x in v.values.values():
+                collect(x, depth + 1)
+        elif type(v).__name__ == "PartialVariable":
+            for x in [v.fn, *v.args, *v.kwargs.values()]:
+                collect(x, depth + 1)
 
     for v in root.stack:
         collect(v)
@@ -361,6 +369,15 @@ def _new_object(cls, attrs):
     for k, x in attrs.items():
         object.__setattr__(obj, k, x)
     return obj
+
+
+def _construct(cls, fields):
+    """A dict dataclass (``ModelOutput``) made in traced code before a break, made again."""
+    return cls(**fields)
+
+
+def _construct_partial(fn, args, kwargs):
+    return functools.partial(fn, *args, **kwargs)
 
 
 def _is_made_object(v) -> bool:
@@ -532,6 +549,8 @@ class Glue:
                 self.load(x)
             self.emit(Instr("BUILD_TUPLE", len(v.items)), *_call(2))
             return
+        if v.source is None and self._load_made_value(v):
+            return
         if v.source is not None and not isinstance(v, (ListVariable, DictVariable)):
             self.load_source(v.source)  # any other value reached from the inputs
             return
@@ -542,6 +561,37 @@ class Glue:
             self.emit(Instr("LOAD_CONST", v.fn))  # a function reached through a trusted path
             return
         raise CannotResume(f"cannot rebuild {v} at the break")
+
+    def _load_made_value(self, v) -> bool:
+        """Values made in the traced code that live across the break, made again for real:
+        a ``ModelOutput``-like dict dataclass (``cls(**fields)``, the way its output spec
+        builds it after a graph), a set, a ``functools.partial``. False for other kinds."""
+        kind = type(v).__name__
+        if kind == "DictDataclassVariable":
+            self._guard_cycle(v)
+            self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", _construct), Instr("LOAD_CONST", v.cls))
+            for k, x in v.values.items():
+                self.emit(Instr("LOAD_CONST", k))
+                self.load(x)
+            self.emit(Instr("BUILD_MAP", len(v.values)), *_call(2))
+        elif kind == "SetVariable":
+            for x in v.items:
+                self.load(x)
+            self.emit(Instr("BUILD_SET", len(v.items)))
+        elif kind == "PartialVariable":
+            self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", _construct_partial))
+            self.load(v.fn)
+            for x in v.args:
+                self.load(x)
+            self.emit(Instr("BUILD_TUPLE", len(v.args)))
+            for k, x in v.kwargs.items():
+                self.emit(Instr("LOAD_CONST", k))
+                self.load(x)
+            self.emit(Instr("BUILD_MAP", len(v.kwargs)), *_call(3))
+        else:
+            return False
+        self._memo(v)
+        return True
 
     def _load_made_function(self, v):
         """A function made by MAKE_FUNCTION before the break (a lambda, a 3.11 comprehension)."""
