@@ -14,14 +14,17 @@ way a user expects (and the way Dynamo does): evaluated on constants, guarded, n
 """
 from __future__ import annotations
 
+import contextlib
+import enum
 import functools
 import logging
 import os
+import types
 import warnings
 
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import Source
-from kiln.capture.values import ConstantVariable, Variable
+from kiln.capture.values import ConstantVariable, FunctionVariable, Variable
 
 _Environ = type(os.environ)
 
@@ -42,6 +45,18 @@ def wrap_stdlib(tx, value, source, guard):
         return _EnvironMethod(EnvironVariable(os.environ, _EnvironSource()), "get")
     if type(value) is functools.partial:
         return wrap_partial(tx, value, source, guard)
+    if isinstance(value, types.FunctionType) and value.__code__ is _CONTEXTMANAGER_HELPER \
+            and isinstance(getattr(value, "__wrapped__", None), types.FunctionType):
+        if guard:
+            tx.guards.identity(source, value)
+        return ContextManagerFunctionVariable(value.__wrapped__)
+    if isinstance(value, functools._lru_cache_wrapper) and source is not None \
+            and isinstance(getattr(value, "__wrapped__", None), types.FunctionType):
+        # a cached pure function: its body gives what the cache holds, so it is inlined
+        if guard:
+            tx.guards.identity(source, value)
+        from kiln.capture.guards import AttrSource
+        return FunctionVariable(value.__wrapped__, source=AttrSource(source, "__wrapped__"))
     return None
 
 
@@ -66,6 +81,53 @@ def wrap_partial(tx, value, source, guard):
     return PartialVariable(fn, args, kwargs)
 
 
+# keys compared by value in a dict's guard; other hashable keys (types, enums, functions,
+# modules...) are compared by identity, which is what their hash and == are
+_VALUE_KEYS = (str, int, bool, float, type(None))
+
+
+class DictValueAtSource(Source):
+    """The value at position ``index`` of a dict whose key there has no literal spelling (a
+    type, an enum, a function): the dict's guard fixes its keys' order first."""
+    __slots__ = ("parent", "index")
+
+    def __init__(self, parent, index):
+        self.parent, self.index = parent, index
+
+    def expr(self, base=None):
+        return f"list({base or self.parent.expr()}.values())[{self.index}]"
+
+
+def dict_item_source(source, i, key):
+    """Where the guards read the value of ``key`` (at position ``i``) of the dict at ``source``."""
+    from kiln.capture.guards import ItemSource
+    if source is None:
+        return None
+    spelled = type(key) in _VALUE_KEYS or type(key) is tuple and all(type(x) in _VALUE_KEYS for x in key)
+    return ItemSource(source, key) if spelled else DictValueAtSource(source, i)
+
+
+def dict_keys_check(d: dict, guards) -> str:
+    """The guard (``{}`` for the dict) that a dict has the same keys in the same order: by value
+    for strings and numbers, by identity (kept alive) for types, enums, functions and other
+    hashable objects, whose ``==`` is identity; tuples of those item by item."""
+    def plain(k):  # spelled by repr (a tuple's repr names its items' identities or values)
+        return type(k) in _VALUE_KEYS or type(k) is tuple
+    keys = list(d)
+    if all(type(k) in (str, int) for k in keys):
+        return f"type({{}}) is dict and list({{}}) == {keys!r}"
+    for k in keys:
+        if not plain(k):
+            if type(k).__eq__ is not object.__eq__ and not isinstance(k, (type, enum.Enum)) \
+                    and not callable(k):
+                raise Unsupported(f"a dict key of type {type(k).__name__} (compared by its own "
+                                  "__eq__) is not supported")
+            guards.keep_alive(k)
+    spelled = [repr(k) if plain(k) else f"id:{id(k)}" for k in keys]
+    return (f"type({{}}) is dict and [repr(k) if type(k) in (str, int, bool, float, type(None), tuple) "
+            f"else 'id:' + str(id(k)) for k in {{}}] == {spelled!r}")
+
+
 def _constants(args, kwargs, what):
     """The Python values of call arguments; a tensor or other traced value is a break."""
     try:
@@ -73,6 +135,54 @@ def _constants(args, kwargs, what):
     except Unsupported:
         raise Unsupported(f"{what} with a non-constant argument (a tensor?) is not supported") \
             from None
+
+
+# ====================================================================== contextlib.contextmanager
+# every @contextmanager function is a closure over this one code object (contextlib's helper)
+_CONTEXTMANAGER_HELPER = contextlib.contextmanager(lambda: iter(())).__code__
+
+
+class ContextManagerFunctionVariable(Variable):
+    """A ``@contextlib.contextmanager`` function: calling it makes the manager; nothing runs yet."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        return GeneratorContextVariable(FunctionVariable(self.fn), list(args), dict(kwargs))
+
+
+class GeneratorContextVariable(Variable):
+    """``with cm(...) as v``: ``enter`` inlines the generator up to its yield (``v`` is what it
+    yields); the exit resumes the same frame, which must then return, as contextlib checks."""
+
+    def __init__(self, fn, args, kwargs):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+    def enter(self, tx):
+        frame = tx.inline_call(self.fn, self.args, self.kwargs, suspend=True)
+        if frame.suspend_at_yield:  # the body returned without yielding
+            raise Unsupported(f"{self.fn.qualname}: generator didn't yield")
+        value = frame.return_value
+        return _GeneratorExit(frame), value
+
+
+class _GeneratorExit(Variable):
+    def __init__(self, frame):
+        self.frame = frame
+
+    def call(self, tx, args, kwargs):
+        frame = self.frame
+        frame.return_value = None
+        frame.push(ConstantVariable(None))  # what next() sends into the yield
+        frame.yielded = []
+        tx.run_frame(frame)
+        if frame.yielded:
+            raise Unsupported("a @contextmanager generator yielded twice")
+        return ConstantVariable(None)
 
 
 # ====================================================================== os.environ

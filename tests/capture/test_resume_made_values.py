@@ -1,0 +1,63 @@
+"""Values made in the traced code before a graph break and live across it are rebuilt by the
+glue, so the rest resumes in compiled code instead of the whole function running eagerly:
+a transformers ModelOutput (a dict dataclass), a set, a functools.partial, and a view of an
+intermediate tensor that nothing else sees. A view whose memory stays observable after the
+break (an input's, or shared with another live tensor) still makes that part eager, correctly."""
+import functools
+
+import pytest
+import torch
+
+import kiln
+from resume_helpers import BACKENDS, check_break, randn
+
+transformers = pytest.importorskip("transformers")
+
+
+def _model_output_live(x):
+    out = transformers.modeling_outputs.BaseModelOutput(last_hidden_state=x * 2, hidden_states=(x + 1,))
+    kiln.graph_break()
+    return out.last_hidden_state + out.hidden_states[0]
+
+
+def _set_and_partial_live(x):
+    seen = {1, 2}
+    scale = functools.partial(torch.mul, other=3.0)
+    y = x.sin()
+    kiln.graph_break()
+    return scale(y), seen  # the set is passed on to the resume function as it is
+
+
+def _intermediate_view_live(x):
+    h = (x * 2).view(2, -1)[:, 1:]
+    kiln.graph_break()
+    return h.cos() + 1
+
+
+def _input_view_live(x):
+    h = x[1:]
+    kiln.graph_break()
+    x.mul_(2)  # the view must see the write: this part cannot pass h as a copy
+    return h + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_model_output_across_break(backend, capsys):
+    check_break(_model_output_live, lambda: (randn(3, 4),), capsys, backend, graphs=2, breaks=1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_set_and_partial_across_break(backend, capsys):
+    check_break(_set_and_partial_live, lambda: (randn(3, 4),), capsys, backend, graphs=2, breaks=1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_view_of_intermediate_across_break(backend, capsys):
+    check_break(_intermediate_view_live, lambda: (randn(4, 4),), capsys, backend, graphs=2, breaks=1)
+
+
+def test_view_of_input_across_break_stays_correct():
+    x = randn(4, 3)
+    expected = _input_view_live(x.clone())
+    got = kiln.compile(_input_view_live, backend="eager")(x.clone())
+    torch.testing.assert_close(got, expected)
