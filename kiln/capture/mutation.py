@@ -535,8 +535,16 @@ def _refuse_observable_views(live: list, stored: bool):
     the same memory: an input's (the caller holds it), another live tensor on the same storage
     (a write through one must show in the other), or tensors the prefix stores into Python
     state (``stored``: not tracked here). A view of an intermediate seen by nobody else, such
-    as ``h = x.view(b, t, -1)`` live across the break, is passed as it is."""
+    as ``h = x.view(b, t, -1)`` live across the break, is passed as it is; a view of an input
+    is taken again from the real input by the glue (``resume.input_view_steps``)."""
     from kiln.capture.mutation_alias import member_alias
+    from kiln.capture.resume import input_view_steps
+    if stored:
+        live_views = [v for v in live if v.alias is not None and v.alias.chain]
+        if live_views:
+            raise Unsupported("a view of another tensor is live across a graph break (the resume "
+                              "function would get a copy, not a view)")
+    live = [v for v in live if input_view_steps(v) is None]  # the glue takes them again
     per_storage: dict = {}
     for var in live:
         if var.alias is not None:
@@ -546,7 +554,7 @@ def _refuse_observable_views(live: list, stored: bool):
         if a is None or not a.chain or member_alias(var):
             continue
         shared = len(per_storage[id(a.storage)]) > 1 or a.storage.root in live
-        if a.storage.from_input or shared or stored:
+        if a.storage.from_input or shared:
             raise Unsupported("a view of another tensor is live across a graph break (the resume "
                               "function would get a copy, not a view)")
 

@@ -371,6 +371,37 @@ def _new_object(cls, attrs):
     return obj
 
 
+def input_view_steps(var):
+    """The view ops from an input to ``var`` when the glue can take the same view of the real
+    input (so the resume function gets a view, as in eager): the input is not shared with
+    other inputs, was not written before the break, and every step's aliasing is eager's."""
+    from kiln.capture.mutation_alias import GroupStorage
+    a = getattr(var, "alias", None)
+    if a is None or not a.chain or not a.storage.from_input or a.storage.version \
+            or isinstance(a.storage, GroupStorage) or a.storage.root.source is None:
+        return None
+    if any(s.uncertain or s.op is None or _has_symbols(s.args) or _has_symbols(s.kwargs)
+           for s in a.chain):
+        return None
+    return tuple((s.op, s.args, s.kwargs) for s in a.chain)
+
+
+def _has_symbols(v) -> bool:
+    from kiln.meta.symbolic import SymInt
+    if isinstance(v, dict):
+        v = tuple(v.values())
+    if isinstance(v, (tuple, list)):
+        return any(_has_symbols(x) for x in v)
+    return isinstance(v, SymInt)
+
+
+def replay_view(tensor, steps):
+    """The glue's view of an input: each core view op's eager implementation in turn."""
+    for op, args, kwargs in steps:
+        tensor = op(tensor, *args, **kwargs)
+    return tensor
+
+
 def _construct(cls, fields):
     """A dict dataclass (``ModelOutput``) made in traced code before a break, made again."""
     return cls(**fields)
@@ -463,6 +494,11 @@ class Glue:
         if isinstance(v, TensorVariable):
             if v.source is not None:
                 self.load_source(v.source)
+            elif input_view_steps(v) is not None:  # a view of an input: taken again, for real
+                root = v.alias.storage.root
+                self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", replay_view))
+                self.load_source(root.source)
+                self.emit(Instr("LOAD_CONST", input_view_steps(v)), *_call(2))
             else:
                 self.emit(Instr("LOAD_FAST", "___outs"), Instr("LOAD_CONST", self.out_index[v.proxy.node]),
                           Instr("BINARY_SUBSCR"))

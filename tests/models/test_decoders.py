@@ -109,3 +109,29 @@ def test_kiln_inference_and_training_step(name, labels):
     stats = kiln.stats()
     assert stats["graph_breaks"] == 0 and stats["fallbacks"] == 0, stats
     assert stats["kernels_generated"] > 0, stats  # the layers ran in generated kernels
+
+
+def test_break_inside_every_layer_resumes_compiled(monkeypatch, capsys):
+    """A break in each decoder layer's MLP (inside the layer loop, under transformers' nested
+    decorators) resumes in compiled code at every level: no part of the model runs eagerly."""
+    from transformers.models.llama import modeling_llama
+
+    mlp_forward = modeling_llama.LlamaMLP.forward
+
+    def breaking_forward(self, x):
+        kiln.graph_break()
+        return mlp_forward(self, x)
+
+    monkeypatch.setattr(modeling_llama.LlamaMLP, "forward", breaking_forward)
+    model = _model("llama", 0.0).eval()
+    args, _ = _inputs(False)
+    kiln.log.configure("graph_breaks")
+    try:
+        compiled = kiln.compile(model, backend="eager")
+        with torch.no_grad():
+            assert_close(compiled(*args).logits, model(*args).logits)
+    finally:
+        kiln.log.configure("")
+    logged = capsys.readouterr().err
+    assert "resumes compiled" in logged and "eagerly" not in logged, logged
+    assert kiln.stats()["graph_breaks"] > 0
