@@ -123,7 +123,7 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
 
 def _sdpa_with_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale):
     """Attention with dropout on the weights (GPT-2 in training mode), written as torch's math
-    backend computes it: scores, mask, softmax, ``core.dropout``, weighted sum. The dropout
+    backend computes it: scores, mask, softmax, dropout (``dropout`` below), weighted sum. The dropout
     mask comes from kiln's RNG, not eager's, so it is equal in distribution only (as under
     torch.compile); the fused sdpa op keeps dropout_p 0."""
     if not 0 < dropout_p <= 1:
@@ -138,7 +138,7 @@ def _sdpa_with_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale
     if attn_mask is not None:
         scores = core.masked_fill(scores, core.logical_not(attn_mask), float("-inf")) \
             if attn_mask.dtype == torch.bool else core.add(scores, attn_mask)
-    weights = core.dropout(core.softmax(scores, -1), dropout_p, True)
+    weights = dropout(core.softmax(scores, -1), dropout_p, True)  # the mask autograd can see
     return core.matmul(weights, value)
 
 
