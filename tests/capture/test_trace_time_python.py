@@ -217,6 +217,23 @@ def test_dataclasses_replace_and_getattr_default():
     _one_graph(f, torch.randn(4))
 
 
+# ---------------------------------------------------------------- what decoder LLMs' helpers do
+def test_broadcast_index_tensors_on_leading_dims():
+    """transformers' padding mask: ``padding_mask[batch_idx, kv_idx]`` with index tensors that
+    broadcast against each other (negative indices wrap), forward and gradient."""
+    def f(x, i, j):
+        return x[i, j] * 2
+    x = torch.randn(3, 5, 2, requires_grad=True)
+    i, j = torch.tensor([[0], [2], [-1]]), torch.tensor([[1, 4, -2]])
+    _one_graph(f, x.detach(), i, j)
+    kiln.reset()
+    got = kiln.compile(f)(x, i, j)
+    (grad,) = torch.autograd.grad(got.sum(), x)
+    (want,) = torch.autograd.grad(f(x, i, j).sum(), x)
+    assert_close(got, f(x, i, j))
+    assert_close(grad, want)
+
+
 # ---------------------------------------------------------------- sdpa as decoder LLMs call it
 def test_sdpa_grouped_query_attention():
     q, k, v = torch.randn(2, 4, 8, 16), torch.randn(2, 2, 8, 16), torch.randn(2, 2, 8, 16)

@@ -73,6 +73,22 @@ def test_one_graph_inference(name, labels):
         _assert_one_graph(_model(name, 0.0).eval(), args, kwargs)
 
 
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_one_graph_with_padding_mask(name):
+    """A left-padded batch (the tokenizer's attention_mask): masking_utils builds the 4-D mask
+    by indexing the padding mask with broadcast index tensors; one graph, logits as eager's."""
+    kiln.reset()
+    model = _model(name, 0.0).eval()
+    (ids,), _ = _inputs(False)
+    mask = torch.ones(2, SEQ, dtype=torch.long)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        _assert_one_graph(model, (ids,), {"attention_mask": mask})
+        kiln.reset()
+        compiled = kiln.compile(model, backend="eager")
+        assert_close(compiled(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
+
+
 @pytest.mark.parametrize("name,labels", CASES, ids=IDS)
 def test_one_graph_training_with_dropout(name, labels):
     kiln.reset()
