@@ -256,3 +256,28 @@ def test_sdpa_with_dropout_in_distribution(causal):
     got = f(q, k, v, 0.5)
     assert not torch.allclose(got[0], got[1])  # dropout happened
     torch.testing.assert_close(got.mean(0, keepdim=True), plain, rtol=0, atol=0.1)
+
+
+class _Rotary:
+    """A class-level cache filled on first use, read through a property (rotary tables do this)."""
+    _cache = {}
+
+    def __init__(self, base):
+        self.base = base
+
+    @property
+    def inv(self):
+        return 1.0 / self.base
+
+    def table(self, n):
+        if n not in _Rotary._cache:
+            _Rotary._cache[n] = n * self.inv
+        return _Rotary._cache[n]
+
+
+def test_class_level_cache_and_property():
+    rot = _Rotary(4.0)
+    _Rotary._cache.clear()
+    compiled = _one_graph(lambda x: x * rot.table(3) + getattr(rot, "offset", 0.5), torch.randn(4))
+    assert _Rotary._cache == {3: 0.75}  # the write is replayed into the real class dict
+    assert_close(compiled(torch.ones(4)), torch.full((4,), 1.25))
