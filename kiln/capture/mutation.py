@@ -538,7 +538,7 @@ def _refuse_observable_views(live: list, stored: bool):
     as ``h = x.view(b, t, -1)`` live across the break, is passed as it is; a view of an input
     is taken again from the real input by the glue (``resume.input_view_steps``)."""
     from kiln.capture.mutation_alias import member_alias
-    from kiln.capture.resume import input_view_steps
+    from kiln.capture.resume_values import input_view_steps
     if stored:
         live_views = [v for v in live if v.alias is not None and v.alias.chain]
         if live_views:
