@@ -536,7 +536,7 @@ def _refuse_observable_views(live: list, stored: bool):
     (a write through one must show in the other), or tensors the prefix stores into Python
     state (``stored``: not tracked here). A view of an intermediate seen by nobody else, such
     as ``h = x.view(b, t, -1)`` live across the break, is passed as it is; a view of an input
-    is taken again from the real input by the glue (``resume.input_view_steps``)."""
+    is taken again from the real input by the glue (``resume_values.input_view_steps``)."""
     from kiln.capture.mutation_alias import member_alias
     from kiln.capture.resume_values import input_view_steps
     if stored:
