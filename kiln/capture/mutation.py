@@ -535,16 +535,14 @@ def _refuse_observable_views(live: list, stored: bool):
     the same memory: an input's (the caller holds it), another live tensor on the same storage
     (a write through one must show in the other), or tensors the prefix stores into Python
     state (``stored``: not tracked here). A view of an intermediate seen by nobody else, such
-    as ``h = x.view(b, t, -1)`` live across the break, is passed as it is; a view of an input
-    is taken again from the real input by the glue (``resume_values.input_view_steps``)."""
+    as ``h = x.view(b, t, -1)`` live across the break, is passed as it is. Views the glue takes
+    again from their base (``resume_values.view_rebuild``) are not among ``live``: their base is."""
     from kiln.capture.mutation_alias import member_alias
-    from kiln.capture.resume_values import input_view_steps
     if stored:
         live_views = [v for v in live if v.alias is not None and v.alias.chain]
         if live_views:
             raise Unsupported("a view of another tensor is live across a graph break (the resume "
                               "function would get a copy, not a view)")
-    live = [v for v in live if input_view_steps(v) is None]  # the glue takes them again
     per_storage: dict = {}
     for var in live:
         if var.alias is not None:

@@ -46,8 +46,7 @@ from kiln.capture.guards import AttrSource, GlobalSource, ItemSource, LocalSourc
 from kiln.capture.instructions import decode
 from kiln.capture.resume_loops import (LoopRestVariable, TailCall, check_loop_state, for_loop_refusal,
                                       load_as_rest, origin_of, register_origin, stack_iterators)
-from kiln.capture.resume_values import (_construct, _construct_partial, input_view_steps,
-                                       replay_view)
+from kiln.capture.resume_values import _construct, _construct_partial, replay_view, view_rebuild
 from kiln.capture.resume_facts import (_cond_jump_kind, _operands, _result_layout, live_locals,
                                       loop_head)
 from kiln.capture.values import (NULL, BoundAdapterVariable, BuiltinVariable, ConstantVariable,
@@ -193,7 +192,10 @@ def finish_at_break(tx, root, plan) -> BreakState:
         if depth > 50:
             raise CannotResume("a value nested too deeply to rebuild")
         if isinstance(v, TensorVariable):
-            if v.source is None and v.proxy.node not in seen:
+            rebuilt = view_rebuild(v) if v.source is None else None
+            if rebuilt is not None:  # the glue takes the view again from its base
+                collect(rebuilt[0], depth + 1)
+            elif v.source is None and v.proxy.node not in seen:
                 seen.add(v.proxy.node)
                 outputs.append(v)
         elif isinstance(v, _Sequence) and v.source is None:  # tuples, lists, namedtuples
@@ -455,11 +457,14 @@ class Glue:
         if isinstance(v, TensorVariable):
             if v.source is not None:
                 self.load_source(v.source)
-            elif input_view_steps(v) is not None:  # a view of an input: taken again, for real
-                root = v.alias.storage.root
+            elif id(v) in self.temps:
+                self.emit(Instr("LOAD_FAST", self.temps[id(v)]))
+            elif view_rebuild(v) is not None:  # a view: taken again from its base, for real
+                root, steps = view_rebuild(v)
                 self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", replay_view))
-                self.load_source(root.source)
-                self.emit(Instr("LOAD_CONST", input_view_steps(v)), *_call(2))
+                self.load(root)
+                self.emit(Instr("LOAD_CONST", steps), *_call(2))
+                self._memo(v)
             else:
                 self.emit(Instr("LOAD_FAST", "___outs"), Instr("LOAD_CONST", self.out_index[v.proxy.node]),
                           Instr("BINARY_SUBSCR"))
