@@ -227,6 +227,9 @@ def finish_at_break(tx, root, plan) -> BreakState:
         elif type(v).__name__ == "PartialVariable":
             for x in [v.fn, *v.args, *v.kwargs.values()]:
                 collect(x, depth + 1)
+        elif type(v).__name__ == "_GeneratorExit":
+            for x in [*v.manager.args, *v.manager.kwargs.values()]:
+                collect(x, depth + 1)
 
     for v in root.stack:
         collect(v)
@@ -590,6 +593,17 @@ class Glue:
                 self.emit(Instr("LOAD_CONST", k))
                 self.load(x)
             self.emit(Instr("BUILD_MAP", len(v.kwargs)), *_call(3))
+        elif kind == "_GeneratorExit" and v.pure_enter:  # a @contextmanager block: enter again
+            from kiln.capture.values_stdlib import enter_for_real
+            m = v.manager
+            self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", enter_for_real), Instr("LOAD_CONST", m.fn.fn))
+            for x in m.args:
+                self.load(x)
+            self.emit(Instr("BUILD_TUPLE", len(m.args)))
+            for k, x in m.kwargs.items():
+                self.emit(Instr("LOAD_CONST", k))
+                self.load(x)
+            self.emit(Instr("BUILD_MAP", len(m.kwargs)), *_call(3))
         else:
             return False
         self._memo(v)

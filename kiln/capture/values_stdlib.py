@@ -163,16 +163,38 @@ class GeneratorContextVariable(Variable):
         self.fn, self.args, self.kwargs = fn, args, kwargs
 
     def enter(self, tx):
+        before = _effects_size(tx)
         frame = tx.inline_call(self.fn, self.args, self.kwargs, suspend=True)
         if frame.suspend_at_yield:  # the body returned without yielding
             raise Unsupported(f"{self.fn.qualname}: generator didn't yield")
         value = frame.return_value
-        return _GeneratorExit(frame), value
+        exit_ = _GeneratorExit(frame, self)
+        # entering again for real is safe when the code before the yield did nothing kiln
+        # records (no op, no write, no call replayed): a graph break inside the block does
+        # that in its glue (resume.py), so the resume function gets a real exit
+        exit_.pure_enter = _effects_size(tx) == before
+        return exit_, value
+
+
+def _effects_size(tx):
+    se = tx.side_effects
+    return (len(tx.graph.nodes), len(se.calls), len(se.attr_writes), len(se.containers),
+            len(se.global_writes), len(se.cells))
+
+
+def enter_for_real(fn, args, kwargs):
+    """A ``@contextmanager`` block live at a graph break, entered again by the glue: the bound
+    ``__exit__`` of a real manager whose generator stands at its yield."""
+    manager = contextlib._GeneratorContextManager(fn, args, kwargs)
+    manager.__enter__()
+    return manager.__exit__
 
 
 class _GeneratorExit(Variable):
-    def __init__(self, frame):
-        self.frame = frame
+    pure_enter = False
+
+    def __init__(self, frame, manager):
+        self.frame, self.manager = frame, manager
 
     def call(self, tx, args, kwargs):
         frame = self.frame
@@ -350,4 +372,4 @@ class WarnVariable(Variable):
         return ConstantVariable(None)
 
 
-__all__ = ["wrap_stdlib", "EnvironVariable", "LoggerVariable", "WarnVariable"]
+__all__ = ["wrap_stdlib", "EnvironVariable", "LoggerVariable", "WarnVariable", "enter_for_real"]

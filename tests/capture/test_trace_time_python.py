@@ -281,3 +281,37 @@ def test_class_level_cache_and_property():
     compiled = _one_graph(lambda x: x * rot.table(3) + getattr(rot, "offset", 0.5), torch.randn(4))
     assert _Rotary._cache == {3: 0.75}  # the write is replayed into the real class dict
     assert_close(compiled(torch.ones(4)), torch.full((4,), 1.25))
+
+
+_EXITS = []
+
+
+@contextlib.contextmanager
+def _pure_enter(scale):
+    try:
+        yield scale * 2
+    finally:
+        _EXITS.append("exit")
+
+
+def _break_in_block(x):
+    with _pure_enter(3) as s:
+        y = x * s
+        kiln.graph_break()
+        y = y + 1
+    return y * 2
+
+
+def test_break_inside_contextmanager_block_resumes_compiled():
+    """The glue enters a real manager again (the code before its yield did nothing kiln
+    records), so the rest resumes compiled; its exit is one more break, run once per call."""
+    x = torch.randn(4)
+    out = kiln.explain(_break_in_block, backend="eager")(x)
+    assert (out.graph_count, out.graph_break_count) == (3, 2), [str(b) for b in out.break_reasons]
+    kiln.reset()
+    compiled = kiln.compile(_break_in_block, backend="eager")
+    want = _break_in_block(x)
+    _EXITS.clear()
+    for _ in range(2):
+        assert_close(compiled(x), want)
+    assert _EXITS == ["exit", "exit"]
