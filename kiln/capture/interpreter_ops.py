@@ -323,6 +323,10 @@ def return_generator(frame, inst):
 def yield_value(frame, inst):
     if getattr(frame, "yielded", None) is None:
         raise Unsupported("yield outside a generator call")
+    if getattr(frame, "suspend_at_yield", False):  # a context manager's body: stop here
+        frame.suspend_at_yield = False
+        frame.return_value = frame.pop()  # what __enter__ returns (run() stops on it)
+        return
     frame.yielded.append(frame.pop())
     frame.push(ConstantVariable(None))
 

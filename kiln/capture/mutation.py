@@ -496,10 +496,7 @@ def finalize(tx, ret, proxies: list, at_break: bool = False):
     from kiln.capture.mutation_alias import GroupStorage, check_and_guard, member_alias
 
     if at_break:
-        for var in _output_vars(ret):
-            if var.alias is not None and var.alias.chain and not member_alias(var):
-                raise Unsupported("a view of another tensor is live across a graph break (the resume "
-                                  "function would get a copy, not a view)")
+        _refuse_observable_views(list(_output_vars(ret)), stored=len(proxies) > len(ret))
     placeholders = [n for n in tx.graph.nodes if n.op == PLACEHOLDER]
     mutated = [st for st in tx.storages if st.version and st.from_input]
     if not mutated:
@@ -530,6 +527,34 @@ def finalize(tx, ret, proxies: list, at_break: bool = False):
             if m is not None:  # an input in a written group, returned as itself
                 returned.append((i, index_of[m.placeholder.node]))
     return mutations, returned, copied
+
+
+def _refuse_observable_views(live: list, stored: bool):
+    """A view live at a graph break reaches the resume function as a tensor of its own (a
+    prefix-graph output). That is only observable when something else after the break can see
+    the same memory: an input's (the caller holds it), another live tensor on the same storage
+    (a write through one must show in the other), or tensors the prefix stores into Python
+    state (``stored``: not tracked here). A view of an intermediate seen by nobody else, such
+    as ``h = x.view(b, t, -1)`` live across the break, is passed as it is. Views the glue takes
+    again from their base (``resume_values.view_rebuild``) are not among ``live``: their base is."""
+    from kiln.capture.mutation_alias import member_alias
+    if stored:
+        live_views = [v for v in live if v.alias is not None and v.alias.chain]
+        if live_views:
+            raise Unsupported("a view of another tensor is live across a graph break (the resume "
+                              "function would get a copy, not a view)")
+    per_storage: dict = {}
+    for var in live:
+        if var.alias is not None:
+            per_storage.setdefault(id(var.alias.storage), set()).add(id(var))
+    for var in live:
+        a = var.alias
+        if a is None or not a.chain or member_alias(var):
+            continue
+        shared = len(per_storage[id(a.storage)]) > 1 or a.storage.root in live
+        if a.storage.from_input or shared:
+            raise Unsupported("a view of another tensor is live across a graph break (the resume "
+                              "function would get a copy, not a view)")
 
 
 def _output_vars(v):

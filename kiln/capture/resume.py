@@ -46,6 +46,7 @@ from kiln.capture.guards import AttrSource, GlobalSource, ItemSource, LocalSourc
 from kiln.capture.instructions import decode
 from kiln.capture.resume_loops import (LoopRestVariable, TailCall, check_loop_state, for_loop_refusal,
                                       load_as_rest, origin_of, register_origin, stack_iterators)
+from kiln.capture.resume_values import _construct, _construct_partial, replay_view, view_rebuild
 from kiln.capture.resume_facts import (_cond_jump_kind, _operands, _result_layout, live_locals,
                                       loop_head)
 from kiln.capture.values import (NULL, BoundAdapterVariable, BuiltinVariable, ConstantVariable,
@@ -191,7 +192,10 @@ def finish_at_break(tx, root, plan) -> BreakState:
         if depth > 50:
             raise CannotResume("a value nested too deeply to rebuild")
         if isinstance(v, TensorVariable):
-            if v.source is None and v.proxy.node not in seen:
+            rebuilt = view_rebuild(v) if v.source is None else None
+            if rebuilt is not None:  # the glue takes the view again from its base
+                collect(rebuilt[0], depth + 1)
+            elif v.source is None and v.proxy.node not in seen:
                 seen.add(v.proxy.node)
                 outputs.append(v)
         elif isinstance(v, _Sequence) and v.source is None:  # tuples, lists, namedtuples
@@ -215,6 +219,16 @@ def finish_at_break(tx, root, plan) -> BreakState:
         elif _is_made_object(v) and id(v) not in seen:
             seen.add(id(v))
             for x in v.attrs.values():
+                collect(x, depth + 1)
+        elif type(v).__name__ == "DictDataclassVariable" and id(v) not in seen:
+            seen.add(id(v))
+            for x in v.values.values():
+                collect(x, depth + 1)
+        elif type(v).__name__ == "PartialVariable":
+            for x in [v.fn, *v.args, *v.kwargs.values()]:
+                collect(x, depth + 1)
+        elif type(v).__name__ == "_GeneratorExit":
+            for x in [*v.manager.args, *v.manager.kwargs.values()]:
                 collect(x, depth + 1)
 
     for v in root.stack:
@@ -446,6 +460,14 @@ class Glue:
         if isinstance(v, TensorVariable):
             if v.source is not None:
                 self.load_source(v.source)
+            elif id(v) in self.temps:
+                self.emit(Instr("LOAD_FAST", self.temps[id(v)]))
+            elif view_rebuild(v) is not None:  # a view: taken again from its base, for real
+                root, steps = view_rebuild(v)
+                self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", replay_view))
+                self.load(root)
+                self.emit(Instr("LOAD_CONST", steps), *_call(2))
+                self._memo(v)
             else:
                 self.emit(Instr("LOAD_FAST", "___outs"), Instr("LOAD_CONST", self.out_index[v.proxy.node]),
                           Instr("BINARY_SUBSCR"))
@@ -532,6 +554,8 @@ class Glue:
                 self.load(x)
             self.emit(Instr("BUILD_TUPLE", len(v.items)), *_call(2))
             return
+        if v.source is None and self._load_made_value(v):
+            return
         if v.source is not None and not isinstance(v, (ListVariable, DictVariable)):
             self.load_source(v.source)  # any other value reached from the inputs
             return
@@ -542,6 +566,48 @@ class Glue:
             self.emit(Instr("LOAD_CONST", v.fn))  # a function reached through a trusted path
             return
         raise CannotResume(f"cannot rebuild {v} at the break")
+
+    def _load_made_value(self, v) -> bool:
+        """Values made in the traced code that live across the break, made again for real:
+        a ``ModelOutput``-like dict dataclass (``cls(**fields)``, the way its output spec
+        builds it after a graph), a set, a ``functools.partial``. False for other kinds."""
+        kind = type(v).__name__
+        if kind == "DictDataclassVariable":
+            self._guard_cycle(v)
+            self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", _construct), Instr("LOAD_CONST", v.cls))
+            for k, x in v.values.items():
+                self.emit(Instr("LOAD_CONST", k))
+                self.load(x)
+            self.emit(Instr("BUILD_MAP", len(v.values)), *_call(2))
+        elif kind == "SetVariable":
+            for x in v.items:
+                self.load(x)
+            self.emit(Instr("BUILD_SET", len(v.items)))
+        elif kind == "PartialVariable":
+            self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", _construct_partial))
+            self.load(v.fn)
+            for x in v.args:
+                self.load(x)
+            self.emit(Instr("BUILD_TUPLE", len(v.args)))
+            for k, x in v.kwargs.items():
+                self.emit(Instr("LOAD_CONST", k))
+                self.load(x)
+            self.emit(Instr("BUILD_MAP", len(v.kwargs)), *_call(3))
+        elif kind == "_GeneratorExit" and v.pure_enter:  # a @contextmanager block: enter again
+            from kiln.capture.values_stdlib import enter_for_real
+            m = v.manager
+            self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", enter_for_real), Instr("LOAD_CONST", m.fn.fn))
+            for x in m.args:
+                self.load(x)
+            self.emit(Instr("BUILD_TUPLE", len(m.args)))
+            for k, x in m.kwargs.items():
+                self.emit(Instr("LOAD_CONST", k))
+                self.load(x)
+            self.emit(Instr("BUILD_MAP", len(m.kwargs)), *_call(3))
+        else:
+            return False
+        self._memo(v)
+        return True
 
     def _load_made_function(self, v):
         """A function made by MAKE_FUNCTION before the break (a lambda, a 3.11 comprehension)."""

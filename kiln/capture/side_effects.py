@@ -12,7 +12,10 @@ After every call of the compiled graph, ``rebuild(outputs, L, G)`` (tracer.py) r
 - ``list``: ``<target>[:] = items`` (the list keeps its identity);
 - ``dict``: ``<target>.clear(); <target>.update(items)``;
 - ``global``: ``globals_dict[name] = value``;
-- ``cell``: ``<cell>.cell_contents = value``.
+- ``cell``: ``<cell>.cell_contents = value``;
+- ``call``: ``fn(*args, **kwargs)`` with constant arguments, in trace order: calls whose only
+  effect is output (logging, ``warnings.warn``; values_stdlib.py), made for real on every call
+  as in eager instead of being traced.
 
 Targets are source expressions over ``L`` and ``G`` (evaluated on each call, so an argument list
 is the caller's list of that call) or, for globals, the module's globals dict itself.
@@ -40,6 +43,7 @@ class SideEffects:
         self.global_writes: dict[int, tuple] = {}    # id(globals) -> (globals dict, {name: Variable})
         self.cells: dict[int, object] = {}           # id(cell tracker) -> CellVariable
         self.trackers: dict[int, tuple] = {}         # id(real object) -> (object, tracker)
+        self.calls: list[tuple] = []                 # (fn, args, kwargs): output-only calls
 
     # ---------------------------------------------------------------- one tracker per object
     def tracker_of(self, value):
@@ -88,8 +92,13 @@ class SideEffects:
             raise Unsupported("assigning a free variable of a function reached without a source")
         self.cells[id(cell)] = cell
 
+    def record_call(self, fn, args, kwargs):
+        """A call made for real after the graph runs (its arguments are Python constants)."""
+        self.calls.append((fn, tuple(args), dict(kwargs)))
+
     def empty(self) -> bool:
-        return not (self.attr_writes or self.containers or self.global_writes or self.cells)
+        return not (self.attr_writes or self.containers or self.global_writes or self.cells
+                    or self.calls)
 
     # ---------------------------------------------------------------- the replay plan
     def plan(self, spec_of) -> list:
@@ -112,6 +121,7 @@ class SideEffects:
             if cell.contents is None:
                 raise Unsupported("deleting a free variable is not supported")
             steps.append(("cell", _accessor(cell.cell_source), spec_of(cell.contents)))
+        steps.extend(("call", fn, args, kwargs) for fn, args, kwargs in self.calls)
         return steps
 
 
@@ -140,6 +150,8 @@ def replay(steps, build, L, G):
             step[1][step[2]] = build(step[3])
         elif kind == "cell":
             step[1](L, G).cell_contents = build(step[2])
+        elif kind == "call":
+            step[1](*step[2], **step[3])
 
 
 # ---------------------------------------------------------------- value specs beyond tracer's

@@ -350,6 +350,8 @@ def getitem(self, key):
     index with only full slices around it (``_index_one``)."""
     key = key if isinstance(key, tuple) else (key,)
     picked = _index_one(self, key)
+    if picked is None:
+        picked = _index_leading(self, key)
     if picked is not None:
         return picked
     for k in key:
@@ -381,6 +383,36 @@ def getitem(self, key):
                 out = core.slice(out, d, k.start, k.stop, step)
             d += 1
     return out
+
+
+def _index_leading(self, key):
+    """``x[i, j]`` (transformers' padding mask: ``padding_mask[batch_idx, kv_idx]``): integer
+    tensors indexing the leading dims, broadcast together, every later entry a full slice. One
+    index_select on those dims flattened, at ``sum(i_d * stride_d)``; the result has the indices'
+    broadcast shape, then the remaining dims."""
+    spots = [i for i, k in enumerate(key) if isinstance(k, Proxy)]
+    if len(spots) < 2 or spots != list(range(len(spots))) or len(spots) > self.ndim:
+        return None
+    if any(not (k == slice(None) or k is Ellipsis) for k in key[len(spots):]):
+        return None
+    idxs = list(key[:len(spots)])
+    for idx in idxs:
+        if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype in (torch.bool, torch.uint8):
+            return None  # masks and invalid indices keep the single-index path's errors and breaks
+    lead, rest = tuple(self.shape[:len(idxs)]), tuple(self.shape[len(idxs):])
+    linear = None
+    for d, (idx, n) in enumerate(zip(idxs, lead)):
+        idx = core.where(core.lt(idx, 0), core.add(idx, n), idx)  # out of range still fails
+        stride = 1
+        for m in lead[d + 1:]:
+            stride = stride * m
+        term = core.mul(idx, stride) if stride != 1 else idx
+        linear = term if linear is None else core.add(linear, term)
+    total = 1
+    for n in lead:
+        total = total * n
+    flat = core.index_select(core.reshape(self, (total,) + rest), 0, core.reshape(linear, (-1,)))
+    return core.reshape(flat, tuple(linear.shape) + rest)
 
 
 def _index_one(self, key):

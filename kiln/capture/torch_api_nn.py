@@ -1,6 +1,8 @@
 """Capture-table entries for the neural-network ops (merged into torch_api's tables)."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -113,11 +115,45 @@ def index_add(input, dim, index, source, *, alpha=1, out=None):
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        key, value = _gqa_heads(query, key), _gqa_heads(query, value)
     if dropout_p:
-        raise Unsupported("scaled_dot_product_attention with dropout_p > 0 needs the RNG prims")
-    if enable_gqa:
-        raise Unsupported("scaled_dot_product_attention(enable_gqa=True) is not supported")
+        return _sdpa_with_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale)
     return core.sdpa(query, key, value, attn_mask, 0.0, is_causal, scale)
+
+
+def _sdpa_with_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale):
+    """Attention with dropout on the weights (GPT-2 in training mode), written as torch's math
+    backend computes it: scores, mask, softmax, dropout (``dropout`` below), weighted sum. The dropout
+    mask comes from kiln's RNG, not eager's, so it is equal in distribution only (as under
+    torch.compile); the fused sdpa op keeps dropout_p 0."""
+    if not 0 < dropout_p <= 1:
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}")
+    length, source = query.shape[-2], key.shape[-2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    scores = core.mul(core.matmul(query, core.transpose(key, -2, -1)), scale)
+    if is_causal:
+        ones = core.full((length, source), True, torch.bool, query.device)
+        scores = core.masked_fill(scores, core.logical_not(core.tril(ones)), float("-inf"))
+    if attn_mask is not None:
+        scores = core.masked_fill(scores, core.logical_not(attn_mask), float("-inf")) \
+            if attn_mask.dtype == torch.bool else core.add(scores, attn_mask)
+    weights = dropout(core.softmax(scores, -1), dropout_p, True)  # the mask autograd can see
+    return core.matmul(weights, value)
+
+
+def _gqa_heads(query, kv):
+    """Grouped-query attention (``enable_gqa=True``): each key/value head serves
+    ``query heads // kv heads`` query heads in a row, torch's ``repeat_interleave`` on dim -3,
+    as a broadcast and a reshape (so the sdpa op itself stays plain)."""
+    heads, kv_heads = query.shape[-3], kv.shape[-3]
+    if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads % kv_heads:
+        raise Unsupported(f"scaled_dot_product_attention(enable_gqa=True) with {heads} query "
+                          f"heads and {kv_heads} key/value heads is not supported")
+    lead, (length, dim) = tuple(kv.shape[:-3]), tuple(kv.shape[-2:])
+    grown = core.expand(core.unsqueeze(kv, -3), lead + (kv_heads, heads // kv_heads, length, dim))
+    return core.reshape(grown, lead + (heads, length, dim))
 
 
 def _conv(nd):

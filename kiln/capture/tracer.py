@@ -28,6 +28,7 @@ from kiln.capture.interpreter import Frame
 from kiln.capture.resume import GradModeExit, SetGradModeVariable, set_grad_mode
 from kiln.capture.resume_loops import LoopRest, wrap_loop_rest
 from kiln.capture.side_effects import SideEffects
+from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_stdlib
 from kiln.capture.values_dict import (ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
@@ -133,6 +134,8 @@ class Tracer:
             exit_var.grad_prev = value.prev  # a later break rebuilds it (resume._grad_prev)
             return exit_var
         special = wrap_autocast(self, value, source, guard)  # torch.autocast and its queries
+        if special is None:  # os.environ, loggers, warnings.warn (values_stdlib.py)
+            special = wrap_stdlib(self, value, source, guard)
         if special is not None:
             return special
         if isinstance(value, enum.Enum):  # members are singletons: guarded by identity
@@ -178,13 +181,11 @@ class Tracer:
                 return NamedTupleVariable(type(value), items, source)
             raise Unsupported(f"{type(value).__name__} values are not supported")
         if type(value) is dict:
-            if not all(isinstance(k, (str, int)) for k in value):
-                raise Unsupported("dicts with non-str/int keys are not supported")
             if guard:
-                self.guards.add(source, f"type({{}}) is dict and list({{}}) == {list(value)!r}")
+                self.guards.add(source, dict_keys_check(value, self.guards))
             return self.side_effects.remember(value, DictVariable(
-                {k: self.wrap(v, ItemSource(source, k) if source is not None else None, guard)
-                 for k, v in value.items()}, source))
+                {k: self.wrap(v, dict_item_source(source, i, k), guard)
+                 for i, (k, v) in enumerate(value.items())}, source))
         if is_python_dict_subclass(type(value)):  # dict's behaviour, the subclass's methods
             return wrap_dict_subclass(self, value, source, guard)
         if isinstance(value, torch.nn.Module):
@@ -425,7 +426,10 @@ class Tracer:
             raise Unsupported(f"subscript raised {e!r}") from None
 
     # ---------------------------------------------------------------- inlining
-    def inline_call(self, fn: FunctionVariable, args, kwargs, parent: Frame | None = None):
+    def inline_call(self, fn: FunctionVariable, args, kwargs, parent: Frame | None = None,
+                    suspend: bool = False):
+        """Inline ``fn``; with ``suspend`` (a generator's ``contextlib.contextmanager`` body,
+        values_stdlib.py) the frame stops at its first yield and is returned to be resumed."""
         code = fn.code
         generator = code.co_flags & inspect.CO_GENERATOR and not code.co_flags & (
             inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE)
@@ -456,6 +460,10 @@ class Tracer:
         globals_source = self._globals_source(fn)
         frame = Frame(self, code, fn.globals, globals_source, locals_, cells, parent=parent,
                       trusted=trusted)
+        if generator and suspend:
+            frame.yielded, frame.suspend_at_yield = [], True
+            self.run_frame(frame)
+            return frame
         if generator:
             # A generator runs to its end at the call: what it yields is the iterator's items
             # (consumers such as sum(), tuple() or a for loop then see them in order).

@@ -298,7 +298,7 @@ class DictVariable(Variable):
         return {k: v.as_python() for k, v in self.items.items()}
 
     def iterate(self, tx):
-        return [ConstantVariable(k) for k in self.items]
+        return [_key_variable(tx, k) for k in self.items]
 
     def truth(self, tx):
         return bool(self.items)
@@ -317,11 +317,11 @@ class DictVariable(Variable):
 
     def call_method(self, tx, name, args, kwargs):
         if name == "keys":
-            return TupleVariable([ConstantVariable(k) for k in self.items])
+            return TupleVariable([_key_variable(tx, k) for k in self.items])
         if name == "values":
             return TupleVariable(list(self.items.values()))
         if name == "items":
-            return TupleVariable([TupleVariable([ConstantVariable(k), v]) for k, v in self.items.items()])
+            return TupleVariable([TupleVariable([_key_variable(tx, k), v]) for k, v in self.items.items()])
         if name == "get":
             key = args[0].as_python()
             default = args[1] if len(args) > 1 else ConstantVariable(None)
@@ -353,6 +353,12 @@ class DictVariable(Variable):
 
     def __repr__(self):
         return f"Dict({self.items!r})"
+
+
+def _key_variable(tx, key):
+    """A dict key as a value: a constant, or (a function, a module as a key) what the key is
+    wrapped as; the dict's guard already holds each key by identity."""
+    return ConstantVariable(key) if is_constant(key) or tx is None else tx.wrap(key, None)
 
 
 class IteratorVariable(Variable):
