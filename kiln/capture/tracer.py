@@ -28,6 +28,7 @@ from kiln.capture.interpreter import Frame
 from kiln.capture.resume import GradModeExit, SetGradModeVariable, set_grad_mode
 from kiln.capture.resume_loops import LoopRest, wrap_loop_rest
 from kiln.capture.side_effects import SideEffects
+from kiln.capture.values_introspect import INTROSPECT_TYPES, IntrospectVariable
 from kiln.capture.values_dict import (ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
@@ -135,6 +136,10 @@ class Tracer:
         special = wrap_autocast(self, value, source, guard)  # torch.autocast and its queries
         if special is not None:
             return special
+        if type(value) in INTROSPECT_TYPES:  # inspect.Signature / Parameter: immutable
+            if guard:
+                self.guards.identity(source, value)
+            return IntrospectVariable(value, source)
         if isinstance(value, enum.Enum):  # members are singletons: guarded by identity
             if guard:
                 self.guards.identity(source, value)

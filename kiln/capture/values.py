@@ -524,6 +524,10 @@ class FunctionVariable(Variable):
             if self.by_code and isinstance(value, (str, type(None))):  # not implied by its code
                 tx.guards.constant(tx.attr_source(self.source, name), value)
             return ConstantVariable(value)
+        if name == "__func__" and self.self_var is not None:  # a bound method's function
+            return FunctionVariable(self.fn, source=tx.attr_source(self.source, name)) if self.fn is not None else \
+                FunctionVariable(code=self.code, globals_=self.globals, defaults=self.defaults,
+                                 kwdefaults=self.kwdefaults, closure=self.closure, qualname=self.qualname)
         if name in ("__wrapped__", "__func__") and self.fn is not None and hasattr(self.fn, name):
             return tx.wrap(getattr(self.fn, name), tx.attr_source(self.source, name))
         if name == "__self__" and self.self_var is not None:
