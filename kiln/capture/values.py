@@ -316,12 +316,8 @@ class DictVariable(Variable):
         raise Unsupported(f"attribute {name!r} of a dict is not supported")
 
     def call_method(self, tx, name, args, kwargs):
-        if name == "keys":
-            return TupleVariable([ConstantVariable(k) for k in self.items])
-        if name == "values":
-            return TupleVariable(list(self.items.values()))
-        if name == "items":
-            return TupleVariable([TupleVariable([ConstantVariable(k), v]) for k, v in self.items.items()])
+        if name in ("keys", "values", "items") and not args and not kwargs:
+            return DictViewVariable(self, name)  # live: a later insertion shows in it
         if name == "get":
             key = args[0].as_python()
             default = args[1] if len(args) > 1 else ConstantVariable(None)
@@ -353,6 +349,58 @@ class DictVariable(Variable):
 
     def __repr__(self):
         return f"Dict({self.items!r})"
+
+
+class DictViewVariable(Variable):
+    """``d.keys()`` / ``d.values()`` / ``d.items()``: a live view of the dict's tracker, read
+    when it is used (taken before an insertion, it shows the insertion, as in Python)."""
+
+    _TYPES = {"keys": type({}.keys()), "values": type({}.values()), "items": type({}.items())}
+
+    def __init__(self, dict_var, kind):
+        self.dict_var, self.kind = dict_var, kind
+
+    def python_type(self):
+        return self._TYPES[self.kind]
+
+    def iterate(self, tx=None):
+        items = self.dict_var.items
+        if self.kind == "keys":
+            return [ConstantVariable(k) for k in items]
+        if self.kind == "values":
+            return list(items.values())
+        return [TupleVariable([ConstantVariable(k), v]) for k, v in items.items()]
+
+    def as_python(self):
+        if self.kind == "keys":
+            return dict.fromkeys(self.dict_var.items).keys()
+        return getattr(self.dict_var.as_python(), self.kind)()
+
+    def truth(self, tx):
+        return bool(self.dict_var.items)
+
+    def python_len(self, tx):
+        return ConstantVariable(len(self.dict_var.items))
+
+    def contains(self, tx, item) -> bool:
+        if self.kind == "keys":
+            return item.as_python() in self.dict_var.items
+        return item.as_python() in [v.as_python() for v in self.iterate(tx)]
+
+    def getattr(self, tx, name):
+        if name in ("isdisjoint", "mapping"):
+            raise Unsupported(f"dict view .{name} is not supported")
+        raise Unsupported(f"attribute {name!r} of a dict view is not supported")
+
+    def reconstruct(self, builder):
+        """At a graph break: the dict, then its view method called again."""
+        from kiln.capture.resume import Instr, _call, _load_attr
+        builder.emit(Instr("PUSH_NULL"))
+        builder.load(self.dict_var)
+        builder.emit(_load_attr(self.kind), *_call(0))
+
+    def __repr__(self):
+        return f"DictView({self.kind})"
 
 
 class IteratorVariable(Variable):

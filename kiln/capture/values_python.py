@@ -489,6 +489,9 @@ def call_class(tx, cls, args, kwargs):
         return GradModeVariable(_GRAD_CONTEXTS[cls])
     if cls is torch.set_grad_enabled:
         return GradModeVariable(bool(args[0].as_python()))
+    if cls is collections.OrderedDict:
+        from kiln.capture.values_dict import make_ordered_dict
+        return make_ordered_dict(tx, args, kwargs)
     from kiln.capture.values_introspect import construct
     made = construct(tx, cls, args, kwargs)  # inspect.Parameter / Signature on constants
     if made is not None:
