@@ -226,5 +226,9 @@ def _against_float64(model, params, want, step, args, kwargs):
             continue
         ours = (g.double() - ref).abs().max().item()
         eager = (w.double() - ref).abs().max().item()
-        assert ours <= 2 * eager + 1e-5 * max(1.0, ref.abs().max().item()), (ours, eager)
+        scale = ref.abs().max().item()
+        # a gradient that is zero in exact arithmetic (a batch norm's bias feeding another train-
+        # mode batch norm: ~1e-12 in float64) is rounding noise in both fp32 runs
+        factor = 2 if scale > eager else 10
+        assert ours <= factor * eager + 1e-5 * max(1.0, scale), (ours, eager, scale)
     return kiln.stats()
