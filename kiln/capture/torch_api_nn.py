@@ -1,6 +1,8 @@
 """Capture-table entries for the neural-network ops (merged into torch_api's tables)."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -112,11 +114,32 @@ def index_add(input, dim, index, source, *, alpha=1, out=None):
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    if dropout_p:
-        raise Unsupported("scaled_dot_product_attention with dropout_p > 0 needs the RNG prims")
     if enable_gqa:
         raise Unsupported("scaled_dot_product_attention(enable_gqa=True) is not supported")
+    if dropout_p:
+        return _sdpa_with_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale)
     return core.sdpa(query, key, value, attn_mask, 0.0, is_causal, scale)
+
+
+def _sdpa_with_dropout(q, k, v, attn_mask, p, is_causal, scale):
+    """Attention with dropout on its probabilities, in core ops (torch's math path): the fused
+    op takes no random mask, and dropout's own rule (a mask autograd sees) keeps the backward
+    on the forward's mask. Train-mode encoders with attention dropout capture in one graph."""
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set "
+                           "when is_causal=True")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = core.mul(core.matmul(q, core.transpose(k, -2, -1)), scale)
+    n, m = q.shape[-2], k.shape[-2]
+    if is_causal:
+        attn_mask = core.tril(core.full((n, m), True, torch.bool, q.device))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = core.where(attn_mask, scores, float("-inf"))
+        else:
+            scores = core.add(scores, attn_mask)
+    probs = dropout(core.softmax(scores, -1), p, True)
+    return core.matmul(probs, v)
 
 
 def _conv(nd):
