@@ -384,3 +384,7 @@ for _fn in _torch_tracing_queries():
         BUILTIN_HANDLERS.setdefault(_fn, _not_traced)
     except TypeError:
         pass
+
+
+# trace-time introspection and copying (inspect.signature, id, copy): registers its handlers
+from kiln.capture import values_introspect  # noqa: E402,F401

@@ -282,15 +282,20 @@ def store_attr(frame, inst):
     # Modules and objects from the inputs: recorded and replayed after the call
     # (side_effects.py); objects made during the trace just change.
     obj, value = frame.pop(), frame.pop()
+    store_attribute(frame.tx, obj, inst.argval, value)
+
+
+def store_attribute(tx, obj, name, value):
+    """``obj.name = value`` (STORE_ATTR, and the ``setattr`` builtin)."""
     if isinstance(obj, ModuleVariable):
         if isinstance(value, TensorVariable) and value.source is None and \
-                inst.argval in obj.module._parameters:
-            raise Unsupported(f"assigning a computed tensor to parameter {inst.argval!r}")
-        frame.tx.side_effects.store_attr(obj, inst.argval, value)
+                name in obj.module._parameters:
+            raise Unsupported(f"assigning a computed tensor to parameter {name!r}")
+        tx.side_effects.store_attr(obj, name, value)
     elif hasattr(obj, "setattr"):
-        obj.setattr(frame.tx, inst.argval, value)
+        obj.setattr(tx, name, value)
     else:
-        raise Unsupported(f"assigning attribute {inst.argval!r} of {obj} is not supported")
+        raise Unsupported(f"assigning attribute {name!r} of {obj} is not supported")
 
 
 @handler("STORE_GLOBAL")

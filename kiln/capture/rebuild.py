@@ -4,6 +4,8 @@ makes the returned value and replays Python-state writes (``_make_rebuild``), an
 depend on dynamic symbols (a counter's ``n + 1``), evaluated per call from the call's inputs."""
 from __future__ import annotations
 
+import collections
+
 import torch
 
 from kiln.capture.side_effects import build_extra, extra_spec, replay
@@ -27,6 +29,8 @@ def _output_spec(v: Variable, proxies: list):
         return ("tuple", [_output_spec(x, proxies) for x in v.items])
     if isinstance(v, ListVariable):
         return ("list", [_output_spec(x, proxies) for x in v.items])
+    if isinstance(v, DictVariable) and v.python_type() is collections.OrderedDict:
+        return ("odict", list(v.items), [_output_spec(x, proxies) for x in v.items.values()])
     if isinstance(v, DictVariable):
         return ("dict", list(v.items), [_output_spec(x, proxies) for x in v.items.values()])
     spec = extra_spec(v, proxies, _output_spec)
@@ -107,6 +111,8 @@ def _make_rebuild(spec, globals_=None):
             return [build(x, outputs, L) for x in s[1]]
         if kind == "dict":
             return {k: build(x, outputs, L) for k, x in zip(s[1], s[2])}
+        if kind == "odict":
+            return collections.OrderedDict((k, build(x, outputs, L)) for k, x in zip(s[1], s[2]))
         return build_extra(s, lambda x: build(x, outputs, L), L, globals_)
 
     def rebuild(outputs, L=None):

@@ -25,6 +25,7 @@ made during the trace, and values with a source, which are fetched again).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 from kiln.capture.errors import Unsupported
@@ -144,8 +145,11 @@ def replay(steps, build, L, G):
         elif kind == "dict":
             target = step[1](L, G)
             values = [build(s) for s in step[3]]
-            dict.clear(target)  # dict's own methods: a subclass's overrides ran in the trace
-            dict.update(target, zip(step[2], values))
+            # dict's own methods: a subclass's overrides ran in the trace; an OrderedDict keeps
+            # its order in a list of its own, which dict's methods would leave behind
+            kind = collections.OrderedDict if isinstance(target, collections.OrderedDict) else dict
+            kind.clear(target)
+            kind.update(target, zip(step[2], values))
         elif kind == "global":
             step[1][step[2]] = build(step[3])
         elif kind == "cell":

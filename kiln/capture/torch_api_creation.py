@@ -8,7 +8,7 @@ from kiln.meta.defaults import default_device, default_dtype
 from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
 from kiln.graph.proxy import active_graph
-from kiln.meta.symbolic import is_int_like
+from kiln.meta.symbolic import SymSize, is_int_like
 from kiln.ops import core
 
 
@@ -65,6 +65,24 @@ def _new(value):
         _check(**kw)
         return core.full(_size(size), value, dtype or self.dtype, _dev(device, self))
     return method
+
+
+def new(self, *args, dtype=None, device=None, **kw):
+    """Tensor.new: a size (ints, or one torch.Size) gives an uninitialized tensor of that size
+    (zeros here), a plain list or tuple is data, no argument an empty tensor; torch.Size is a
+    tuple, so the size test comes first (reading it as data gave a tensor of its sizes)."""
+    _check(**kw)
+    dev = _dev(device, self)
+    if len(args) == 1 and isinstance(args[0], (torch.Size, SymSize)):
+        size = tuple(args[0])
+    elif all(is_int_like(a) and not isinstance(a, bool) for a in args):
+        size = tuple(args) if args else (0,)
+    elif len(args) == 1 and isinstance(args[0], (list, tuple)):
+        data = tensor(args[0], dtype=dtype or self.dtype, device=dev)
+        return data
+    else:
+        raise Unsupported("Tensor.new of a tensor or a storage (it aliases its argument)")
+    return core.full(size, 0, dtype or self.dtype, dev)
 
 
 def new_full(self, size, fill_value, *, dtype=None, device=None, **kw):
@@ -143,5 +161,5 @@ FUNCTIONS = {
 }
 
 METHODS = {
-    "new_zeros": _new(0), "new_ones": _new(1), "new_empty": _new(0), "new_full": new_full,
+    "new_zeros": _new(0), "new_ones": _new(1), "new_empty": _new(0), "new_full": new_full, "new": new,
 }

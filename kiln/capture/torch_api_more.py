@@ -419,14 +419,58 @@ def _index_one(self, key):
     """``x[..., idx, ...]`` with an integer tensor or a list of ints, every other entry a full
     slice: index_select on the flattened index, then the index's shape in place of the dim."""
     spots = [i for i, k in enumerate(key) if isinstance(k, (Proxy, list))]
-    if len(spots) != 1:
+    if not spots:
         return None
     full = slice(None)
-    rest = [k for i, k in enumerate(key) if i != spots[0]]
+    rest = [k for i, k in enumerate(key) if i not in spots]
     if any(not (k == full or k is Ellipsis) for k in rest) or sum(k is Ellipsis for k in rest) > 1:
         raise Unsupported("advanced indexing mixed with ints, None or partial slices is not supported")
-    idx = key[spots[0]]
+    if spots != list(range(spots[0], spots[0] + len(spots))):
+        raise Unsupported("index tensors on dims that are not adjacent (torch moves their dims first)")
     dim = spots[0] if Ellipsis not in key[:spots[0]] else self.ndim - (len(key) - spots[0])
+    if len(spots) > 1:
+        return _index_adjacent(self, [key[i] for i in spots], dim)
+    return _index_dim(self, key[spots[0]], dim)
+
+
+def _index_adjacent(self, idxs, dim):
+    """``x[i, j]`` (index tensors on adjacent dims, full slices elsewhere): the dims indexed are
+    flattened into one and the broadcast indices linearized (``i * n_j + j``), so it is one
+    index_select, with the indices' broadcast shape in place of those dims (as in eager)."""
+    k = len(idxs)
+    if dim + k > self.ndim:
+        raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
+    sizes = tuple(self.shape[dim:dim + k])
+    lin = None
+    for idx, n in zip(idxs, sizes):
+        idx = _checked_index(self, idx, n, dim)
+        lin = idx if lin is None else core.add(core.mul(lin, n), idx)
+    flat_size = 1
+    for n in sizes:
+        flat_size = flat_size * n
+    shape = tuple(self.shape)
+    base = core.reshape(self, shape[:dim] + (flat_size,) + shape[dim + k:])
+    out = core.index_select(base, dim, core.reshape(lin, (-1,)))
+    return core.reshape(out, shape[:dim] + tuple(lin.shape) + shape[dim + k:])
+
+
+def _checked_index(self, idx, n, dim):
+    """An index (int tensor or list of ints) for a dim of size n, negatives wrapped."""
+    if isinstance(idx, list):
+        if not idx or not all(isinstance(i, int) and not isinstance(i, bool) for i in idx):
+            raise Unsupported("indexing a tensor with a list that is not a list of ints")
+        if any(not -n <= i < n for i in idx):
+            raise IndexError(f"index out of range for dimension {dim} of size {n}")
+        from kiln.capture.torch_api_creation import tensor
+        return tensor([i % n for i in idx], device=self.device)
+    if idx.dtype in (torch.bool, torch.uint8):
+        raise Unsupported("boolean mask indexing (its result's shape depends on the data)")
+    if idx.dtype.is_floating_point or idx.dtype.is_complex:
+        raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+    return core.where(core.lt(idx, 0), core.add(idx, n), idx)  # out of range still fails
+
+
+def _index_dim(self, idx, dim):
     n = self.shape[dim]
     if isinstance(idx, list):
         if not idx or not all(isinstance(i, int) and not isinstance(i, bool) for i in idx):

@@ -129,6 +129,9 @@ def _sdpa_with_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale
     torch.compile); the fused sdpa op keeps dropout_p 0."""
     if not 0 < dropout_p <= 1:
         raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}")
+    if is_causal and attn_mask is not None:  # eager's own refusal
+        raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set "
+                           "when is_causal=True")
     length, source = query.shape[-2], key.shape[-2]
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])

@@ -92,7 +92,15 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
     return core.norm(x, float(ord), _dims(dim), keepdim, dtype)
 
 
+def adaptive_avg_pool1d(input, output_size):
+    """Over the last dim: the 2-d pool of a height-1 view (as torch computes it)."""
+    (size,) = output_size if isinstance(output_size, (tuple, list)) else (output_size,)
+    out = core.adaptive_avg_pool2d(core.unsqueeze(input, -2), (1, input.shape[-1] if size is None else size))
+    return core.squeeze(out, -2)
+
+
 FUNCTIONS = {
+    F.adaptive_avg_pool1d: adaptive_avg_pool1d,
     F.max_pool2d: max_pool2d, torch.max_pool2d: max_pool2d,
     F.avg_pool2d: avg_pool2d,
     F.adaptive_avg_pool2d: adaptive_avg_pool2d, F.interpolate: interpolate,

@@ -7,6 +7,7 @@ specializing on it safe.
 """
 from __future__ import annotations
 
+import collections
 import contextvars
 import dataclasses
 import enum
@@ -28,8 +29,9 @@ from kiln.capture.interpreter import Frame
 from kiln.capture.resume import GradModeExit, SetGradModeVariable, set_grad_mode
 from kiln.capture.resume_loops import LoopRest, wrap_loop_rest
 from kiln.capture.side_effects import SideEffects
+from kiln.capture.values_introspect import INTROSPECT_TYPES, IntrospectVariable
 from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_stdlib
-from kiln.capture.values_dict import (ContextVarVariable, is_python_dict_subclass,
+from kiln.capture.values_dict import (OrderedDictVariable, ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
                                         is_structseq, is_user_object)
@@ -138,6 +140,10 @@ class Tracer:
             special = wrap_stdlib(self, value, source, guard)
         if special is not None:
             return special
+        if type(value) in INTROSPECT_TYPES:  # inspect.Signature / Parameter: immutable
+            if guard:
+                self.guards.identity(source, value)
+            return IntrospectVariable(value, source)
         if isinstance(value, enum.Enum):  # members are singletons: guarded by identity
             if guard:
                 self.guards.identity(source, value)
@@ -158,13 +164,16 @@ class Tracer:
             if isinstance(value, type) and is_builtin(value):
                 return BuiltinVariable(value, source)
             return ConstantVariable(value, source)
-        if type(value) in (list, dict) or is_user_object(value):
+        if type(value) in (set, frozenset) and source is None and all(is_constant(v) for v in value):
+            from kiln.capture.values_python import SetVariable  # a set computed on constants
+            return SetVariable([ConstantVariable(v) for v in value])
+        if type(value) in (list, dict, collections.OrderedDict) or is_user_object(value):
             seen = self.side_effects.tracker_of(value)  # one tracker per mutable object
             if seen is not None:
                 if seen.source is not None and source is not None and seen.source != source:
                     self.guards.same_object(source, seen.source)
                 return seen
-            if type(value) is not list and type(value) is not dict:
+            if type(value) not in (list, dict, collections.OrderedDict):
                 if guard:
                     self.guards.add(source, _type_check(type(value)))
                 return self.side_effects.remember(value, ObjectVariable(type(value), value, source))
@@ -180,10 +189,11 @@ class Tracer:
             if hasattr(type(value), "_fields") or is_structseq(type(value)):
                 return NamedTupleVariable(type(value), items, source)
             raise Unsupported(f"{type(value).__name__} values are not supported")
-        if type(value) is dict:
+        if type(value) is dict or type(value) is collections.OrderedDict:
             if guard:
                 self.guards.add(source, dict_keys_check(value, self.guards))
-            return self.side_effects.remember(value, DictVariable(
+            cls = DictVariable if type(value) is dict else OrderedDictVariable
+            return self.side_effects.remember(value, cls(
                 {k: self.wrap(v, dict_item_source(source, i, k), guard)
                  for i, (k, v) in enumerate(value.items())}, source))
         if is_python_dict_subclass(type(value)):  # dict's behaviour, the subclass's methods

@@ -316,12 +316,8 @@ class DictVariable(Variable):
         raise Unsupported(f"attribute {name!r} of a dict is not supported")
 
     def call_method(self, tx, name, args, kwargs):
-        if name == "keys":
-            return TupleVariable([_key_variable(tx, k) for k in self.items])
-        if name == "values":
-            return TupleVariable(list(self.items.values()))
-        if name == "items":
-            return TupleVariable([TupleVariable([_key_variable(tx, k), v]) for k, v in self.items.items()])
+        if name in ("keys", "values", "items") and not args and not kwargs:
+            return DictViewVariable(self, name)  # live: a later insertion shows in it
         if name == "get":
             key = args[0].as_python()
             default = args[1] if len(args) > 1 else ConstantVariable(None)
@@ -359,6 +355,58 @@ def _key_variable(tx, key):
     """A dict key as a value: a constant, or (a function, a module as a key) what the key is
     wrapped as; the dict's guard already holds each key by identity."""
     return ConstantVariable(key) if is_constant(key) or tx is None else tx.wrap(key, None)
+
+
+class DictViewVariable(Variable):
+    """``d.keys()`` / ``d.values()`` / ``d.items()``: a live view of the dict's tracker, read
+    when it is used (taken before an insertion, it shows the insertion, as in Python)."""
+
+    _TYPES = {"keys": type({}.keys()), "values": type({}.values()), "items": type({}.items())}
+
+    def __init__(self, dict_var, kind):
+        self.dict_var, self.kind = dict_var, kind
+
+    def python_type(self):
+        return self._TYPES[self.kind]
+
+    def iterate(self, tx=None):
+        items = self.dict_var.items
+        if self.kind == "keys":
+            return [_key_variable(tx, k) for k in items]
+        if self.kind == "values":
+            return list(items.values())
+        return [TupleVariable([_key_variable(tx, k), v]) for k, v in items.items()]
+
+    def as_python(self):
+        if self.kind == "keys":
+            return dict.fromkeys(self.dict_var.items).keys()
+        return getattr(self.dict_var.as_python(), self.kind)()
+
+    def truth(self, tx):
+        return bool(self.dict_var.items)
+
+    def python_len(self, tx):
+        return ConstantVariable(len(self.dict_var.items))
+
+    def contains(self, tx, item) -> bool:
+        if self.kind == "keys":
+            return item.as_python() in self.dict_var.items
+        return item.as_python() in [v.as_python() for v in self.iterate(tx)]
+
+    def getattr(self, tx, name):
+        if name in ("isdisjoint", "mapping"):
+            raise Unsupported(f"dict view .{name} is not supported")
+        raise Unsupported(f"attribute {name!r} of a dict view is not supported")
+
+    def reconstruct(self, builder):
+        """At a graph break: the dict, then its view method called again."""
+        from kiln.capture.resume import Instr, _call, _load_attr
+        builder.emit(Instr("PUSH_NULL"))
+        builder.load(self.dict_var)
+        builder.emit(_load_attr(self.kind), *_call(0))
+
+    def __repr__(self):
+        return f"DictView({self.kind})"
 
 
 class IteratorVariable(Variable):
@@ -530,6 +578,10 @@ class FunctionVariable(Variable):
             if self.by_code and isinstance(value, (str, type(None))):  # not implied by its code
                 tx.guards.constant(tx.attr_source(self.source, name), value)
             return ConstantVariable(value)
+        if name == "__func__" and self.self_var is not None:  # a bound method's function
+            return FunctionVariable(self.fn, source=tx.attr_source(self.source, name)) if self.fn is not None else \
+                FunctionVariable(code=self.code, globals_=self.globals, defaults=self.defaults,
+                                 kwdefaults=self.kwdefaults, closure=self.closure, qualname=self.qualname)
         if name in ("__wrapped__", "__func__") and self.fn is not None and hasattr(self.fn, name):
             return tx.wrap(getattr(self.fn, name), tx.attr_source(self.source, name))
         if name == "__self__" and self.self_var is not None:

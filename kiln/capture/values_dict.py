@@ -8,6 +8,7 @@ has the other Python objects):
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import types
 
@@ -169,5 +170,38 @@ class DictDunder(Variable):
         raise Unsupported(f"dict.{name} from a {type(obj).__name__} is not supported")
 
 
-__all__ = ["is_python_dict_subclass", "DictSubclassVariable", "wrap_dict_subclass", "DictDunder",
+# ====================================================================== OrderedDict
+class OrderedDictVariable(DictVariable):
+    """A ``collections.OrderedDict``: a dict's items (insertion-ordered like every dict), its
+    type kept when it is returned or rebuilt at a break; ``move_to_end`` and ``popitem`` are
+    not modeled (a break)."""
+
+    def python_type(self):
+        return collections.OrderedDict
+
+    def as_python(self):
+        return collections.OrderedDict((k, v.as_python()) for k, v in self.items.items())
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "copy" and not args:
+            return OrderedDictVariable(self.items)
+        return super().call_method(tx, name, args, kwargs)
+
+    def reconstruct(self, builder):
+        from kiln.capture.resume import Instr, _call
+        builder.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", collections.OrderedDict))
+        for k, x in self.items.items():
+            builder.emit(Instr("LOAD_CONST", k))
+            builder.load(x)
+        builder.emit(Instr("BUILD_MAP", len(self.items)), *_call(1))
+        builder._memo(self)
+
+
+def make_ordered_dict(tx, args, kwargs):
+    """``OrderedDict(...)`` in the trace: what ``dict(...)`` would hold, as an OrderedDict."""
+    from kiln.capture.builtins import call_builtin
+    return OrderedDictVariable(call_builtin(tx, dict, args, kwargs).items)
+
+
+__all__ = ["OrderedDictVariable", "make_ordered_dict", "is_python_dict_subclass", "DictSubclassVariable", "wrap_dict_subclass", "DictDunder",
            "ContextVarVariable", "MethodCallSource"]

@@ -112,6 +112,10 @@ class ObjectVariable(Variable):
     """An instance of a user class. ``value`` is the real object (None for one created during
     the trace); ``attrs`` holds the attributes of a created object."""
 
+    # A trace-local object (values_introspect: a copy of a config made in the trace) is a real
+    # object private to this call: read and written for real, with no source and no guard.
+    local = False
+
     def __init__(self, cls, value=None, source=None, attrs=None):
         self.cls = cls
         self.value = value
@@ -139,6 +143,8 @@ class ObjectVariable(Variable):
         if written is not None:
             return written
         value, _ = _static_lookup(self.cls, name)
+        if self.local:
+            return local_getattr(tx, self, name)
         real = self.value is not None and self.source is not None
         if real and _custom_getattribute(self.cls) and not isinstance(
                 value, (types.FunctionType, property, staticmethod, classmethod)):
@@ -219,13 +225,62 @@ class ObjectVariable(Variable):
         return _bind(tx, exit_fn, self), value
 
     def setattr(self, tx, name, value):
-        if self.value is None:
+        if self.local:
+            local_setattr(self, name, value)
+        elif self.value is None:
             self.attrs[name] = value
         else:
             tx.side_effects.store_attr(self, name, value)
 
     def __repr__(self):
         return f"Object({self.cls.__name__}{' at ' + str(self.source) if self.source else ''})"
+
+
+def local_getattr(tx, obj, name):
+    """An attribute of a trace-local object, read for real (its class's ``__getattribute__``
+    runs); what it holds belongs to the same private copy, so objects in it are local too."""
+    if name == "__dict__":
+        return DictVariable({k: _local(tx.wrap(v, None)) for k, v in vars(obj.value).items()})
+    value, _ = _static_lookup(obj.cls, name)
+    if isinstance(value, (types.FunctionType, property, staticmethod, classmethod)):
+        out = attribute_of_class(tx, obj.cls, name, obj, None)
+        if out is not None:
+            return out
+    try:
+        got = getattr(obj.value, name)
+    except AttributeError:
+        raise Unsupported(f"{obj.cls.__name__} object has no attribute {name!r}") from None
+    if isinstance(got, types.MethodType) and got.__self__ is obj.value:
+        return _bind(tx, got.__func__, obj)
+    return _local(tx.wrap(got, None))
+
+
+def _local(v):
+    if type(v) is ObjectVariable and v.value is not None and v.source is None:
+        v.local = True
+    return v
+
+
+def local_setattr(obj, name, value):
+    """A write to a trace-local object, done for real (its class's ``__setattr__`` runs)."""
+    if type(value) is ObjectVariable and value.local:
+        real = value.value
+    else:
+        try:
+            real = value.as_python()
+        except Unsupported:
+            raise Unsupported(f"storing {value} on a trace-local {obj.cls.__name__} object") from None
+    try:
+        setattr(obj.value, name, real)
+    except Exception as e:  # noqa: BLE001
+        raise Unsupported(f"setting {name!r} on a {obj.cls.__name__} raised {e!r}") from None
+
+
+def local_delattr(obj, name):
+    try:
+        delattr(obj.value, name)
+    except Exception as e:  # noqa: BLE001
+        raise Unsupported(f"deleting {name!r} of a {obj.cls.__name__} raised {e!r}") from None
 
 
 def is_structseq(cls) -> bool:
@@ -434,6 +489,13 @@ def call_class(tx, cls, args, kwargs):
         return GradModeVariable(_GRAD_CONTEXTS[cls])
     if cls is torch.set_grad_enabled:
         return GradModeVariable(bool(args[0].as_python()))
+    if cls is collections.OrderedDict:
+        from kiln.capture.values_dict import make_ordered_dict
+        return make_ordered_dict(tx, args, kwargs)
+    from kiln.capture.values_introspect import construct
+    made = construct(tx, cls, args, kwargs)  # inspect.Parameter / Signature on constants
+    if made is not None:
+        return made
     if cls in _PURE_CONSTRUCTORS:
         py_args = [a.as_python() for a in args]
         py_kwargs = {k: v.as_python() for k, v in kwargs.items()}

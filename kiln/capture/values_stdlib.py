@@ -114,8 +114,10 @@ def dict_keys_check(d: dict, guards) -> str:
     def plain(k):  # spelled by repr (a tuple's repr names its items' identities or values)
         return type(k) in _VALUE_KEYS or type(k) is tuple
     keys = list(d)
+    # an OrderedDict by its type's id: its class is not a name the guard function knows
+    is_type = "type({}) is dict" if type(d) is dict else f"id(type({{}})) == {id(type(d))}"
     if all(type(k) in (str, int) for k in keys):
-        return f"type({{}}) is dict and list({{}}) == {keys!r}"
+        return f"{is_type} and list({{}}) == {keys!r}"
     for k in keys:
         if not plain(k):
             if type(k).__eq__ is not object.__eq__ and not isinstance(k, (type, enum.Enum)) \
@@ -124,7 +126,7 @@ def dict_keys_check(d: dict, guards) -> str:
                                   "__eq__) is not supported")
             guards.keep_alive(k)
     spelled = [repr(k) if plain(k) else f"id:{id(k)}" for k in keys]
-    return (f"type({{}}) is dict and [repr(k) if type(k) in (str, int, bool, float, type(None), tuple) "
+    return (f"{is_type} and [repr(k) if type(k) in (str, int, bool, float, type(None), tuple) "
             f"else 'id:' + str(id(k)) for k in {{}}] == {spelled!r}")
 
 

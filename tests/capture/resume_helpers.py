@@ -13,6 +13,8 @@
 """
 from __future__ import annotations
 
+import collections
+
 import torch
 
 import kiln
@@ -29,6 +31,8 @@ def _clone(v):
         return [_clone(x) for x in v]
     if isinstance(v, tuple):
         return tuple(_clone(x) for x in v)
+    if type(v) is collections.OrderedDict:
+        return collections.OrderedDict((k, _clone(x)) for k, x in v.items())
     if isinstance(v, dict):
         return {k: _clone(x) for k, x in v.items()}
     return v
@@ -45,7 +49,7 @@ def assert_same(actual, expected):
         for a, e in zip(actual, expected):
             assert_same(a, e)
     elif isinstance(expected, dict):
-        assert type(actual) is dict and list(actual) == list(expected)
+        assert type(actual) is type(expected) and list(actual) == list(expected)
         for k in expected:
             assert_same(actual[k], expected[k])
     elif isinstance(expected, float):
