@@ -9,6 +9,7 @@ import torch
 
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, Node, flatten_args, map_args
 from kiln.graph.proxy import Proxy
+from kiln.meta.tensor_meta import WrappedNumberMeta
 from kiln.ops import registry
 from kiln.ops.registry import META_RULES
 
@@ -168,6 +169,8 @@ class Graph:
         if len(inputs) != len(placeholders):
             raise TypeError(f"graph {self.name} takes {len(placeholders)} inputs, got {len(inputs)}")
         for node, value in zip(placeholders, inputs):
+            if type(node.meta.get("val")) is WrappedNumberMeta and _core_users_only(node):
+                value = value.item()  # a Python float: core ops promote it as torch does a number
             env[node] = value
         # symbolic sizes in arguments take the values the real inputs have
         from kiln.meta.symbolic import concretize, symbol_values
@@ -293,3 +296,9 @@ def _fmt_meta(val) -> str:
 
 def iter_nodes_in(obj):
     return [a for a in flatten_args(obj) if isinstance(a, Node)]
+
+
+def _core_users_only(node) -> bool:
+    """Whether every user of ``node`` is a core op (which the user's code called with the
+    Python number the node stands for), not a prim (which takes it as the tensor it is)."""
+    return all(getattr(u.target, "namespace", None) == "core" for u in node.users)

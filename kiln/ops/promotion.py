@@ -10,7 +10,7 @@ import enum
 
 import torch
 
-from kiln.meta.tensor_meta import TensorMeta
+from kiln.meta.tensor_meta import TensorMeta, WrappedNumberMeta
 
 
 class Promotion(enum.Enum):
@@ -79,7 +79,9 @@ def result_type(*args) -> torch.dtype:
         if a is None:
             continue
         m = _meta(a)
-        if m is not None:
+        if type(m) is WrappedNumberMeta:  # a Python float passed as a 0-d tensor
+            scalars.append(_scalar_dtype(1.0))
+        elif m is not None:
             (dims if m.ndim > 0 else zeros).append(m.dtype)
         elif isinstance(a, torch.Tensor):
             (dims if a.dim() > 0 else zeros).append(a.dtype)
