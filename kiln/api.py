@@ -305,9 +305,11 @@ class CompiledFunction:
 
     def _trace(self, cache, args, kwargs):
         """Capture, with the automatic dynamic ints symbolic and floats graph inputs. When the
-        trace fails with floats as inputs (one was needed as a Python number), or a symbolic
-        int made an op refuse it (an argument that must be a Python int), those values stay
-        constants for this code from now on and the trace runs again."""
+        trace fails with floats as inputs, it runs again with them constant: if it then stops at
+        the same graph break they did not cause it and stay inputs; otherwise (one was needed as
+        a Python number) they stay constants for this code from now on. When a symbolic int
+        made an op refuse the trace (an argument that must be a Python int), those ints stay
+        constants from now on and the trace runs again."""
         ints, floats = cache.auto_dynamic_ints, cache.auto_dynamic_floats
         try:
             return trace(self.fn, args, kwargs, dynamic=self.dynamic, auto_dynamic=cache.auto_dynamic,
@@ -315,10 +317,22 @@ class CompiledFunction:
                          module_identity=self.mode == "reduce-overhead")
         except Exception as e:  # noqa: BLE001 - re-raised unless a dynamic value caused it
             if floats:
-                log.log("dynamic", "%s: with floats %s as graph inputs the capture failed (%s); they "
-                        "stay constants", self.name, sorted(floats), e)
-                cache.static_floats |= floats
+                kept = set(floats)
                 floats.clear()
+                try:
+                    return self._trace(cache, args, kwargs)
+                except Unsupported as static:
+                    if isinstance(e, Unsupported) and (static.reason, static.lineno) == (e.reason, e.lineno):
+                        # the same graph break with the floats constant: they did not cause it,
+                        # and stay graph inputs for the re-trace up to the break (breaks.py)
+                        floats |= kept
+                        raise e from None
+                    raise
+                finally:
+                    if not floats:
+                        log.log("dynamic", "%s: with floats %s as graph inputs the capture failed (%s); "
+                                "they stay constants", self.name, sorted(kept), e)
+                        cache.static_floats |= kept
             elif ints and "SymInt" in f"{e} {e.__cause__}":
                 log.log("dynamic", "%s: symbolic ints %s made the capture fail (%s); they stay static",
                         self.name, sorted(ints), e)

@@ -40,18 +40,25 @@ def wrap_dynamic_float(tx, value: float, source: Source):
     from kiln.capture.tracer import _placeholder_name
     from kiln.capture.values import TensorVariable
     from kiln.graph import Proxy
+    seen = tx.float_inputs.get(source.expr())
+    if seen is not None:
+        return seen
     tx.guards.add(source, "type({}) is float")
     node = tx.graph.placeholder(_placeholder_name(source) + "_float", WrappedNumberMeta.scalar())
     node.meta["python_float"] = source.expr()
-    var = TensorVariable(Proxy(node), torch.Tensor, None)
+    # the source is the float's own: a graph break's glue hands the resume function the float
+    var = TensorVariable(Proxy(node), torch.Tensor, source)
+    var.python_float = True  # ``s += t`` rebinds a float, it writes into no input (tracer.binary_op)
     tx._var_of_node[node] = var
+    tx.float_inputs[source.expr()] = var
     tx.input_sources.append(FloatCarrierSource(source))
     return var
 
 
-def check_float_outputs(graph):
-    """Refuse a capture that hands a dynamic float (or plain arithmetic on floats) back as a
-    value: eager returns a Python float there, the graph a tensor."""
+def check_float_outputs(graph, at_break: bool = False):
+    """Refuse a capture that hands back, as a value, something computed from dynamic floats
+    alone that is not a Python float any more (``WrappedNumberMeta`` results are: the rebuild
+    and a break's glue turn them back into floats with ``.item()``)."""
     numbers = set()  # nodes computed from float carriers alone
     for node in graph.nodes:
         if node.op == PLACEHOLDER:
@@ -62,5 +69,5 @@ def check_float_outputs(graph):
         if inputs and all(a in numbers for a in inputs):
             numbers.add(node)
     outputs = [a for a in flatten_args(graph.output_node.args) if type(a) is Node]
-    if any(o in numbers for o in outputs):
+    if any(o in numbers and type(o.meta.get("val")) is not WrappedNumberMeta for o in outputs):
         raise Unsupported("a dynamic Python float is returned or stored as a value")

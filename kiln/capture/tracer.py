@@ -88,6 +88,7 @@ class Tracer:
         self.auto_dynamic_ints = set(auto_dynamic_ints or ())
         # sources of Python floats that changed between calls: 0-d graph inputs (dynamic_floats.py)
         self.auto_dynamic_floats = set(auto_dynamic_floats or ())
+        self.float_inputs: dict = {}  # source expr -> the tracker of a dynamic float
         # modules guarded by identity (mode="reduce-overhead": a CUDA graph per instance reads
         # its parameters in place) instead of by type and structure (_wrap_module)
         self.module_identity = module_identity
@@ -400,7 +401,7 @@ class Tracer:
             if adapter is None:
                 raise Unsupported(f"operator {base} on tensors is not supported by the capture table")
             result = self.call_adapter(adapter, [a, b], {}, f"operator {op}")
-            if inplace and isinstance(a, TensorVariable):
+            if inplace and isinstance(a, TensorVariable) and not getattr(a, "python_float", False):
                 return self._inplace_update(a, result, op)
             return result
         if isinstance(a, _Sequence) and isinstance(b, _Sequence) and base == "+":
@@ -723,8 +724,8 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
         raise
     with tx.graph.inherit(source=f"{filename}:{lineno}: {line}"):
         tx.graph.output(tuple(proxies))
-    if tx.auto_dynamic_floats:
-        check_float_outputs(tx.graph)
+    if tx.float_inputs:
+        check_float_outputs(tx.graph, at_break=break_state is not None)
 
     input_sources = [s.expr() for s in tx.input_sources]
     fetch_source, fetch = make_fetch(tx.input_sources, func.__globals__,
