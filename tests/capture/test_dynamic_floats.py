@@ -126,3 +126,16 @@ def test_dynamic_false_keeps_floats_constant():
         x = torch.randn(3)
         torch.testing.assert_close(f(x, 0.5 + i), scale_shift(x, 0.5 + i))
     assert kiln.stats()["frames_compiled"] == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_changing_float_with_cuda_tensors(dtype):
+    f = kiln.compile(scale_shift)
+    for i in range(5):
+        x = torch.randn(64, 33, device="cuda").to(dtype)
+        s = 0.25 + 0.5 * i
+        out, ref = f(x, s), scale_shift(x, s)
+        assert out.dtype == ref.dtype and out.device == ref.device
+        torch.testing.assert_close(out, ref)
+    assert kiln.stats()["frames_compiled"] <= 2 and kiln.stats()["fallbacks"] == 0

@@ -156,3 +156,45 @@ def test_reduce_overhead_keeps_identity_guards():
     own = trace(m.forward, (torch.randn(2, 8),), {}, module_identity=True)
     assert not any(g.startswith("id(L['self']) ==") for g in shared.guards)
     assert any(g.startswith("id(L['self']) ==") for g in own.guards)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_twelve_wrapped_blocks_on_cuda_train_with_their_own_weights():
+    torch.manual_seed(0)
+    blocks = [Block().cuda() for _ in range(12)]
+    ref = copy.deepcopy(blocks)
+    compiled = [kiln.compile(b) for b in blocks]
+    x = torch.randn(4, 16, 8, device="cuda", requires_grad=True)
+    h, r = x, x
+    for c, b in zip(compiled, ref):
+        h, r = c(h), b(r)
+    torch.testing.assert_close(h, r, rtol=1e-4, atol=1e-4)
+    h.sum().backward()
+    r.sum().backward()
+    for b, e in zip(blocks, ref):
+        for p, q in zip(b.parameters(), e.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4)
+    assert kiln.stats()["frames_compiled"] == 1
+
+
+def test_an_instance_with_a_forward_of_its_own_does_not_share_the_entry():
+    """accelerate-style hooks replace ``module.forward`` on one instance."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            return self.block(x)
+
+    plain, hooked = Net(), Net()
+    original = hooked.block.forward
+
+    def doubled(x):
+        return original(x) * 2
+    hooked.block.forward = doubled
+    f, g = kiln.compile(plain, backend="eager"), kiln.compile(hooked, backend="eager")
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), plain(x))
+        torch.testing.assert_close(g(x), hooked(x))
