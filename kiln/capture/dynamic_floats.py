@@ -8,10 +8,14 @@ source as a graph input: a 0-d float64 CPU tensor built by the fetch on each cal
 it stands for (torch's "wrapped number": ``half * 0.5`` stays half). The guard then checks
 only that the value is still a float, so every later value reuses the entry.
 
-A float input is only kept where the trace treats it as a number inside tensor ops. When the
-trace needs its value in Python (a branch on it, ``math.sqrt``, an op argument that must be a
-Python number, a float returned or stored as itself), the trace fails and the caller traces
-again with the float constant, for this code from now on (``api._trace``).
+Arithmetic on such floats alone stays a float64 ``WrappedNumberMeta`` (Python's double
+arithmetic) and comes back as a Python float where it is returned, stored or live at a graph
+break (``rebuild``'s ``number`` spec, the glue's ``.item()``; the input itself is reloaded from
+its source). A float input is only kept where the trace treats it as a number inside tensor
+ops: when the trace needs its value in Python (a branch on it, ``math.sqrt``, an op argument
+that must be a Python number), the trace fails, and the caller traces again with the float
+constant, for this code from now on (``api.CompiledFunction._trace``); a graph break that
+happens with the floats constant too keeps them inputs.
 """
 from __future__ import annotations
 
@@ -55,7 +59,7 @@ def wrap_dynamic_float(tx, value: float, source: Source):
     return var
 
 
-def check_float_outputs(graph, at_break: bool = False):
+def check_float_outputs(graph):
     """Refuse a capture that hands back, as a value, something computed from dynamic floats
     alone that is not a Python float any more (``WrappedNumberMeta`` results are: the rebuild
     and a break's glue turn them back into floats with ``.item()``)."""

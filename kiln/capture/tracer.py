@@ -725,7 +725,7 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
     with tx.graph.inherit(source=f"{filename}:{lineno}: {line}"):
         tx.graph.output(tuple(proxies))
     if tx.float_inputs:
-        check_float_outputs(tx.graph, at_break=break_state is not None)
+        check_float_outputs(tx.graph)
 
     input_sources = [s.expr() for s in tx.input_sources]
     fetch_source, fetch = make_fetch(tx.input_sources, func.__globals__,
