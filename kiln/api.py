@@ -84,10 +84,30 @@ class BreakEntry(CacheEntry):
         return self.glue(outs, L)
 
 
+class EagerEntry(CacheEntry):
+    """Where a compile failed inside kiln (issue 24): calls that pass the failed entry's guards
+    run eagerly; calls that do not (another shape, dtype, ...) compile again. After an error in
+    capture itself there are no capture guards: the call's arguments are guarded instead."""
+    __slots__ = ("call_eager", "reason", "code")
+
+    def __init__(self, capture, grad_enabled, compile_id, call_eager, reason, code):
+        self.capture = capture
+        self.guard_fn, self.guards = capture.guard_fn, capture.guards
+        self.fetch = self.rebuild = self.compiled = self.call = None
+        self.grad_enabled = grad_enabled
+        self.compile_id = compile_id
+        self.call_eager = call_eager
+        self.reason, self.code = reason, code
+
+    def run(self, L):
+        note_eager_run(self.reason, self.code)  # no eager run is silent
+        return self.call_eager(L)
+
+
 class CodeCache:
     """Everything kiln knows about one code object: its entries, or why it runs eagerly."""
     __slots__ = ("entries", "eager_reason", "compiles", "auto_dynamic", "auto_dynamic_ints", "static_ints",
-                 "eager_where", "eager_quiet", "lock")
+                 "eager_where", "eager_quiet", "lock", "auto_dynamic_floats", "static_floats")
 
     def __init__(self):
         self.entries: list[CacheEntry] = []
@@ -103,6 +123,9 @@ class CodeCache:
         # automatic dynamic ints: sources of Python ints whose value changed between calls
         self.auto_dynamic_ints: set[str] = set()
         self.static_ints: set[str] = set()  # ints whose symbol an op refused: constants from now on
+        # automatic dynamic floats: sources of Python floats whose value changed (dynamic_floats.py)
+        self.auto_dynamic_floats: set[str] = set()
+        self.static_floats: set[str] = set()  # floats the trace needed as numbers: constants
 
 
 # (code object, or the function for a closure; the compile options) -> its entries: a function
@@ -322,20 +345,43 @@ class CompiledFunction:
         return "no guard matched"
 
     def _trace(self, cache, args, kwargs):
-        """Capture, with the automatic dynamic ints symbolic; when a symbolic int is what made
-        an op refuse the trace (an argument that must be a Python int), those ints stay
-        constants for this code from now on and the trace runs again."""
+        """Capture, with the automatic dynamic ints symbolic and floats graph inputs. When the
+        trace fails with floats as inputs, it runs again with them constant: if it then stops at
+        the same graph break they did not cause it and stay inputs; otherwise (one was needed as
+        a Python number) they stay constants for this code from now on. When a symbolic int
+        made an op refuse the trace (an argument that must be a Python int), those ints stay
+        constants from now on and the trace runs again."""
+        ints, floats = cache.auto_dynamic_ints, cache.auto_dynamic_floats
         try:
             return trace(self.fn, args, kwargs, dynamic=self.dynamic, auto_dynamic=cache.auto_dynamic,
-                         auto_dynamic_ints=cache.auto_dynamic_ints)
-        except Exception as e:  # noqa: BLE001 - re-raised unless a symbolic int caused it
-            if not cache.auto_dynamic_ints or "SymInt" not in f"{e} {e.__cause__}":
+                         auto_dynamic_ints=ints, auto_dynamic_floats=floats,
+                         module_identity=self.mode == "reduce-overhead")
+        except Exception as e:  # noqa: BLE001 - re-raised unless a dynamic value caused it
+            if floats:
+                kept = set(floats)
+                floats.clear()
+                try:
+                    return self._trace(cache, args, kwargs)
+                except Unsupported as static:
+                    if isinstance(e, Unsupported) and (static.reason, static.lineno) == (e.reason, e.lineno):
+                        # the same graph break with the floats constant: they did not cause it,
+                        # and stay graph inputs for the re-trace up to the break (breaks.py)
+                        floats |= kept
+                        raise e from None
+                    raise
+                finally:
+                    if not floats:
+                        log.log("dynamic", "%s: with floats %s as graph inputs the capture failed (%s); "
+                                "they stay constants", self.name, sorted(kept), e)
+                        cache.static_floats |= kept
+            elif ints and "SymInt" in f"{e} {e.__cause__}":
+                log.log("dynamic", "%s: symbolic ints %s made the capture fail (%s); they stay static",
+                        self.name, sorted(ints), e)
+                cache.static_ints |= ints
+                ints.clear()
+            else:
                 raise
-            log.log("dynamic", "%s: symbolic ints %s made the capture fail (%s); they stay static",
-                    self.name, sorted(cache.auto_dynamic_ints), e)
-            cache.static_ints |= cache.auto_dynamic_ints
-            cache.auto_dynamic_ints.clear()
-            return trace(self.fn, args, kwargs, dynamic=self.dynamic, auto_dynamic=cache.auto_dynamic)
+            return self._trace(cache, args, kwargs)
 
     def _compile(self, cache, L, args, kwargs, grad):
         reason = None
@@ -352,7 +398,7 @@ class CompiledFunction:
                                       f"(last miss: {self._why_miss(cache, L, grad)})")
                 log.log("recompiles", "%s", cache.eager_reason)
                 counters.bump("fallbacks")
-                return None
+                return None  # the caller runs it eagerly, noted (_run_eagerly)
             reason = self._why_miss(cache, L, grad)
             log.log("recompiles", "recompiling %s (%s:%d): %s", self.name, self.code.co_filename,
                     self.code.co_firstlineno, reason)
@@ -370,6 +416,7 @@ class CompiledFunction:
                     _note_changed_sizes(cache, L, self.globals)
                 if self.dynamic is not False and cache.entries:
                     _note_changed_ints(cache, L, self.globals)
+                    _note_changed_floats(cache, L, self.globals)
                 if self.backend == "kiln":
                     from kiln.runtime.builder import prestart_if_gpu
                     prestart_if_gpu()  # build workers warm up while capture and lowering run
@@ -403,7 +450,8 @@ class CompiledFunction:
                 if capture is None:
                     return None
             except Exception as e:  # noqa: BLE001 - an internal error in capture
-                return self._internal_error(cache, StageError("capture", f"{type(e).__name__}: {e}"), e)
+                return self._internal_error(cache, StageError("capture", f"{type(e).__name__}: {e}"), e,
+                                            L, None, grad)
             if reason is not None and self._plain_python_tail(cache, capture):
                 cache.eager_reason = (f"{self.name} holds no tensor work and a value it was traced "
                                       f"with changed ({reason}); it runs as plain Python from now on")
@@ -430,9 +478,10 @@ class CompiledFunction:
                 else:
                     compiled = self.compile_graph(capture.graph, self.backend)
             except StageError as e:
-                return self._internal_error(cache, e, e.__cause__ or e)
+                return self._internal_error(cache, e, e.__cause__ or e, L, capture, grad)
             except Exception as e:  # noqa: BLE001 - the meta verifier found a wrong meta
-                return self._internal_error(cache, StageError("meta", f"{type(e).__name__}: {e}"), e)
+                return self._internal_error(cache, StageError("meta", f"{type(e).__name__}: {e}"), e,
+                                            L, capture, grad)
             if capture.shape_env is not None:
                 # later stages may have recorded guards on symbolic sizes too
                 capture.refresh_guards()
@@ -470,12 +519,52 @@ class CompiledFunction:
         return capture.graph.ops_count() == 0 and all(
             type(e) is CacheEntry and e.capture.graph.ops_count() == 0 for e in cache.entries)
 
-    def _internal_error(self, cache, err: StageError, cause):
+    def _internal_error(self, cache, err: StageError, cause, L=None, capture=None, grad=None):
+        """Fall back to eager after an error inside kiln. With the call's locals ``L``, only for
+        calls like this one: an ``EagerEntry`` guarded like the entry that failed (``capture``'s
+        guards, else the arguments'), so another shape or dtype still compiles; without them
+        (a break's glue), the whole code runs eagerly from now on."""
         counters.bump("fallbacks")
         if self.fullgraph or config.strict:
             raise err
-        cache.eager_reason = f"internal error: {err}"
-        return None
+        reason = f"internal error: {err}"
+        if L is None:
+            cache.eager_reason = reason
+            return None
+        if capture is None:  # the error was in capture: the arguments' guards
+            from kiln.capture.guards import argument_guards
+            from kiln.graph import Graph
+            guard_set = argument_guards(L)
+            source, fn = guard_set.compile()
+            capture = types.SimpleNamespace(guard_set=guard_set, guards=guard_set.exprs(), guard_fn=fn,
+                                            guard_source=source, input_sources=[], graph=Graph("eager"),
+                                            break_state=None)
+        ctx = context.current()
+        entry = EagerEntry(capture, grad, getattr(ctx, "compile_id", None), _eager_call(self.fn),
+                           reason, self.code)
+        cache.entries.append(entry)
+        return entry
+
+
+def _eager_call(fn):
+    """``call(L)``: ``fn`` called natively with the arguments a call's locals ``L`` hold."""
+    func = _unwrap(fn)
+    code = func.__code__
+    names, npos, nkw = code.co_varnames, code.co_argcount, code.co_kwonlyargcount
+    positional, kwonly = names[:npos], names[npos:npos + nkw]
+    i = npos + nkw
+    star = names[i] if code.co_flags & 0x04 else None
+    starstar = names[i + (star is not None)] if code.co_flags & 0x08 else None
+
+    def call(L):
+        args = [L[n] for n in positional]
+        if star is not None:
+            args.extend(L[star])
+        kwargs = {n: L[n] for n in kwonly}
+        if starstar is not None:
+            kwargs.update(L[starstar])
+        return func(*args, **kwargs)
+    return call
 
 
 class CompiledModule(torch.nn.Module):
@@ -595,6 +684,29 @@ def mark_dynamic(tensor, dim):
     dims = set(getattr(tensor, "_kiln_dynamic_dims", set()))
     dims.update(dim if isinstance(dim, (list, tuple, set)) else [dim])
     tensor._kiln_dynamic_dims = dims
+
+
+_FLOAT_GUARD = re.compile(r"type\(\{\}\) is float and \{\} == (.+)")
+
+
+def _note_changed_floats(cache: CodeCache, L, G):
+    """Automatic dynamic for Python floats: a float whose value differs from the one an earlier
+    compile specialized on is a graph input next time (capture/dynamic_floats.py)."""
+    for entry in cache.entries:
+        guard_set = getattr(entry.capture, "guard_set", None)
+        for source, check in (guard_set.entries if guard_set is not None else ()):
+            m = _FLOAT_GUARD.fullmatch(check)
+            expr = source.expr()
+            if m is None or expr in cache.auto_dynamic_floats or expr in cache.static_floats:
+                continue
+            try:
+                now = eval(expr, {"torch": torch}, {"L": L, "G": G})  # noqa: S307
+                was = float(m.group(1))
+            except Exception:  # noqa: BLE001 - gone: nothing to compare
+                continue
+            if type(now) is float and now != was:
+                cache.auto_dynamic_floats.add(expr)
+                log.log("dynamic", "automatic dynamic: float %s changed (%r -> %r)", expr, was, now)
 
 
 _INT_GUARD = re.compile(r"type\(\{\}\) is int and \{\} == (-?\d+)")

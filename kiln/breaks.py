@@ -62,15 +62,28 @@ def _capture_with_glue(cf, cache, plan, err, args, kwargs):
     api._local.compiling = True
     try:
         with context.timed("capture"):
-            capture = trace(cf.fn, args, kwargs, dynamic=cf.dynamic,
-                            auto_dynamic=cache.auto_dynamic, plan=plan,
-                            auto_dynamic_ints=cache.auto_dynamic_ints)
+            try:
+                capture = _trace_to_break(cf, cache, plan, args, kwargs)
+            except Exception as e:  # noqa: BLE001 - re-raised unless dynamic floats caused it
+                if not cache.auto_dynamic_floats:
+                    raise
+                log.log("dynamic", "%s: with floats %s as graph inputs the capture up to the break "
+                        "failed (%s); they stay constants", cf.name, sorted(cache.auto_dynamic_floats), e)
+                cache.static_floats |= cache.auto_dynamic_floats
+                cache.auto_dynamic_floats.clear()
+                capture = _trace_to_break(cf, cache, plan, args, kwargs)
     finally:
         api._local.compiling = False
     where = (err.filename, err.lineno, err.reason)  # not err: it holds the trace's frames
     glue, codes = build_glue(capture.break_state, api._unwrap(cf.fn), _resume_maker(cf, where),
                              _callee_wrapper(cf, where) if plan.wrap_callee else None)
     return capture, glue, codes
+
+
+def _trace_to_break(cf, cache, plan, args, kwargs):
+    return trace(cf.fn, args, kwargs, dynamic=cf.dynamic, auto_dynamic=cache.auto_dynamic, plan=plan,
+                 auto_dynamic_ints=cache.auto_dynamic_ints, auto_dynamic_floats=cache.auto_dynamic_floats,
+                 module_identity=cf.mode == "reduce-overhead")
 
 
 def _record(err, resume_names, eager_rest, eager_reason):
@@ -122,27 +135,34 @@ def _noted_rest(fn, cf, where):
 
 
 def _callee_wrapper(cf, where):
-    """A break inside an inlined call: the callee (known at compile time, and guarded by
-    identity) is called through kiln's compile, so its own body is compiled."""
+    """A break inside an inlined call: the callee (known at compile time, and guarded) is
+    called through kiln's compile, so its own body is compiled. A plain function is handed
+    over compiled; a module's method as ``(compiled function, module variable)``, which the
+    glue binds to the module it loads at run time: modules are guarded by type, so the
+    module of a later call may be another instance (the next of twelve blocks)."""
     from kiln.api import CompiledFunction
     from kiln.capture.values import FunctionVariable, ModuleVariable
 
     def wrap(v):
-        target = None
+        target = owner = None
         if isinstance(v, FunctionVariable) and v.fn is not None:
             if getattr(v.fn, "_kiln_disabled", False) or getattr(v.fn, "_kiln_graph_break", False):
                 return None
             if v.self_var is None and v.source is not None:
                 target = v.fn
             elif isinstance(v.self_var, ModuleVariable):
-                target = types.MethodType(v.fn, v.self_var.module)
+                target, owner = v.fn, v.self_var
         elif isinstance(v, ModuleVariable):
-            target = v.module.forward
+            forward = v.module.forward
+            if isinstance(forward, types.MethodType) and forward.__self__ is v.module and \
+                    "forward" not in v.module.__dict__:
+                target, owner = forward.__func__, v
         if target is None:
             # noted once, at compile time: the glue calls the callee itself, with no hook per run
             note_eager_run(f"the callee {v} of the graph break at line {where[1]} is not known "
                            f"at compile time: it runs uncompiled", cf.code, where[1],
                            filename=where[0])
             return None
-        return CompiledFunction(target, **_opts(cf))
+        compiled = CompiledFunction(target, **_opts(cf))
+        return compiled if owner is None else (compiled, owner)
     return wrap

@@ -18,7 +18,7 @@ from kiln.config import config
 from kiln.graph.graph import Graph
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, map_args
 from kiln.meta.symbolic import concretize, free_symbols, shape_env_of, symbol_values
-from kiln.meta.tensor_meta import TensorMeta
+from kiln.meta.tensor_meta import TensorMeta, WrappedNumberMeta
 from kiln.ops.autocast import disabled as autocast_disabled
 
 DOUBLE_BACKWARD_ERROR = "kiln: double backward through a compiled graph is not supported"
@@ -241,7 +241,11 @@ def copy_graph(graph: Graph, input_metas=None) -> Graph:
     metas = iter(input_metas) if input_metas is not None else None
     for n in graph.nodes:
         if n.op == PLACEHOLDER:
-            p = out.placeholder(n.name, next(metas) if metas is not None else n.meta.get("val"))
+            old = n.meta.get("val")
+            new = next(metas) if metas is not None else old
+            if type(old) is WrappedNumberMeta:  # a real tensor's meta: still the Python float
+                new = WrappedNumberMeta.like(new)
+            p = out.placeholder(n.name, new)
             p.meta.update({k: v for k, v in n.meta.items() if k != "val"})
             env[n] = p
         elif n.op == GET_ATTR:

@@ -350,6 +350,24 @@ def make_fetch(sources: list[Source], globals_: dict | None = None, fast: dict |
     return source, namespace["fetch"]
 
 
+def argument_guards(L: dict) -> GuardSet:
+    """Guards on a call's arguments alone, for a call whose capture failed (api.EagerEntry):
+    a tensor's metadata, a constant's value, anything else's type."""
+    g = GuardSet()
+    for name, value in L.items():
+        if not isinstance(name, str) or not name.isidentifier():  # the closure's cells
+            continue
+        source = LocalSource(name)
+        if type(value) in (torch.Tensor, torch.nn.Parameter):
+            g.tensor(source, value)
+        elif value is None or type(value) in (bool, int, float, str):
+            g.constant(source, value)
+        else:
+            g.add(source, f"id(type({{}})) == {id(type(value))}")
+            g.keep_alive(type(value))
+    return g
+
+
 # ------------------------------------------------------------------ why a guard failed
 def pretty(expr: str) -> str:
     """``L['self'].lin.training`` -> ``self.lin.training``; ``G['MODE']`` -> ``MODE``."""

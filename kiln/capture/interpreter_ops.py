@@ -63,7 +63,11 @@ def _identical(a, b, tx=None) -> bool:
     if isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable):
         return a.value is b.value
     if isinstance(a, ModuleVariable) and isinstance(b, ModuleVariable):
-        return a.module is b.module
+        same = a.module is b.module
+        if not same and tx is not None and a.source is not None and b.source is not None:
+            # modules are guarded by type, not identity (tracer._wrap_module): keep them apart
+            tx.guards.add(a.source, f"{{}} is not {b.source.expr()}")
+        return same
     fns = [v for v in (a, b) if isinstance(v, FunctionVariable) and v.self_var is None and v.fn is not None]
     if len(fns) == 2:  # functions known at compile time (their sources are guarded)
         return fns[0].fn is fns[1].fn

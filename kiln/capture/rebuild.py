@@ -13,11 +13,14 @@ from kiln.capture.values import (ConstantVariable, DictVariable, ListVariable, T
                                  TupleVariable, Variable)
 from kiln.capture.errors import Unsupported
 from kiln.meta.symbolic import SymInt
+from kiln.meta.tensor_meta import WrappedNumberMeta
 
 
 def _output_spec(v: Variable, proxies: list):
     if isinstance(v, TensorVariable):
         proxies.append(v.proxy)
+        if type(v.proxy.meta) is WrappedNumberMeta:  # a Python float (capture/dynamic_floats.py)
+            return ("number", len(proxies) - 1)
         return ("tensor", len(proxies) - 1)
     if isinstance(v, ConstantVariable):
         if isinstance(v.value, SymInt):
@@ -103,6 +106,8 @@ def _make_rebuild(spec, globals_=None):
             return outputs[s[1]]
         if kind == "const":
             return s[1]
+        if kind == "number":
+            return outputs[s[1]].item()
         if kind == "symint":
             return int(eval(s[1], {"__builtins__": {}}, symbols))  # noqa: S307
         if kind == "tuple":

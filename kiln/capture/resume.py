@@ -44,6 +44,7 @@ from bytecode import Bytecode, Instr, Label
 from kiln import log
 from kiln.capture.guards import AttrSource, GlobalSource, ItemSource, LocalSource, Source
 from kiln.capture.instructions import decode
+from kiln.meta.tensor_meta import WrappedNumberMeta
 from kiln.capture.resume_loops import (LoopRestVariable, TailCall, check_loop_state, for_loop_refusal,
                                       load_as_rest, origin_of, register_origin, stack_iterators)
 from kiln.capture.resume_values import _construct, _construct_partial, replay_view, view_rebuild
@@ -469,8 +470,13 @@ class Glue:
                 self.emit(Instr("LOAD_CONST", steps), *_call(2))
                 self._memo(v)
             else:
+                number = type(v.proxy.meta) is WrappedNumberMeta  # a Python float (dynamic_floats.py)
+                if number:
+                    self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", torch.Tensor.item))
                 self.emit(Instr("LOAD_FAST", "___outs"), Instr("LOAD_CONST", self.out_index[v.proxy.node]),
                           Instr("BINARY_SUBSCR"))
+                if number:
+                    self.emit(*_call(1))
             return
         if isinstance(v, LazyVariable):
             if v.source is None:
@@ -723,6 +729,14 @@ def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
             wrapped = wrap_callee(v)
             if wrapped is None:
                 glue.load(v)
+            elif type(wrapped) is tuple:
+                # a module's method: the compiled function bound, at run time, to the module the
+                # call reaches (modules are guarded by type, not identity: not a constant)
+                compiled, owner = wrapped
+                glue.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", types.MethodType),
+                          Instr("LOAD_CONST", compiled))
+                glue.load(owner)
+                glue.emit(*_call(2))
             else:
                 glue.emit(Instr("LOAD_CONST", wrapped))
         else:

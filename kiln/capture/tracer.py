@@ -22,6 +22,7 @@ from kiln.capture.autocast import AutocastState, wrap_autocast
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, Source,
                                  IntCarrierSource, closure_source, make_fetch)
+from kiln.capture.dynamic_floats import check_float_outputs, wrap_dynamic_float
 from kiln.capture.fast_sources import fast_map
 from kiln.capture.rebuild import _make_rebuild, _output_spec, _set_grad_after
 from kiln.capture.instructions import listing
@@ -76,7 +77,8 @@ class CaptureResult:
 
 
 class Tracer:
-    def __init__(self, fn_name: str, dynamic=None, auto_dynamic=None, auto_dynamic_ints=None):
+    def __init__(self, fn_name: str, dynamic=None, auto_dynamic=None, auto_dynamic_ints=None,
+                 auto_dynamic_floats=None, module_identity=False):
         self.graph = Graph(fn_name)
         self.guards = GuardSet()
         self.autocast = AutocastState(self.guards)  # torch.autocast state; casts per op
@@ -87,12 +89,19 @@ class Tracer:
         self.auto_dynamic = auto_dynamic or {}
         # sources of Python ints that changed between calls: traced as symbols (_wrap_dynamic_int)
         self.auto_dynamic_ints = set(auto_dynamic_ints or ())
+        # sources of Python floats that changed between calls: 0-d graph inputs (dynamic_floats.py)
+        self.auto_dynamic_floats = set(auto_dynamic_floats or ())
+        self.float_inputs: dict = {}  # source expr -> the tracker of a dynamic float
+        # modules guarded by identity (mode="reduce-overhead": a CUDA graph per instance reads
+        # its parameters in place) instead of by type and structure (_wrap_module)
+        self.module_identity = module_identity
         self.shape_env = ShapeEnv()
         self.shape_env.location = self._location
         self.guards.shape_env = self.shape_env
         self.input_sources: list[Source] = []
         self._tensor_inputs: dict[int, tuple[TensorVariable, Source, torch.Tensor]] = {}
         self._var_of_node: dict = {}
+        self._modules_seen: dict[int, tuple] = {}  # id(module) -> (module, its ModuleVariable)
         self.storages: list = []  # mutation.Storage per tensor memory that aliasing touched
         self._placeholder_names: set[str] = set()
         self.steps = 0
@@ -153,6 +162,8 @@ class Tracer:
             var = self._wrap_dynamic_int(value, source)
             if var is not None:
                 return var
+        if type(value) is float and guard and source.expr() in self.auto_dynamic_floats:
+            return wrap_dynamic_float(self, value, source)
         if isinstance(value, torch.Size) or is_constant(value) and not isinstance(value, tuple):
             if guard:
                 if isinstance(value, type):
@@ -201,9 +212,7 @@ class Tracer:
         if isinstance(value, torch.nn.Module):
             if source is None:
                 raise Unsupported(f"{type(value).__name__} module created or reached without a source")
-            self.guards.identity(source, value)
-            self.guards.add(source, f"{{}}.training is {value.training}")
-            return ModuleVariable(value, source)
+            return self._wrap_module(value, source)
         if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType) \
                 and not (value.__func__.__module__ or "").startswith("torch"):
             if guard:  # a bound method is made anew on each access: guard what it binds
@@ -245,6 +254,28 @@ class Tracer:
             self.guards.discard(source, f"id({{}}) == {id(value)}")  # its type is what was used
             self.guards.add(source, _type_check(type(value)))
         return OpaqueVariable(value, source)
+
+    def _wrap_module(self, module: torch.nn.Module, source: Source) -> ModuleVariable:
+        """A module is guarded by its type and training flag, not by identity: what the trace
+        reads from it (parameters and buffers, which are graph inputs fetched per call,
+        constants, submodules) is guarded through its own source, so every instance of the
+        same structure (a transformer's twelve blocks) shares one entry. A module reached
+        again under another source is the same tracker, guarded to stay the same object."""
+        seen = self._modules_seen.get(id(module))
+        if seen is not None:
+            var = seen[1]
+            if var.source != source:
+                self.guards.same_object(source, var.source)
+            return var
+        if self.module_identity:
+            self.guards.identity(source, module)
+        else:
+            self.guards.add(source, _type_check(type(module)))
+            self.guards.keep_alive(type(module))  # a class made in a function: its id stays unique
+        self.guards.add(source, f"{{}}.training is {module.training}")
+        var = ModuleVariable(module, source)
+        self._modules_seen[id(module)] = (module, var)  # holding the module keeps its id unique
+        return var
 
     def _wrap_dynamic_int(self, value: int, source: Source):
         """A Python int that changed between calls (automatic dynamic): a symbol, its value read
@@ -381,7 +412,7 @@ class Tracer:
             if adapter is None:
                 raise Unsupported(f"operator {base} on tensors is not supported by the capture table")
             result = self.call_adapter(adapter, [a, b], {}, f"operator {op}")
-            if inplace and isinstance(a, TensorVariable):
+            if inplace and isinstance(a, TensorVariable) and not getattr(a, "python_float", False):
                 return self._inplace_update(a, result, op)
             return result
         if isinstance(a, _Sequence) and isinstance(b, _Sequence) and base == "+":
@@ -644,7 +675,8 @@ def _unbind(fn):
 
 
 def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
-          auto_dynamic=None, plan=None, auto_dynamic_ints=None) -> CaptureResult:
+          auto_dynamic=None, plan=None, auto_dynamic_ints=None, auto_dynamic_floats=None,
+          module_identity=False) -> CaptureResult:
     """Interpret ``fn(*args, **kwargs)``'s bytecode symbolically; see the module docstring.
     ``dynamic`` / ``auto_dynamic``: which input sizes are symbolic (``Tracer``).
     ``plan`` (a ``resume.BreakPlan``): stop before a graph break; the result's ``break_state``
@@ -660,7 +692,8 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
     except TypeError as e:
         raise Unsupported(f"calling {func.__qualname__}: {e}", code.co_filename,
                           code.co_firstlineno, "") from None
-    tx = Tracer(_graph_name(code.co_name), dynamic, auto_dynamic, auto_dynamic_ints)
+    tx = Tracer(_graph_name(code.co_name), dynamic, auto_dynamic, auto_dynamic_ints,
+                auto_dynamic_floats, module_identity)
     tx.root_globals = func.__globals__
     grad_at_entry = tx.grad_enabled
     nparams = code.co_argcount + code.co_kwonlyargcount
@@ -710,6 +743,8 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
         raise
     with tx.graph.inherit(source=f"{filename}:{lineno}: {line}"):
         tx.graph.output(tuple(proxies))
+    if tx.float_inputs:
+        check_float_outputs(tx.graph)
 
     input_sources = [s.expr() for s in tx.input_sources]
     fetch_source, fetch = make_fetch(tx.input_sources, func.__globals__,

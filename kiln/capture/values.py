@@ -526,6 +526,13 @@ class ModuleVariable(Variable):
         forward = m.forward
         if not (isinstance(forward, types.MethodType) and forward.__self__ is m):
             raise Unsupported(f"{type(m).__name__}.forward is not a method")
+        # modules are guarded by type (tracer._wrap_module): another instance of the class may
+        # carry a forward of its own (accelerate's hooks set ``module.forward``)
+        if "forward" in m.__dict__:
+            tx.guards.identity(tx.attr_source(tx.attr_source(self.source, "forward"), "__func__"),
+                               forward.__func__)
+        else:
+            tx.guards.add(self.source, "'forward' not in {}.__dict__")
         return FunctionVariable(forward.__func__, self_var=self).call(tx, args, kwargs)
 
     def __repr__(self):

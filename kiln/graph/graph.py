@@ -9,6 +9,7 @@ import torch
 
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, Node, flatten_args, map_args
 from kiln.graph.proxy import Proxy
+from kiln.meta.tensor_meta import WrappedNumberMeta
 from kiln.ops import registry
 from kiln.ops.registry import META_RULES
 
@@ -167,7 +168,9 @@ class Graph:
         placeholders = self.placeholders
         if len(inputs) != len(placeholders):
             raise TypeError(f"graph {self.name} takes {len(placeholders)} inputs, got {len(inputs)}")
+        numbers = False
         for node, value in zip(placeholders, inputs):
+            numbers = numbers or type(node.meta.get("val")) is WrappedNumberMeta
             env[node] = value
         # symbolic sizes in arguments take the values the real inputs have
         from kiln.meta.symbolic import concretize, symbol_values
@@ -176,6 +179,8 @@ class Graph:
             if node.op == CALL:
                 args = map_args(node.args, load)
                 kwargs = map_args(node.kwargs, load)
+                if numbers and getattr(node.target, "namespace", None) == "core":
+                    args, kwargs = _as_numbers(node, args, kwargs)
                 if sizes:
                     args, kwargs = concretize((args, kwargs), sizes)
                 try:
@@ -293,3 +298,24 @@ def _fmt_meta(val) -> str:
 
 def iter_nodes_in(obj):
     return [a for a in flatten_args(obj) if isinstance(a, Node)]
+
+
+def _is_number(a) -> bool:
+    return type(a) is Node and type(a.meta.get("val")) is WrappedNumberMeta
+
+
+def _as_numbers(node, args, kwargs):
+    """A core op's operands with the tensors standing for Python floats (``WrappedNumberMeta``)
+    as the floats, where the op also has a real tensor operand: torch then promotes them as
+    numbers (``half * 0.5`` stays half). Among numbers alone a 0-d float64 tensor computes what
+    Python's float arithmetic does, and stays one (a prim takes it as the tensor it is)."""
+    operands = [a for a in flatten_args((node.args, node.kwargs)) if type(a) is Node]
+    if not any(_is_number(a) for a in operands) or all(_is_number(a) for a in operands):
+        return args, kwargs
+
+    def convert(original, value):
+        if isinstance(original, (tuple, list)):
+            return type(original)(convert(o, v) for o, v in zip(original, value))
+        return value.item() if _is_number(original) else value
+    return (tuple(convert(o, v) for o, v in zip(node.args, args)),
+            {k: convert(node.kwargs[k], v) for k, v in kwargs.items()})

@@ -73,7 +73,7 @@ class TensorMeta:
         return all(sz == 1 or st == ex for sz, st, ex in zip(self.shape, self.stride, expected))
 
     def with_(self, **kw) -> "TensorMeta":
-        vals = {s: getattr(self, s) for s in self.__slots__}
+        vals = {s: getattr(self, s) for s in TensorMeta.__slots__}
         vals.update(kw)
         return TensorMeta(**vals)
 
@@ -95,7 +95,7 @@ class TensorMeta:
 
     def __eq__(self, other):
         return isinstance(other, TensorMeta) and all(
-            getattr(self, s) == getattr(other, s) for s in self.__slots__)
+            getattr(self, s) == getattr(other, s) for s in TensorMeta.__slots__)
 
     def __hash__(self):
         return hash((self.shape, self.stride, self.dtype, str(self.device), self.requires_grad))
@@ -110,3 +110,29 @@ class TensorMeta:
         if self.requires_grad:
             s += " grad"
         return s
+
+
+class WrappedNumberMeta(TensorMeta):
+    """A Python float passed to a graph as a 0-d float64 CPU tensor (a float argument whose value
+    changed between calls: capture/dynamic_floats.py). It promotes as the Python number it
+    stands for, torch's "wrapped number": ``half_tensor * 0.5`` stays half, ``int_tensor * 0.5``
+    is the default float dtype (a plain 0-d float64 tensor would make both float64)."""
+    __slots__ = ()
+
+    @classmethod
+    def scalar(cls) -> "WrappedNumberMeta":
+        return cls((), (), torch.float64, torch.device("cpu"), False)
+
+    def with_(self, **kw) -> TensorMeta:
+        out = TensorMeta.with_(self, **kw)
+        return WrappedNumberMeta.like(out)
+
+    @classmethod
+    def like(cls, meta: TensorMeta) -> TensorMeta:
+        """``meta`` as a wrapped number where it still is one (0-d float64), else as it is."""
+        if meta.shape == () and meta.dtype == torch.float64 and type(meta) is TensorMeta:
+            return cls(meta.shape, meta.stride, meta.dtype, meta.device, meta.requires_grad)
+        return meta
+
+    def __repr__(self):
+        return TensorMeta.__repr__(self) + " number"

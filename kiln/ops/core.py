@@ -11,7 +11,7 @@ import builtins  # core and prims define ops named sum, any, all, abs: use built
 import torch
 import torch.nn.functional as F
 
-from kiln.meta.tensor_meta import TensorMeta
+from kiln.meta.tensor_meta import TensorMeta, WrappedNumberMeta
 from kiln.ops.promotion import Promotion, broadcast_shapes, promoted_dtypes
 from kiln.ops.registry import META_RULES, define
 
@@ -47,7 +47,10 @@ def elementwise_meta(name, kind: Promotion):
         shape = broadcast_shapes(*(t.shape for t in ts))
         _, result = promoted_dtypes(args, kind)
         grad = result.is_floating_point and builtins.any(t.requires_grad for t in ts)
-        return TensorMeta.contiguous(shape, result, _device_of(ts), grad)
+        meta = TensorMeta.contiguous(shape, result, _device_of(ts), grad)
+        if builtins.all(type(t) is WrappedNumberMeta for t in ts):  # arithmetic on Python floats
+            meta = WrappedNumberMeta.like(meta)
+        return meta
     return rule
 
 

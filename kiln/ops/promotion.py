@@ -11,7 +11,7 @@ import enum
 import torch
 
 from kiln.meta.defaults import default_dtype
-from kiln.meta.tensor_meta import TensorMeta
+from kiln.meta.tensor_meta import TensorMeta, WrappedNumberMeta
 
 
 class Promotion(enum.Enum):
@@ -76,16 +76,22 @@ def _combine(higher, lower):
 
 def result_type(*args) -> torch.dtype:
     dims, zeros, scalars = [], [], []
+    numbers = False
     for a in args:
         if a is None:
             continue
         m = _meta(a)
-        if m is not None:
+        if type(m) is WrappedNumberMeta:  # a Python float passed as a 0-d tensor
+            scalars.append(_scalar_dtype(1.0))
+            numbers = True
+        elif m is not None:
             (dims if m.ndim > 0 else zeros).append(m.dtype)
         elif isinstance(a, torch.Tensor):
             (dims if a.dim() > 0 else zeros).append(a.dtype)
         else:
             scalars.append(_scalar_dtype(a))
+    if numbers and not dims and not zeros:  # Python arithmetic on floats: in double precision
+        return torch.complex128 if _promote_class(scalars).is_complex else torch.float64
     return _combine(_promote_class(dims), _combine(_promote_class(zeros), _promote_class(scalars)))
 
 

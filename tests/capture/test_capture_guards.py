@@ -68,7 +68,9 @@ def test_module_guards():
     assert not passes(result, m.forward, x)                       # module attribute constant
     m.drop_scale = 2.0
     other = Net()
-    assert not passes(result, other.forward, x)                   # module identity
+    assert passes(result, other.forward, x)       # same structure: guarded by type, not identity
+    other.linear = nn.Linear(8, 4, bias=False)
+    assert not passes(result, other.forward, x)                   # its structure differs
     with torch.no_grad():
         m.linear.weight.mul_(2)                                   # in-place update: still valid
     assert passes(result, m.forward, x)

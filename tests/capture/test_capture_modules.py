@@ -40,7 +40,8 @@ def test_linear_relu_lifts_parameters():
     result = check(m.forward, lambda: (torch.randn(4, 8),))
     assert result.input_sources == ["L['x']", "L['self'].linear.weight", "L['self'].linear.bias"]
     assert [n.target for n in result.graph.calls] == [core.linear, core.relu]
-    assert any("id(L['self'])" in g for g in result.guards)
+    assert any("id(type(L['self']))" in g for g in result.guards)  # by type: instances share it
+    assert not any("id(L['self'])" in g for g in result.guards)
     assert any("L['self'].training" in g for g in result.guards)
     assert any("type(L['self'].linear.weight) is torch.nn.Parameter" == g for g in result.guards)
 

@@ -70,7 +70,9 @@ def test_replaced_submodule_parameter_and_buffer_recompile_with_correct_answers(
         torch.testing.assert_close(f(x), net(x))
         net.heads["out"] = torch.nn.Linear(6, 2)
         torch.testing.assert_close(f(x), net(x))
-    assert kiln.stats()["recompiles"] >= 3  # new objects recompile; a same-shaped buffer is only re-read
+    # modules are guarded by structure, parameters and buffers are re-read per call: new objects
+    # of the same shapes reuse the entry; only the added layer (a new structure) recompiles
+    assert kiln.stats()["recompiles"] == 1
 
 
 class Shadowed(torch.nn.Module):
