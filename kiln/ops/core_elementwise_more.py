@@ -343,8 +343,11 @@ def _floor_divide_decomp(a, b):
     (a, b), compute, _ = _operands((a, b), Promotion.DEFAULT)
     mod = pm.fmod(a, b)
     if _is_int(compute):
+        # eager's div_floor_integer: one less where the signs differ and the division is not
+        # exact. The dividend's sign is the remainder's wherever it is nonzero, except for a
+        # zero divisor on CUDA (no error there): this form gives CUDA eager's value for it too.
         q = pm.trunc_div(a, b)
-        return prims.where(_needs_adjust(mod, b), prims.sub(q, 1), q)
+        return prims.where(_and(_ne0(mod), _xor(_lt0(a), _lt0(b))), prims.sub(q, 1), q)
     # eager's div_floor for floats: exact quotient of (a - fmod(a, b)) / b, then rounded
     quotient = prims.div(a, b)
     div = prims.div(prims.sub(a, mod), b)
