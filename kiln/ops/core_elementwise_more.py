@@ -542,9 +542,10 @@ META_RULES[nan_to_num] = _meta_of("nan_to_num", Promotion.DEFAULT, 1)
 
 @DECOMPOSITIONS.register(nan_to_num)
 def _nan_to_num_decomp(x, nan=0.0, posinf=None, neginf=None):
-    if not x.dtype.is_floating_point:
-        return x
+    if not x.dtype.is_floating_point:  # nothing to replace: a copy (eager's never aliases x)
+        return prims.copy(x)
     info = torch.finfo(x.dtype)
+    nan = 0.0 if nan is None else nan  # None means the default, as in eager
     posinf = info.max if posinf is None else posinf
     neginf = info.min if neginf is None else neginf
     out = prims.where(prims.ne(x, x), float(nan), x)
