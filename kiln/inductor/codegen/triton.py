@@ -107,6 +107,11 @@ class TritonOps(ScalarOps):
     def call(self, op, args, dtype, arg_dtypes):
         if op in ("trunc_div", "fmod") and not dtype.is_floating_point:
             return int_division(op, args[0], args[1], dtype)
+        if op == "div" and dtype.is_floating_point and _float_literal(args[1]) == 0.0 \
+                and _float_literal(args[0]) is not None:
+            # two constants (the mean of an empty dim: 0 / 0): Python, which folds them, raises
+            value = torch.tensor(_float_literal(args[0])) / 0.0
+            return triton_const(value.item(), dtype)
         if interpreting() and dtype == torch.bool and op in self.BOOL_BITWISE:
             a, b = (self._int8(x) for x in args)
             return f"(({a} {self.BOOL_BITWISE[op]} {b}) != 0)"
@@ -121,6 +126,13 @@ class TritonOps(ScalarOps):
                                                                      torch.float16, torch.bfloat16):
             return self.LIBDEVICE[op].format(*args)
         return super().call(op, args, dtype, arg_dtypes)
+
+
+def _float_literal(text: str):
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _int_literal(text: str):
