@@ -247,11 +247,11 @@ def build(wrapper, generated: dict, target: str, launches=None):
     kernels = list(generated.values())
     reps = representatives(kernels, launches or {})
     loaded = load_kernels(kernels, target, launches or {}, reps)
-    from kiln.inductor.codegen.wrapper import ensure_layout
+    from kiln.inductor.codegen.wrapper import ensure_layout, kernel_error
 
     from kiln.runtime.launch import line_of
     namespace = {"torch": torch, "empty_strided": torch.empty_strided, "as_strided": torch.as_strided,
-                 "ensure_layout": ensure_layout, "launch_line": line_of}
+                 "ensure_layout": ensure_layout, "kernel_error": kernel_error, "launch_line": line_of}
     for k, rep, fn in zip(kernels, reps, loaded):
         namespace[k.name] = fn
         if getattr(k, "checked", False):

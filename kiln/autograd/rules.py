@@ -68,7 +68,8 @@ def reduce_dims(x, dims):
         return tuple(range(x.ndim))
     if isinstance(dims, int):
         dims = (dims,)
-    return tuple(sorted({normalize_dim(d, x.ndim) for d in dims}))
+    dims = tuple(sorted({normalize_dim(d, x.ndim) for d in dims}))
+    return () if x.ndim == 0 else dims  # a 0-d tensor's dim 0 is itself: nothing reduced
 
 
 def keepdim_shape(x, dims):

@@ -257,7 +257,9 @@ def unsqueeze(input, dim):
     return core.unsqueeze(input, dim)
 
 
-def squeeze(input, dim=None):
+def squeeze(input, dim=None, *dims):
+    if dims:  # Tensor.squeeze(0, 2): the dims as varargs
+        dim = (dim, *dims)
     return core.squeeze(input) if dim is None else core.squeeze(input, dim)
 
 

@@ -320,6 +320,9 @@ def _split_reduction(ctx, meta, x, dims, kind, plan):
     return TValue.of_ref(ir.TensorRef(name2, meta.shape, meta.stride, 0), meta.dtype, meta.device)
 
 
+EMPTY_IDENTITY = {"sum": 0, "prod": 1}  # a reduction over no elements (eager's values)
+
+
 def reduction(kind: str):
     """Rule for a reduction prim: a ``Reduction`` buffer whose body is over the input's full
     index space; the reduced dims disappear from the output. Few rows over a long extent are
@@ -327,6 +330,11 @@ def reduction(kind: str):
     def rule(ctx, meta, x, dims):
         n = len(x.shape)
         dims = tuple(sorted(set(d % n for d in dims)))
+        if any(x.shape[d] == 0 for d in dims):  # nothing to reduce: every row is the identity
+            if kind not in EMPTY_IDENTITY:  # meta raises first, as eager does
+                raise ValueError(f"[lowering] prims.{kind}: cannot reduce an empty dim")
+            fill = ir.Const(EMPTY_IDENTITY[kind], meta.dtype)
+            return TValue(meta.shape, meta.dtype, meta.device, lambda idx: fill)
         plan = split_plan(kind, x.shape, dims, meta.device)
         if plan is not None:
             return _split_reduction(ctx, meta, x, dims, kind, plan)

@@ -220,6 +220,16 @@ def _binary(name, eager, kind=Promotion.DEFAULT):
 
 
 pow = _binary("pow", torch.pow)
+
+
+def _pow_meta(a, b):
+    out = _meta_of("pow", Promotion.DEFAULT, 2)(a, b)
+    if _is_int(out.dtype) and isinstance(b, int) and not isinstance(b, bool) and b < 0:
+        raise RuntimeError("[meta] core.pow: Integers to negative integer powers are not allowed.")
+    return out
+
+
+META_RULES[pow] = _pow_meta
 fmod = _binary("fmod", torch.fmod)
 remainder = _binary("remainder", torch.remainder)
 floor_divide = _binary("floor_divide", torch.floor_divide)
@@ -277,8 +287,41 @@ def _pow_decomp(a, b):
         if b in special:
             return special[b]()
     elif _is_int(compute):
-        raise ElementwiseError("[decomposition] core.pow: integer tensor exponents are not supported yet")
+        return _int_power_tensor(a, b, compute)
     return pm.pow(a, b)
+
+
+def _wrap(value: int, dtype) -> int:
+    """value as the integer dtype holds it (two's complement wrap-around)."""
+    bits = 8 * dtype.itemsize
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if dtype.is_signed and value >> (bits - 1) else value
+
+
+def _int_power_tensor(a, b, dtype):
+    """Integer a ** b for a tensor exponent b, as eager's powi: square-and-multiply over every
+    bit of b (products wrap, as eager's do); a negative exponent gives 1 for a base of 1,
+    +-1 by parity for -1, else 0 (eager raises only for a negative Python scalar exponent)."""
+    bits = 8 * dtype.itemsize - (1 if dtype.is_signed else 0)
+    result = prims.add(prims.mul(b, 0), 1)
+    base = a
+    for k in range(bits):
+        if not _is_t(base) and base in (0, 1):  # a constant base's later powers: all 0 or all 1
+            if base == 0:
+                result = prims.where(prims.ge(b, 1 << k), 0, result)
+            break
+        bit = prims.ne(pm.bitwise_and(b, 1 << k), 0)
+        result = prims.where(bit, prims.mul(result, base), result)
+        if k + 1 < bits:
+            base = prims.mul(base, base) if _is_t(base) else _wrap(base * base, dtype)
+    if not dtype.is_signed:
+        return result
+    odd_sign = prims.sub(1, prims.mul(pm.bitwise_and(b, 1), 2))  # (-1) ** b
+    if _is_t(a):
+        negative = prims.where(prims.eq(a, -1), odd_sign, to_dtype(prims.eq(a, 1), dtype))
+    else:
+        negative = odd_sign if a == -1 else prims.add(prims.mul(b, 0), int(a == 1))
+    return prims.where(prims.lt(b, 0), negative, result)
 
 
 def _lt0(v):
@@ -343,8 +386,11 @@ def _floor_divide_decomp(a, b):
     (a, b), compute, _ = _operands((a, b), Promotion.DEFAULT)
     mod = pm.fmod(a, b)
     if _is_int(compute):
+        # eager's div_floor_integer: one less where the signs differ and the division is not
+        # exact. The dividend's sign is the remainder's wherever it is nonzero, except for a
+        # zero divisor on CUDA (no error there): this form gives CUDA eager's value for it too.
         q = pm.trunc_div(a, b)
-        return prims.where(_needs_adjust(mod, b), prims.sub(q, 1), q)
+        return prims.where(_and(_ne0(mod), _xor(_lt0(a), _lt0(b))), prims.sub(q, 1), q)
     # eager's div_floor for floats: exact quotient of (a - fmod(a, b)) / b, then rounded
     quotient = prims.div(a, b)
     div = prims.div(prims.sub(a, mod), b)
@@ -496,9 +542,10 @@ META_RULES[nan_to_num] = _meta_of("nan_to_num", Promotion.DEFAULT, 1)
 
 @DECOMPOSITIONS.register(nan_to_num)
 def _nan_to_num_decomp(x, nan=0.0, posinf=None, neginf=None):
-    if not x.dtype.is_floating_point:
-        return x
+    if not x.dtype.is_floating_point:  # nothing to replace: a copy (eager's never aliases x)
+        return prims.copy(x)
     info = torch.finfo(x.dtype)
+    nan = 0.0 if nan is None else nan  # None means the default, as in eager
     posinf = info.max if posinf is None else posinf
     neginf = info.min if neginf is None else neginf
     out = prims.where(prims.ne(x, x), float(nan), x)

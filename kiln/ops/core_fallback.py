@@ -33,6 +33,10 @@ def resolve(name: str):
     if fn is not None:
         return fn
     head, _, rest = name.partition(".")
+    if head == "core":  # a core op kept whole (a complex one: ops/decompose.py), its eager form
+        from kiln.ops.registry import lookup
+        fn = FALLBACK_TARGETS[name] = lookup("core", rest).eager
+        return fn
     obj = torch.Tensor if head == "Tensor" else torch if head == "torch" else None
     for part in rest.split(".") if obj is not None else ():
         obj = getattr(obj, part, None)

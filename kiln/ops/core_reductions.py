@@ -28,7 +28,9 @@ def _reduce_dims(x, dims, op):
         return tuple(range(x.ndim))
     if isinstance(dims, int):
         dims = (dims,)
-    return tuple(sorted(set(normalize_dim(d, x.ndim, op) for d in dims)))
+    dims = tuple(sorted(set(normalize_dim(d, x.ndim, op) for d in dims)))
+    # a 0-d tensor's dim 0 (or -1) is the tensor itself: nothing is reduced, as in eager
+    return () if x.ndim == 0 else dims
 
 
 def _out_shape(x, dims, keepdim):
@@ -71,8 +73,8 @@ def _finish(r, x, dims, keepdim):
 
 
 def _reduce(prim, x, dims, keepdim):
-    if not dims:  # a 0-d input reduces to itself
-        return x
+    if not dims:  # a 0-d input reduces to a copy of itself (eager's result never aliases it)
+        return prims.copy(x)
     return _finish(prim(x, dims), x, dims, keepdim)
 
 
@@ -215,7 +217,17 @@ argmax = define("core", "argmax", _arg_eager(torch.argmax))
 argmin = define("core", "argmin", _arg_eager(torch.argmin))
 
 
+def _no_empty_dim(x, dim, op):
+    """argmax/argmin/max(dim)/min(dim): eager raises IndexError over an empty dim, and over
+    an empty tensor when no dim is given."""
+    if dim is None and x.numel() == 0:
+        raise IndexError(f"[meta] core.{op}: an empty tensor needs a reduction dim")
+    if dim is not None and x.ndim and x.shape[normalize_dim(dim, x.ndim, op)] == 0:
+        raise IndexError(f"[meta] core.{op}: reduction dim {dim} has no elements")
+
+
 def _arg_meta(x, dim=None, keepdim=False):
+    _no_empty_dim(x, dim, "argmax")
     if dim is None:
         shape = (1,) * x.ndim if keepdim else ()
     else:
@@ -259,6 +271,7 @@ min_dim = define("core", "min_dim", _min_dim_eager)
 
 
 def _minmax_dim_meta(x, dim, keepdim=False):
+    _no_empty_dim(x, dim, "max")
     d = normalize_dim(dim, x.ndim, "max")
     shape = _out_shape(x, (d,), keepdim) if x.ndim else ()
     return (TensorMeta.contiguous(shape, x.dtype, x.device, x.requires_grad),

@@ -154,9 +154,11 @@ def _cat_meta(tensors, dim=0):
 def _cat_decomp(tensors, dim=0):
     dtype = result_type(*tensors)
     parts, d = _cat_parts(tensors, dim)
+    if not parts:  # only legacy 1-d empty tensors: eager's result is one of them, [0]
+        return prims.full((0,), 0, dtype, tensors[0].device)
     parts = [to_dtype(t, dtype) for t in ([t for t in parts if t.shape[d]] or parts[:1])]
-    if len(parts) == 1:
-        return parts[0]
+    if len(parts) == 1:  # a copy: eager's cat never returns (a view of) an operand
+        return prims.copy(parts[0])
     return pm.cat(parts, d)
 
 

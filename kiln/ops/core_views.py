@@ -193,8 +193,11 @@ squeeze = define("core", "squeeze", _squeeze_eager)
 def _squeezed_dims(x, dims):
     if dims is None:
         return [d for d in range(x.ndim) if x.shape[d] == 1]
-    dims = [dims] if isinstance(dims, int) else list(dims)
-    return [normalize_dim(d, x.ndim, "squeeze") for d in dims if x.shape[normalize_dim(d, x.ndim, "squeeze")] == 1]
+    dims = [normalize_dim(d, x.ndim, "squeeze") for d in ([dims] if isinstance(dims, int) else list(dims))]
+    if len(set(dims)) != len(dims):
+        raise RuntimeError(f"[meta] core.squeeze: a dim appears more than once in {dims}")
+    # a 0-d tensor's dim 0 is the tensor itself; a dim whose size is not 1 stays, as in eager
+    return [d for d in dims if x.ndim and x.shape[d] == 1]
 
 
 @META_RULES.register(squeeze)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kiln.graph.graph import Graph, getitem
-from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, map_args
+from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, Node, flatten_args, map_args
 from kiln.graph.proxy import Proxy
 from kiln.ops.registry import DECOMPOSITIONS
 
@@ -11,6 +11,16 @@ def _describe(node) -> str:
     args = ", ".join(a.name if hasattr(a, "name") and not isinstance(a, str) else repr(a)
                      for a in node.args)
     return f"{node.name} = {node.target!r}({args})"
+
+
+def _holds_complex(node) -> bool:
+    """Does the node read or make a complex tensor? Kernels have no complex types, so such a
+    core op stays whole as a library call (``prims.fallback`` of its eager form, run by torch
+    between kernels), chosen here, before lowering: no kernel ever sees a complex buffer."""
+    from kiln.meta.tensor_meta import TensorMeta
+    vals = [node.meta.get("val")] + [a.meta.get("val") for a in flatten_args((node.args, node.kwargs))
+                                     if isinstance(a, Node)]
+    return any(isinstance(m, TensorMeta) and m.dtype.is_complex for m in flatten_args(vals))
 
 
 def decompose(graph: Graph) -> Graph:
@@ -35,6 +45,11 @@ def decompose(graph: Graph) -> Graph:
             if target.namespace == "prims":
                 with out.inherit(source=source):
                     env[node] = target(*args, **kwargs)
+                continue
+            if _holds_complex(node) and target.name != "fallback":
+                from kiln.ops import prims
+                with out.inherit(origin=_describe(node), source=source):
+                    env[node] = prims.fallback(f"core.{target.name}", *args, **kwargs)
                 continue
             rule = DECOMPOSITIONS[target]
             with out.inherit(origin=_describe(node), source=source):

@@ -81,6 +81,8 @@ def where(cond, a, b):
     a = broadcast_to(a, shape) if isinstance(a, Proxy) else a
     b = broadcast_to(b, shape) if isinstance(b, Proxy) else b
     cond = broadcast_to(cond, shape) if isinstance(cond, Proxy) else cond
+    if not isinstance(a, Proxy) and not isinstance(b, Proxy):  # where(c, 1.0, 0.0): a tensor branch
+        a = prims.full(tuple(shape), a, compute, cond.device)
     return prims.where(cond, a, b)
 
 

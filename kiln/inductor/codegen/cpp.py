@@ -35,6 +35,7 @@ PRELUDE = r"""
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 """
 
 # Helpers, each included only when the kernel uses it.
@@ -175,6 +176,26 @@ HELPERS["kiln_tanhf"] = r"""static inline float kiln_tanhf(float x) {
     big = std::copysign(big, x);
     return a < 0.625f ? small : (x != x ? x : big);
 }"""
+# Integer division and remainder (trunc_div, fmod): neither a zero divisor nor MIN / -1 may
+# reach the hardware divide, which traps on both (SIGFPE; SIGILL where gcc sees a constant 0).
+# A zero divisor sets the flag that ``<kernel>_check()`` returns (bit 2: the wrapper raises
+# eager's ``RuntimeError: ZeroDivisionError``); MIN / -1 wraps to MIN (remainder 0), as eager's
+# floor_divide does. The flag is only ever set, never cleared, inside a kernel: OpenMP threads
+# may race on it without losing a report. With a constant divisor gcc folds both tests away, so
+# ``x // 4`` stays a vectorized multiply-shift.
+HELPERS["kiln_zero_div"] = "static int kiln_zero_div = 0;"
+HELPERS["kiln_idiv"] = r"""template <typename T> static inline T kiln_idiv(T a, T b) {
+    if (b == 0) kiln_zero_div = 1;
+    const bool neg1 = std::is_signed<T>::value & (b == T(-1));
+    const T d = ((b == 0) | neg1) ? T(1) : b;
+    return neg1 ? T(0 - (typename std::make_unsigned<T>::type)a) : T(a / d);
+}"""
+HELPERS["kiln_imod"] = r"""template <typename T> static inline T kiln_imod(T a, T b) {
+    if (b == 0) kiln_zero_div = 1;
+    const bool neg1 = std::is_signed<T>::value & (b == T(-1));
+    const T d = ((b == 0) | neg1) ? T(1) : b;
+    return neg1 ? T(0) : T(a % d);
+}"""
 HELPERS["kiln_sigmoidf"] = "static inline float kiln_sigmoidf(float x) { return 1.0f / (1.0f + kiln_expf(-x)); }"
 # ops whose float32 form is the vectorizable helper above
 VECTOR_MATH = {"exp": "kiln_expf", "log": "kiln_logf", "tanh": "kiln_tanhf", "sigmoid": "kiln_sigmoidf"}
@@ -182,7 +203,8 @@ HELPERS["kiln_store_bf16_run"] = cpp_runs.HELPER
 HELPER_DEPS = {"kiln_round_bf16": ("kiln_bf16_to_float", "kiln_float_to_bf16"),
                "kiln_store_bf16_run": ("kiln_float_to_bf16",),
                "kiln_expf": ("kiln_bits",), "kiln_logf": ("kiln_bits",),
-               "kiln_tanhf": ("kiln_expf", "kiln_bits"), "kiln_sigmoidf": ("kiln_expf", "kiln_bits")}
+               "kiln_tanhf": ("kiln_expf", "kiln_bits"), "kiln_sigmoidf": ("kiln_expf", "kiln_bits"),
+               "kiln_idiv": ("kiln_zero_div",), "kiln_imod": ("kiln_zero_div",)}
 
 
 def _helpers_for(code: str) -> str:
@@ -227,7 +249,6 @@ class CppOps(ScalarOps):
         "log10": "std::log10({0})",
         "log1p": "std::log1p({0})",
         "pow": "std::pow({0}, {1})",
-        "trunc_div": "({0} / {1})",  # integers only
         "bitwise_and": "({0} & {1})",
         "bitwise_or": "({0} | {1})",
         "bitwise_xor": "({0} ^ {1})",
@@ -246,8 +267,10 @@ class CppOps(ScalarOps):
             return f"{_minmax_helper(op, args)}<{ct}>({args[0]}, {args[1]})"
         if op == "abs" and dtype == torch.bool:
             return args[0]
-        if op == "fmod":
-            return f"std::fmod({args[0]}, {args[1]})" if dtype.is_floating_point else f"({args[0]} % {args[1]})"
+        if op == "fmod" and dtype.is_floating_point:
+            return f"std::fmod({args[0]}, {args[1]})"
+        if op in ("fmod", "trunc_div"):  # integers: see kiln_idiv
+            return f"kiln_i{'mod' if op == 'fmod' else 'div'}<{ct}>({args[0]}, {args[1]})"
         return super().call(op, args, dtype, arg_dtypes)
 
 
@@ -327,12 +350,21 @@ def cpp_bounds_check(reg: str, bound: int) -> list[str]:
     return [f"if ({reg} < 0 || {reg} >= {bound}) {{ kiln_index_error = 1; {reg} = 0; }}"]
 
 
+# bits of what ``<kernel>_check()`` returns (codegen/wrapper.py kernel_error raises them)
+INDEX_ERROR, ZERO_DIVISION = 1, 2
+
+
 def index_check_support(name: str, code: str) -> str:
-    """The error flag and its exported reader, for kernels that check indices."""
-    if "kiln_index_error" not in code:
+    """The exported reader of a kernel's error flags, for kernels that check indices or divide
+    integers: ``INDEX_ERROR | ZERO_DIVISION`` bits, each cleared as it is read."""
+    index = "kiln_index_error" in code
+    divides = "kiln_idiv" in code or "kiln_imod" in code
+    if not index and not divides:
         return ""
-    return ("static volatile int kiln_index_error = 0;\n"
-            f'extern "C" int {name}_check(void) {{ int e = kiln_index_error; kiln_index_error = 0; return e; }}\n')
+    reads = (["kiln_index_error"] if index else []) + (["(kiln_zero_div << 1)"] if divides else [])
+    clear = (" kiln_index_error = 0;" if index else "") + (" kiln_zero_div = 0;" if divides else "")
+    return (("static volatile int kiln_index_error = 0;\n" if index else "")
+            + f'extern "C" int {name}_check(void) {{ int e = {" | ".join(reads)};{clear} return e; }}\n')
 
 
 def collapse_inner_dims(kernel):

@@ -82,8 +82,7 @@ class TritonOps(ScalarOps):
                 "tl.zeros_like({0} + {1}))) & (tl.floor(({1} + tl.zeros_like({0} + {1})) * 0.5) * 2.0 != ({1} "
                 "+ tl.zeros_like({0} + {1}))) & (({0} < 0) | (1.0 / {0} < 0)), -1.0, 1.0) * tl.exp2({1} "
                 "* tl.log2(tl.abs({0})))))"),
-        "fmod": "({0} % {1})",  # C semantics for floats (frem) and integers (srem)
-        "trunc_div": "({0} // {1})",  # integers: rounds toward zero in Triton
+        "fmod": "({0} % {1})",  # floats (frem, C semantics); integers: int_division below
         "bitwise_and": "({0} & {1})",
         "bitwise_or": "({0} | {1})",
         "bitwise_xor": "({0} ^ {1})",
@@ -106,6 +105,13 @@ class TritonOps(ScalarOps):
         return {"True": "1", "False": "0"}.get(x, f"({x}).to(tl.int8)")
 
     def call(self, op, args, dtype, arg_dtypes):
+        if op in ("trunc_div", "fmod") and not dtype.is_floating_point:
+            return int_division(op, args[0], args[1], dtype)
+        if op == "div" and dtype.is_floating_point and _float_literal(args[1]) == 0.0 \
+                and _float_literal(args[0]) is not None:
+            # two constants (the mean of an empty dim: 0 / 0): Python, which folds them, raises
+            value = torch.tensor(_float_literal(args[0])) / 0.0
+            return triton_const(value.item(), dtype)
         if interpreting() and dtype == torch.bool and op in self.BOOL_BITWISE:
             a, b = (self._int8(x) for x in args)
             return f"(({a} {self.BOOL_BITWISE[op]} {b}) != 0)"
@@ -120,6 +126,57 @@ class TritonOps(ScalarOps):
                                                                      torch.float16, torch.bfloat16):
             return self.LIBDEVICE[op].format(*args)
         return super().call(op, args, dtype, arg_dtypes)
+
+
+def _float_literal(text: str):
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _int_literal(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _zero_division_value(a: str, dtype) -> str:
+    """What CUDA eager's integer division and remainder give for a zero divisor (measured on
+    the H200, torch 2.11: tests/inductor/test_int_division.py CUDA_EAGER_BY_ZERO): all ones,
+    except that int64's emulated divide gives 2**32 - 1 for a dividend in [0, 2**32)."""
+    if dtype == torch.int64:
+        literal = _int_literal(a)
+        if literal is not None:
+            return "4294967295" if 0 <= literal < 1 << 32 else "-1"
+        # 2**32 - 1 for a dividend in [0, 2**32), else -1 (written with a bitwise or: a literal
+        # over 2**31 is uint32 in Triton, and a where of it with -1 does not type)
+        return f"(((({a} >> 32) == 0).to(tl.int64) - 1) | 4294967295)"
+    return "-1" if dtype.is_signed else str((1 << (8 * dtype.itemsize)) - 1)
+
+
+def int_division(op: str, a: str, b: str, dtype) -> str:
+    """Integer ``trunc_div`` (``a // b`` rounds toward zero in Triton) or ``fmod`` (``%``, the
+    sign of the dividend) that never divides by zero nor MIN by -1: on the GPU both are
+    undefined (LLVM folds a constant one to poison), and the interpreter's numpy warns. A zero
+    divisor gives CUDA eager's value (eager does not raise on CUDA), MIN // -1 wraps to MIN and
+    its remainder is 0, as in eager. A constant divisor costs nothing: its case is chosen here."""
+    sign = "//" if op == "trunc_div" else "%"
+    by_minus_one = f"(-{a})" if op == "trunc_div" else f"({a} * 0)"
+    divisor = _int_literal(b)
+    if divisor == 0:
+        return _zero_division_value(a, dtype)
+    if divisor == -1 and dtype.is_signed:
+        return by_minus_one
+    if divisor is not None:
+        return f"({a} {sign} {b})"
+    if dtype.is_signed:
+        safe = f"tl.where(({b} == 0) | ({b} == -1), 1, {b})"
+        value = f"tl.where({b} == -1, {by_minus_one}, {a} {sign} {safe})"
+    else:
+        value = f"({a} {sign} tl.where({b} == 0, 1, {b}))"
+    return f"tl.where({b} == 0, {_zero_division_value(a, dtype)}, {value})"
 
 
 def triton_const(value, dtype) -> str:

@@ -228,12 +228,12 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
             return
         out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
         index = ir.simplify_index(kernel.store_index(node), ranges)
-        if node.dtype == torch.bfloat16 and interpreting():
-            value = writer._tmp(interpreter_bf16(value), node.dtype)
         shape = "[XBLOCK, RBLOCK]" if level == "r" else "[XBLOCK, 1]"
         where = mask["r"] if level == "r" else "xmask"
-        if _is_literal(value):  # a constant node (all() over nothing): a block of it
+        if _is_literal(value):  # a constant node (all() or a sum over nothing): a block of it
             value = writer._tmp(f"tl.full({shape}, {value}, {TL_DTYPES[node.dtype]})", node.dtype)
+        elif node.dtype == torch.bfloat16 and interpreting():
+            value = writer._tmp(interpreter_bf16(value), node.dtype)
         value = writer._tmp(f"tl.broadcast_to({value}, {shape})", node.dtype)
         offset = printer.doprint(index)
         if not ir.loop_symbols(index):  # a scalar address still needs a block of pointers

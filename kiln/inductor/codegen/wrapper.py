@@ -70,6 +70,22 @@ def ensure_layout(t, shape, stride):
     return out
 
 
+def kernel_error(code: int, kernel: str, reads: str) -> Exception:
+    """The exception for the error bits a C++ kernel's ``_check()`` returned
+    (codegen/cpp.py INDEX_ERROR, ZERO_DIVISION), as eager raises it: an integer division or
+    remainder by zero is eager's ``RuntimeError: ZeroDivisionError``."""
+    if code & 2:
+        return RuntimeError("ZeroDivisionError")
+    return IndexError(f"kiln: an index read by {kernel} is out of range for its dimension ({reads})")
+
+
+def _check_lines(gen, reads: str) -> list[str]:
+    """After a checked C++ kernel: raise what its error flags report (each read once)."""
+    return [f"    kernel_errors = {gen.name}_check()",
+            "    if kernel_errors:",
+            f"        raise kernel_error(kernel_errors, {gen.name!r}, {reads!r})"]
+
+
 def _launch(gen, target, defs: list) -> str:
     if target == "triton":
         return _triton_call(gen, defs)
@@ -158,9 +174,7 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
             if math.prod(step.node.src_ranges):
                 lines.append(f"    {_launch(gen, target, launch_defs)}")
                 if getattr(gen, "checked", False):
-                    lines.append(f"    if {gen.name}_check():")
-                    lines.append(f"        raise IndexError('kiln: an index read by {gen.name} is out of range "
-                                 f"for its dimension (scatter_add/index_add)')")
+                    lines += _check_lines(gen, "scatter_add/index_add")
             lines.append(f"    {step.node.name} = {step.node.target}  # accumulated in place")
         elif isinstance(step, Kernel):
             gen = generated[step.name]
@@ -189,9 +203,7 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
                 ptrs = ", ".join([f"{a}.data_ptr()" for a in gen.args] + gen.sizes)
                 lines.append(f"    {gen.name}({ptrs})")
                 if gen.checked:
-                    lines.append(f"    if {gen.name}_check():")
-                    lines.append(f"        raise IndexError('kiln: an index read by {gen.name} is out of "
-                                 f"range for its dimension (gather/embedding/index_select)')")
+                    lines += _check_lines(gen, "gather/embedding/index_select")
         elif isinstance(step, ir.ExternItem):
             lines.append(f"    {step.name} = ensure_layout({step.source}[{step.index}], "
                          f"{py_tuple(step.shape)}, {py_tuple(step.stride)})")
