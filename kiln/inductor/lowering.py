@@ -17,11 +17,14 @@ from kiln.meta.tensor_meta import contiguous_strides, view_strides
 
 
 class TValue:
-    __slots__ = ("shape", "dtype", "device", "loader", "ref", "origins")
+    # layout: the strides eager would give this value, where they are not contiguous
+    # (inductor/layout.py); realize() stores the value that way
+    __slots__ = ("shape", "dtype", "device", "loader", "ref", "origins", "layout")
 
     def __init__(self, shape, dtype, device, loader, ref=None, origins=()):
         self.shape, self.dtype, self.device = tuple(shape), dtype, device
         self.loader, self.ref, self.origins = loader, ref, tuple(origins)
+        self.layout = None
 
     @classmethod
     def of_ref(cls, ref: ir.TensorRef, dtype, device, origins=()):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kiln.graph.graph import Graph, getitem
-from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, map_args
+from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, flatten_args, map_args
 from kiln.graph.proxy import Proxy
 from kiln.ops.registry import DECOMPOSITIONS
 
@@ -11,6 +11,21 @@ def _describe(node) -> str:
     args = ", ".join(a.name if hasattr(a, "name") and not isinstance(a, str) else repr(a)
                      for a in node.args)
     return f"{node.name} = {node.target!r}({args})"
+
+
+def _mark_composite(created, result):
+    """A core op that reduces (layer_norm, softmax ...) allocates its result in eager, which
+    keeps the strides its meta gives (contiguous), unlike an elementwise op's (TensorIterator
+    follows the operands' layout). Its result nodes say so for lowering's layout hint
+    (``inductor/layout.py``)."""
+    from kiln.ops import prims_reductions as R
+    reductions = (R.sum, R.prod, R.amax, R.amin, R.argmax, R.argmin)
+    if not any(n.target in reductions for n in created):
+        return
+    inside = set(map(id, created))
+    for p in flatten_args(result):
+        if isinstance(p, Proxy) and id(p.node) in inside:
+            p.node.meta["layout_from_meta"] = True
 
 
 def decompose(graph: Graph) -> Graph:
@@ -37,8 +52,10 @@ def decompose(graph: Graph) -> Graph:
                     env[node] = target(*args, **kwargs)
                 continue
             rule = DECOMPOSITIONS[target]
+            first_new = len(out.nodes)
             with out.inherit(origin=_describe(node), source=source):
                 env[node] = rule(*args, **kwargs)
+            _mark_composite(out.nodes[first_new:], env[node])
         elif node.op == OUTPUT:
             result = map_args(node.args[0], lambda n: env[n])
             out.output(result)
