@@ -98,6 +98,7 @@ def _sdpa_meta(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
 
 
 LOWERINGS[sdpa] = L.extern_rule
+L.LAYOUT_DEPENDENT.add(sdpa)
 
 
 def _sdpa_backward_eager(g, q, k, v, attn_mask=None, is_causal=False, scale=None):
@@ -157,7 +158,8 @@ def _conv_meta(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), g
     if _channels_last(x) or _channels_last(weight):
         # cuDNN and oneDNN return a channels-last result for a channels-last input or weight
         # (torch's conv suggest-memory-format rule); promising it spares the wrapper a copy
-        # (ensure_layout still copies where a library answers otherwise)
+        # (ensure_layout still copies where a library answers otherwise). Lowering runs this
+        # again on the operands as realized (lowering.LAYOUT_DEPENDENT).
         return TensorMeta(shape, _channels_last_strides(shape), x.dtype, x.device, grad)
     return TensorMeta.contiguous(shape, x.dtype, x.device, grad)
 
@@ -188,22 +190,8 @@ def _channels_last(t) -> bool:
     return matches and not t.is_contiguous()
 
 
-def _conv_lowering(ctx, meta, x, weight, *rest, **kwargs):
-    """The library call, its result's layout promised from the operands as they are realized
-    (lowering may store an operand channels-last, as eager would have it: inductor/layout.py)
-    rather than from the graph's metas, so the wrapper need not copy the library's result."""
-    from kiln.meta.symbolic import has_symbols
-    refs = [ctx.realize(t) if isinstance(t, L.TValue) else None for t in (x, weight)]
-    if all(r is not None for r in refs) and not has_symbols([tuple(r.stride) + tuple(r.shape) for r in refs]):
-        xm, wm = (TensorMeta(r.shape, r.stride, t.dtype, t.device) for r, t in zip(refs, (x, weight)))
-        if _channels_last(xm) or _channels_last(wm):
-            meta = meta.with_(stride=_channels_last_strides(meta.shape))
-        else:
-            meta = meta.with_(stride=contiguous_strides(meta.shape))
-    return L.extern_rule(ctx, meta, x, weight, *rest, **kwargs)
-
-
-LOWERINGS[conv] = _conv_lowering
+LOWERINGS[conv] = L.extern_rule
+L.LAYOUT_DEPENDENT.add(conv)
 
 
 # ------------------------------------------------------------------ scatter and random
