@@ -141,3 +141,34 @@ def test_elementwise_over_permuted_inputs_is_right(perm):
     ref = f(a, b)
     for o, r in zip(out, ref):
         assert_close(o, r, torch.float32)
+
+
+def test_rotary_attention_keeps_the_heads_layout():
+    """q and k after a rotary embedding over ``x.view(B, T, H, D).transpose(1, 2)`` are laid
+    out [B, T, H, D] in eager; so they are stored here, attention's result follows them
+    (lowering.LAYOUT_DEPENDENT) and ``y.transpose(1, 2).reshape(B, T, C)`` is a view: the
+    rotary kernel is the only kernel. Stored contiguous, a second kernel copies y."""
+    B, T, H, D = 2, 16, 4, 8
+    torch.manual_seed(0)
+    w = torch.randn(H * D, 3 * H * D) / 8
+    cos, sin = torch.randn(T, D), torch.randn(T, D)
+
+    def rot(x):
+        a, b = x.chunk(2, -1)
+        return torch.cat((-b, a), -1)
+
+    def f(x):
+        q, k, v = (x @ w).split(H * D, 2)
+        q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in (q, k, v))
+        q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).reshape(B, T, H * D) @ w[:, :H * D]
+    x = torch.randn(B, T, H * D)
+    counts = {}
+    with torch.no_grad():
+        for on in (True, False):
+            with kiln.config.patch(eager_layouts=on):
+                out = kiln.explain(f)(x)
+            assert_close(out.result, f(x), torch.float32)
+            counts[on] = len(out.kernels)
+    assert counts == {True: 1, False: 2}, counts
