@@ -172,3 +172,32 @@ def test_rotary_attention_keeps_the_heads_layout():
             assert_close(out.result, f(x), torch.float32)
             counts[on] = len(out.kernels)
     assert counts == {True: 1, False: 2}, counts
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_hint_matches_tensor_iterator(case):
+    """layout.layout_hint for an elementwise op gives the strides eager's TensorIterator gives
+    (or None where those are contiguous)."""
+    from kiln.inductor import ir
+    from kiln.inductor.layout import layout_hint
+    from kiln.inductor.lowering import TValue
+    from kiln.meta.tensor_meta import TensorMeta
+    from kiln.ops import prims
+    shape = (2, 3, 4, 5)
+    perms = [((0, 2, 3, 1), (0, 2, 3, 1)), ((0, 2, 3, 1), None), (None, (0, 2, 3, 1)),
+             ((3, 2, 1, 0), None), ((1, 0, 2, 3), (0, 1, 3, 2)), ("bcast", (0, 2, 3, 1))][case]
+
+    def make(p):
+        if p is None:
+            return torch.randn(shape)
+        if p == "bcast":
+            return torch.randn(1, 3, 1, 1).expand(shape)
+        inv = [p.index(d) for d in range(4)]
+        return torch.randn([shape[d] for d in p]).permute(*inv)
+    a, b = make(perms[0]), make(perms[1])
+    assert a.shape == b.shape == shape
+    want = (a + b).stride()
+    args = [TValue.of_ref(ir.TensorRef(f"x{i}", t.shape, t.stride(), 0), t.dtype, t.device)
+            for i, t in enumerate((a, b))]
+    got = layout_hint(prims.add, TensorMeta.contiguous(shape, torch.float32, torch.device("cpu")), args)
+    assert (got or torch.empty(shape).stride()) == want, (got, want)
