@@ -18,7 +18,8 @@ A padded operand is a kiln kernel over the operand's own layout (a transposed we
 transposed), so it fuses with whatever produces the operand. A padded graph input (a weight) is
 copied once per call: 2 x 77 MB of traffic for GPT-2's LM head weight, about 40 us on the H200,
 against the 2.9 ms it saves. Small GEMMs (``config.pad_gemm_min_mnk``) are left alone: there
-the copy's launch costs more than the alignment gains.
+the copy's launch costs more than the alignment gains; so are GEMMs bound by memory
+(``compute_bound``).
 
 ``config.pad_gemm``: "auto" (CUDA only), "always" (any device: tests), "never".
 """
@@ -75,6 +76,15 @@ def _pad(ctx, x, sizes: dict):
     return value
 
 
+def compute_bound(m, n, k) -> bool:
+    """Multiply-adds per element moved (M*N*K over M*K + K*N + M*N) above
+    ``config.pad_gemm_min_intensity``. Below it the GEMM is bound by memory, where alignment
+    matters less and the pad's copy of an operand (a weight, for a matrix-vector-like shape) can
+    cost as much as the product itself. The default, 100, is the H200's bf16 rate over its
+    bandwidth (about 206 flop per byte by the datasheet), halved: torch.compile's rule."""
+    return m * n * k > config.pad_gemm_min_intensity * (m * k + k * n + m * n)
+
+
 def gemm_rule(ctx, meta, *args):
     """Lowering of ``prims.mm(a, b)``, ``prims.addmm(bias, a, b)`` and ``prims.bmm(a, b)``."""
     bias, a, b = (None, *args) if len(args) == 2 else args
@@ -86,7 +96,7 @@ def gemm_rule(ctx, meta, *args):
     k, n = a.shape[-1], b.shape[-1]
     k2, n2 = padded_size(k, align), padded_size(n, align)
     m = math.prod(a.shape[:-1])
-    if (k2, n2) == (k, n) or m * n * k < config.pad_gemm_min_mnk:
+    if (k2, n2) == (k, n) or m * n * k < config.pad_gemm_min_mnk or not compute_bound(m, n, k):
         return L.extern_rule(ctx, meta, *args)
     a2 = _pad(ctx, a, {-1: k2})
     b2 = _pad(ctx, b, {-2: k2, -1: n2})

@@ -9,7 +9,7 @@ import kiln
 from kiln.inductor.pad_gemm import padded_size
 from testing import assert_close
 
-FORCE = dict(pad_gemm="always", pad_gemm_min_mnk=0)
+FORCE = dict(pad_gemm="always", pad_gemm_min_mnk=0, pad_gemm_min_intensity=0)
 
 
 def _wrapper(fn, *args, **cfg):
@@ -69,6 +69,12 @@ def test_bmm_with_odd_sizes():
     assert_close(out.result, ref, torch.float32)
     assert out.result.stride() == ref.stride()
     assert "(3, 12, 12)" in src, src
+
+
+def test_compute_bound():
+    from kiln.inductor.pad_gemm import compute_bound
+    assert compute_bound(4096, 50257, 768)  # GPT-2's LM head: 638 multiply-adds per element
+    assert not compute_bound(8, 50257, 768)  # a decode step's: bound by reading the weight
 
 
 def test_aligned_and_small_gemms_are_not_padded():
