@@ -97,8 +97,8 @@ def layout_hint(target, meta, args, from_meta=False) -> tuple | None:
         if not isinstance(x, TValue):
             return None
         st = value_strides(x)
-        if has_symbols(st):
-            return None
+        if has_symbols(st) or any(s == 0 and n != 1 for s, n in zip(st, x.shape)):
+            return None  # a broadcast: eager would copy it out contiguous
         return _hint(shape, [st[d] for d in dims])
     tensors = [a for a in args if isinstance(a, TValue)]
     if not tensors or any(t.shape != shape for t in tensors):
