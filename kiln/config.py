@@ -90,6 +90,15 @@ class Config:
     # Off by default (KILN_AUTOTUNE=1 turns it on): on the H200 it made layer_norm slower (it
     # times configs on L2-resident data) and cold compiles 2-3x longer; see docs/architecture.md
     triton_autotune: object = dataclasses.field(default_factory=lambda: os.environ.get("KILN_AUTOTUNE", "0") not in ("0", "false", "no"))
+    # GEMM operands padded to aligned sizes (inductor/pad_gemm.py): "auto" on CUDA, "always"
+    # (tests on the CPU), "never"; only for GEMMs of at least pad_gemm_min_mnk multiply-adds that are compute bound
+    pad_gemm: str = dataclasses.field(default_factory=lambda: os.environ.get("KILN_PAD_GEMM", "auto"))
+    pad_gemm_min_mnk: int = 1 << 28
+    pad_gemm_min_intensity: float = 100.0  # multiply-adds per element moved (pad_gemm.compute_bound)
+    # values are realized in the layout eager would give them (inductor/layout.py): a
+    # convolution over channels-last activations gets them channels-last, as in eager;
+    # KILN_EAGER_LAYOUTS=0 for an A/B
+    eager_layouts: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_EAGER_LAYOUTS", True))
     # buffer reuse in the wrapper: a dead buffer of the same size, dtype and device is reused
     reuse_buffers: bool = True
     cpp_flags: tuple = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")

@@ -13,6 +13,8 @@ import torch
 from kiln.graph.graph import Graph, getitem
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, flatten_args, map_args
 from kiln.inductor import ir
+from kiln.config import config
+from kiln.inductor.layout import layout_hint
 from kiln.inductor.lowering import TValue, extern_rule
 from kiln.meta.symbolic import SymInt, expr_meta, free_symbols, has_symbols, symbol_reads, sympy_args
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
@@ -53,17 +55,36 @@ class LoweringContext:
     def add_buffer(self, buf):
         self.buffers.append(buf)
 
-    def realize(self, value: TValue, stride=None) -> ir.TensorRef:
+    def realize(self, value: TValue, stride=None, in_order=False) -> ir.TensorRef:
         """Materialize a value into memory (no-op when it already lives in a buffer), with
-        ``stride`` (default: contiguous)."""
+        ``stride`` (default: the layout eager would give it, ``value.layout``, else contiguous).
+
+        A permuted layout (the hint's, or ``stride`` with ``in_order``) is stored as a
+        contiguous buffer over the dims in memory order, the value a strided view of it: the
+        kernel then walks memory in order (coalesced stores, and coalesced loads from operands
+        in that layout)."""
         if value.ref is not None:
             return value.ref
         shape = value.shape
-        stride = contiguous_strides(shape) if stride is None else tuple(stride)
-        body = value.loader(ir.index_symbols(len(shape)))
         name = self.new_name("buf")
         origins = value.origins or self.current_origins
-        self.add_buffer(ir.Pointwise(name, shape, stride, value.dtype, value.device, body, origins))
+        if stride is None and value.layout is not None and config.eager_layouts:
+            stride, in_order = tuple(value.layout), True
+        if stride is not None and in_order:
+            stride = tuple(stride)
+            order = sorted(range(len(shape)), key=lambda d: (-stride[d], d))  # outermost first
+            store_shape = tuple(shape[d] for d in order)
+            syms = ir.index_symbols(len(shape))
+            idx = [None] * len(shape)
+            for k, d in enumerate(order):
+                idx[d] = syms[k]
+            body = value.loader(idx)
+            self.add_buffer(ir.Pointwise(name, store_shape, contiguous_strides(store_shape), value.dtype,
+                                         value.device, body, origins))
+        else:
+            stride = contiguous_strides(shape) if stride is None else tuple(stride)
+            body = value.loader(ir.index_symbols(len(shape)))
+            self.add_buffer(ir.Pointwise(name, shape, stride, value.dtype, value.device, body, origins))
         ref = ir.TensorRef(name, shape, stride, 0)
         value.ref = ref
         realized = TValue.of_ref(ref, value.dtype, value.device, origins)
@@ -130,20 +151,23 @@ def lower(graph: Graph) -> ir.LoopProgram:
                 rule = LOWERINGS[node.target]
                 if _off_device(node, device):  # a CPU value in a GPU graph: torch computes it
                     rule = extern_rule
-                value = rule(ctx, meta_of(node), *args, **kwargs)
+                meta = meta_of(node)
+                value = rule(ctx, meta, *args, **kwargs)
             except Exception as e:
                 raise LoweringError(f"[lowering] {node.name} = {node.target!r}: {e}") from e
             if isinstance(value, TValue) and not value.origins:
                 value.origins = ctx.current_origins
+            if isinstance(value, TValue) and value.ref is None and value.layout is None:
+                value.layout = layout_hint(node.target, meta, args, node.meta.get("layout_from_meta", False))
             env[node] = value
             if isinstance(value, TValue) and value.ref is None and len(node.users) > 1 \
                     and _recompute_is_costly(value):
                 ctx.realize(value)
         elif node.op == OUTPUT:
             outputs = []
-            for v in map_args(node.args[0], lambda n: env[n]):
+            for n, v in zip(node.args[0], map_args(node.args[0], lambda n: env[n])):
                 if isinstance(v, TValue):
-                    outputs.append(ctx.realize(v))
+                    outputs.append(_output_ref(ctx, v, meta_of(n) if hasattr(n, "meta") else None))
                 else:
                     outputs.append(v)
     program = ir.LoopProgram(inputs, ctx.buffers, tuple(outputs), device, ctx.seed)
@@ -156,6 +180,22 @@ def lower(graph: Graph) -> ir.LoopProgram:
         program.symbol_reads = {sym: (names[i], kind, d) for sym, (i, kind, d)
                                 in symbol_reads([n.meta["val"] for n in graph.placeholders]).items()}
     return program
+
+
+def _output_ref(ctx, value: TValue, meta) -> ir.TensorRef:
+    """A graph output keeps the strides kiln's meta promised for it: a later graph (the
+    backward, which reads saved tensors) was compiled against them. A value stored otherwise
+    (the layout eager would give it, for a library call that read it: inductor/layout.py) is
+    copied out once more."""
+    if value.ref is None:
+        return ctx.realize(value, None if value.layout is None else contiguous_strides(value.shape))
+    if not isinstance(meta, TensorMeta) or has_symbols(tuple(meta.shape) + tuple(meta.stride)) \
+            or has_symbols(tuple(value.ref.stride)):
+        return value.ref
+    if all(sz == 1 or a == b for sz, a, b in zip(value.ref.shape, value.ref.stride, meta.stride)):
+        return value.ref
+    copy = TValue(value.shape, value.dtype, value.device, value.loader, origins=value.origins)
+    return ctx.realize(copy, contiguous_strides(value.shape) if meta.is_contiguous() else meta.stride)
 
 
 def _arg_symbols(graph: Graph) -> set:

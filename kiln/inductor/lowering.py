@@ -17,11 +17,14 @@ from kiln.meta.tensor_meta import contiguous_strides, view_strides
 
 
 class TValue:
-    __slots__ = ("shape", "dtype", "device", "loader", "ref", "origins")
+    # layout: the strides eager would give this value, where they are not contiguous
+    # (inductor/layout.py); realize() stores the value that way
+    __slots__ = ("shape", "dtype", "device", "loader", "ref", "origins", "layout")
 
     def __init__(self, shape, dtype, device, loader, ref=None, origins=()):
         self.shape, self.dtype, self.device = tuple(shape), dtype, device
         self.loader, self.ref, self.origins = loader, ref, tuple(origins)
+        self.layout = None
 
     @classmethod
     def of_ref(cls, ref: ir.TensorRef, dtype, device, origins=()):
@@ -172,9 +175,42 @@ def extern_multi_rule(ctx, metas, *args, **kwargs):
     return tuple(outs)
 
 
+# Library ops whose result's layout follows their operands' (convolution, attention): their
+# meta runs again on the operands as realized, which may be laid out as eager would have them
+# rather than as the graph's metas say (inductor/layout.py), so the wrapper need not copy.
+LAYOUT_DEPENDENT: set = set()
+
+
+def _meta_as_realized(op, meta, args, refs, kwargs, realized):
+    from kiln.meta.symbolic import has_symbols
+    from kiln.meta.tensor_meta import TensorMeta
+    from kiln.ops.registry import META_RULES
+    def as_meta(a, r):
+        if not isinstance(a, TValue):
+            return a
+        if has_symbols(tuple(r.shape) + tuple(r.stride)):
+            raise LookupError("symbolic")
+        return TensorMeta(r.shape, r.stride, a.dtype, a.device)
+    try:
+        metas = [as_meta(a, r) for a, r in zip(args, refs)]
+        kw = {k: as_meta(v, realized[k]) for k, v in kwargs.items()}
+        if any(isinstance(x, (tuple, list)) and any(isinstance(y, TValue) for y in x)
+               for x in list(args) + list(kwargs.values())):
+            return meta  # tensors inside lists: not a layout-dependent op's signature
+        again = META_RULES[op](*metas, **kw)
+    except Exception:  # noqa: BLE001 - the graph's meta stands; ensure_layout keeps it right
+        return meta
+    if tuple(again.shape) != tuple(meta.shape):
+        return meta
+    return meta.with_(stride=again.stride)
+
+
 def extern_rule(ctx, meta, *args, **kwargs):
     """Library ops (mm, bmm ...): realize the operands, call the library from the wrapper."""
+    raw_kwargs = kwargs
     refs, kwargs = _realized(ctx, args, kwargs)
+    if ctx.current_op in LAYOUT_DEPENDENT:
+        meta = _meta_as_realized(ctx.current_op, meta, args, refs, raw_kwargs, kwargs)
     name = ctx.new_name("buf")
     node = ir.Extern(name, ctx.current_op, refs, kwargs, meta.shape, meta.stride, meta.dtype,
                      meta.device, ctx.current_origins)

@@ -23,6 +23,21 @@ def _holds_complex(node) -> bool:
     return any(isinstance(m, TensorMeta) and m.dtype.is_complex for m in flatten_args(vals))
 
 
+def _mark_composite(created, result):
+    """A core op that reduces (layer_norm, softmax ...) allocates its result in eager, which
+    keeps the strides its meta gives (contiguous), unlike an elementwise op's (TensorIterator
+    follows the operands' layout). Its result nodes say so for lowering's layout hint
+    (``inductor/layout.py``)."""
+    from kiln.ops import prims_reductions as R
+    reductions = (R.sum, R.prod, R.amax, R.amin, R.argmax, R.argmin)
+    if not any(n.target in reductions for n in created):
+        return
+    inside = set(map(id, created))
+    for p in flatten_args(result):
+        if isinstance(p, Proxy) and id(p.node) in inside:
+            p.node.meta["layout_from_meta"] = True
+
+
 def decompose(graph: Graph) -> Graph:
     """Replace every core op by its decomposition into prims (prims pass through)."""
     out = Graph(graph.name)
@@ -52,8 +67,10 @@ def decompose(graph: Graph) -> Graph:
                     env[node] = prims.fallback(f"core.{target.name}", *args, **kwargs)
                 continue
             rule = DECOMPOSITIONS[target]
+            first_new = len(out.nodes)
             with out.inherit(origin=_describe(node), source=source):
                 env[node] = rule(*args, **kwargs)
+            _mark_composite(out.nodes[first_new:], env[node])
         elif node.op == OUTPUT:
             result = map_args(node.args[0], lambda n: env[n])
             out.output(result)

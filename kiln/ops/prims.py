@@ -14,6 +14,7 @@ import builtins  # core and prims define ops named sum, any, all, abs: use built
 import torch
 
 from kiln.inductor import lowering as L
+from kiln.inductor import pad_gemm as _pad_gemm
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides, view_strides
 from kiln.ops.registry import LOWERINGS, META_RULES, define
 
@@ -218,7 +219,7 @@ def _mm_meta(a, b):
                       a.requires_grad or b.requires_grad)
 
 
-LOWERINGS[mm] = L.extern_rule
+LOWERINGS[mm] = _pad_gemm.gemm_rule
 
 # bias + a @ b in one library call: the bias rides in the GEMM's epilogue (cuBLASLt, MKL), as
 # in torch's own F.linear, so a linear's result is never re-read just to add its bias
@@ -234,7 +235,7 @@ def _addmm_meta(bias, a, b):
     return out.with_(requires_grad=out.requires_grad or bias.requires_grad)
 
 
-LOWERINGS[addmm] = L.extern_rule
+LOWERINGS[addmm] = _pad_gemm.gemm_rule
 
 
 # Reductions live in their own file; they are all ``prims.<name>``.

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.inductor import lowering as L
+from kiln.inductor import pad_gemm as _pad_gemm
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import LOWERINGS, META_RULES, define
 
@@ -65,7 +66,7 @@ def _bmm_meta(a, b):
     return TensorMeta(shape, contiguous_strides(shape), a.dtype, a.device, a.requires_grad or b.requires_grad)
 
 
-LOWERINGS[bmm] = L.extern_rule
+LOWERINGS[bmm] = _pad_gemm.gemm_rule
 
 
 def _sdpa_eager(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
@@ -97,6 +98,7 @@ def _sdpa_meta(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
 
 
 LOWERINGS[sdpa] = L.extern_rule
+L.LAYOUT_DEPENDENT.add(sdpa)
 
 
 def _sdpa_backward_eager(g, q, k, v, attn_mask=None, is_causal=False, scale=None):
@@ -153,10 +155,43 @@ def _conv_meta(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), g
     if any(s <= 0 for s in shape[2:]):
         raise NNPrimError(f"[meta] prims.conv: output size {list(shape)} is too small")
     grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    if _channels_last(x) or _channels_last(weight):
+        # cuDNN and oneDNN return a channels-last result for a channels-last input or weight
+        # (torch's conv suggest-memory-format rule); promising it spares the wrapper a copy
+        # (ensure_layout still copies where a library answers otherwise). Lowering runs this
+        # again on the operands as realized (lowering.LAYOUT_DEPENDENT).
+        return TensorMeta(shape, _channels_last_strides(shape), x.dtype, x.device, grad)
     return TensorMeta.contiguous(shape, x.dtype, x.device, grad)
 
 
+def _channels_last_strides(shape):
+    n, c, *spatial = shape
+    inner = 1
+    for s in spatial:
+        inner *= s
+    out = [inner * c, 1]
+    step = c
+    for s in reversed(spatial):
+        out.insert(2, step)
+        step *= s
+    return tuple(out)
+
+
+def _channels_last(t) -> bool:
+    """Strides channels-last and not also contiguous (size-1 dims say nothing), as torch's
+    ``suggest_memory_format`` reads a 4-d or 5-d tensor."""
+    if t.ndim not in (4, 5):
+        return False
+    from kiln.meta.symbolic import has_symbols
+    if has_symbols(tuple(t.shape) + tuple(t.stride)):
+        return False
+    cl = _channels_last_strides(t.shape)
+    matches = all(sz == 1 or a == b for sz, a, b in zip(t.shape, t.stride, cl))
+    return matches and not t.is_contiguous()
+
+
 LOWERINGS[conv] = L.extern_rule
+L.LAYOUT_DEPENDENT.add(conv)
 
 
 # ------------------------------------------------------------------ scatter and random

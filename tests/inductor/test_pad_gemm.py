@@ -1,0 +1,107 @@
+"""GEMM operands padded to aligned sizes (inductor/pad_gemm.py): on by default on CUDA only;
+here forced on (``config.pad_gemm="always"``, no size threshold). Values and output strides
+must be eager's; the wrapper shows the padded library call."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.inductor.pad_gemm import padded_size
+from testing import assert_close
+
+FORCE = dict(pad_gemm="always", pad_gemm_min_mnk=0, pad_gemm_min_intensity=0)
+
+
+def _wrapper(fn, *args, **cfg):
+    with kiln.config.patch(**cfg):
+        out = kiln.explain(fn)(*args)
+    return out, "\n".join(str(w) for w in out.wrappers)
+
+
+def test_padded_size():
+    assert [padded_size(n, 8) for n in (1, 7, 8, 9, 50257)] == [1, 8, 8, 16, 50264]
+    assert padded_size(13, 0) == 13
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_with_odd_sizes(dtype, bias):
+    torch.manual_seed(0)
+    w = torch.randn(33, 13, dtype=dtype)  # K = 13, N = 33: both padded
+    b = torch.randn(33, dtype=dtype) if bias else None
+    x = torch.randn(6, 13, dtype=dtype)
+
+    def f(x):
+        return F.linear(x, w, b)
+    out, src = _wrapper(f, x, **FORCE)
+    ref = f(x)
+    assert_close(out.result, ref, dtype)
+    assert out.result.stride() == ref.stride()
+    k2 = 16 if dtype == torch.float32 else 16
+    n2 = 36 if dtype == torch.float32 else 40
+    assert f"({k2}, {n2})" in src, src  # the padded weight, read transposed
+    _, plain = _wrapper(f, x)  # CPU default: not padded
+    assert f"({k2}, {n2})" not in plain
+
+
+def test_padded_product_feeds_a_kernel_and_an_output():
+    """The [:, :N] view of the padded product is read by a fused consumer through its row
+    stride, and returned with contiguous strides, as eager's."""
+    torch.manual_seed(0)
+    a, b = torch.randn(10, 7), torch.randn(7, 21)
+
+    def f(a, b):
+        y = a @ b
+        return torch.relu(y) * 2, y
+    out, src = _wrapper(f, a, b, **FORCE)
+    ref = f(a, b)
+    for o, r in zip(out.result, ref):
+        assert_close(o, r, torch.float32)
+        assert o.stride() == r.stride()
+    assert "(8, 24)" in src, src
+
+
+def test_bmm_with_odd_sizes():
+    torch.manual_seed(0)
+    a, b = torch.randn(3, 5, 9), torch.randn(3, 9, 11)
+    out, src = _wrapper(torch.bmm, a, b, **FORCE)
+    ref = torch.bmm(a, b)
+    assert_close(out.result, ref, torch.float32)
+    assert out.result.stride() == ref.stride()
+    assert "(3, 12, 12)" in src, src
+
+
+def test_compute_bound():
+    from kiln.inductor.pad_gemm import compute_bound
+    assert compute_bound(4096, 50257, 768)  # GPT-2's LM head: 638 multiply-adds per element
+    assert not compute_bound(8, 50257, 768)  # a decode step's: bound by reading the weight
+
+
+def test_aligned_and_small_gemms_are_not_padded():
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 16), torch.randn(16, 24)
+    _, src = _wrapper(torch.mm, a, b, **FORCE)
+    assert "kiln_kernel" not in src, src  # one library call, nothing copied
+    a, b = torch.randn(8, 13), torch.randn(13, 24)
+    _, src = _wrapper(torch.mm, a, b, pad_gemm="always")  # below pad_gemm_min_mnk
+    assert "kiln_kernel" not in src, src
+
+
+def test_training_through_padded_gemms():
+    """Forward and backward GEMMs (x @ W^T, g @ W, g^T @ x) all padded: gradients as eager's."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(13, 33)
+    x = torch.randn(6, 13, requires_grad=True)
+    ref = lin(x).sin().sum()
+    ref.backward()
+    grads = [t.grad.clone() for t in (x, lin.weight, lin.bias)]
+    for t in (x, lin.weight, lin.bias):
+        t.grad = None
+    with kiln.config.patch(**FORCE):
+        kiln.reset()
+        out = kiln.compile(lambda x: lin(x).sin().sum())(x)
+        out.backward()
+    kiln.reset()
+    assert_close(out, ref, torch.float32)
+    for t, g in zip((x, lin.weight, lin.bias), grads):
+        assert_close(t.grad, g, torch.float32)
