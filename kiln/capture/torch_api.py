@@ -97,6 +97,9 @@ def linear(input, weight, bias=None):
 
 
 def square(input):
+    # eager's square is pow(input, 2): a bool squares as int64 (an int exponent promotes it)
+    if input.dtype == torch.bool:
+        input = core.to_dtype(input, torch.int64)
     return core.mul(input, input)
 
 

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from kiln.meta.tensor_meta import TensorMeta
-from kiln.ops.promotion import Promotion, broadcast_shapes, promoted_dtypes
+from kiln.ops.promotion import (Promotion, broadcast_shapes, is_bool, no_kernel, promoted_dtypes,
+                                refuse_dtypes)
 from kiln.ops.registry import META_RULES, define
 
 
@@ -97,6 +98,12 @@ neg, abs, relu, exp, log = (_unary[n] for n in ("neg", "abs", "relu", "exp", "lo
 sqrt, rsqrt, tanh, sigmoid = (_unary[n] for n in ("sqrt", "rsqrt", "tanh", "sigmoid"))
 div, maximum, minimum = _binary["div"], _binary["maximum"], _binary["minimum"]
 mul = _binary["mul"]
+# dtypes eager has no kernel for (capture refuses the call, so torch raises its own error)
+refuse_dtypes(META_RULES, abs, is_bool, lambda d: no_kernel(d, "abs_cpu"))
+refuse_dtypes(META_RULES, neg, is_bool, lambda d: RuntimeError(
+    "[meta] Negation, the `-` operator, on a bool tensor is not supported."))
+refuse_dtypes(META_RULES, relu, is_bool, lambda d: RuntimeError(
+    "[meta] Boolean inputs not supported for relu"))
 eq, ne, lt, le, gt, ge = (_binary[n] for n in ("eq", "ne", "lt", "le", "gt", "ge"))
 
 
