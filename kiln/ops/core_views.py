@@ -215,7 +215,10 @@ def _squeeze_decomp(x, dims=None):
 
 # ------------------------------------------------------------------ contiguous
 def _contiguous_eager(x):
-    return x.contiguous()
+    # core.contiguous is a copy (capture emits it for clone() and where eager copies); x.contiguous()
+    # would return x itself, and a graph output aliasing an input lets a later in-place op (after
+    # a graph break, on the eager backends) write into the caller's tensor
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 contiguous = define("core", "contiguous", _contiguous_eager)
