@@ -75,8 +75,6 @@ def cumsum(input, dim, *, dtype=None, out=None):
 def cumprod(input, dim, *, dtype=None, out=None):
     if out is not None:
         raise Unsupported("cumprod(out=...) is not supported")
-    if torch.is_grad_enabled() and input.meta.requires_grad:
-        raise Unsupported("cumprod of a tensor that requires grad (kiln has no VJP rule for it)")
     return core.cumprod(input, dim, dtype)
 
 

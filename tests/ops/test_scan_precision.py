@@ -85,3 +85,17 @@ def test_cumprod_dtypes_match_eager(dtype):
     assert got.dtype == ref.dtype
     torch.testing.assert_close(got, ref)
     assert core.cumprod is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cumprod_grad_matches_eager_with_zeros(dtype):
+    fn = lambda x: torch.cumprod(x, 1).sum() * 3  # noqa: E731
+    x = torch.randn(3, 9).to(dtype)
+    x[0, 2] = 0.0
+    x[1, 4] = x[1, 7] = 0.0
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    fn(a).backward()
+    kiln.compile(fn)(b).backward()
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(b.grad, a.grad, rtol=rtol * 2, atol=atol * 2)
+    assert kiln.stats()["graph_breaks"] == 0 and kiln.stats()["fallbacks"] == 0
