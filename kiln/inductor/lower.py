@@ -141,9 +141,10 @@ def lower(graph: Graph) -> ir.LoopProgram:
                 ctx.realize(value)
         elif node.op == OUTPUT:
             outputs = []
-            for v in map_args(node.args[0], lambda n: env[n]):
+            wanted = getattr(graph, "output_strides", None) or ()
+            for i, v in enumerate(map_args(node.args[0], lambda n: env[n])):
                 if isinstance(v, TValue):
-                    outputs.append(ctx.realize(v))
+                    outputs.append(_realize_output(ctx, v, wanted[i] if i < len(wanted) else None))
                 else:
                     outputs.append(v)
     program = ir.LoopProgram(inputs, ctx.buffers, tuple(outputs), device, ctx.seed)
@@ -156,6 +157,26 @@ def lower(graph: Graph) -> ir.LoopProgram:
         program.symbol_reads = {sym: (names[i], kind, d) for sym, (i, kind, d)
                                 in symbol_reads([n.meta["val"] for n in graph.placeholders]).items()}
     return program
+
+
+def _realize_output(ctx, value: TValue, stride) -> ir.TensorRef:
+    """A graph output in memory with eager's strides (``stride``, from the captured graph's
+    metas; None: contiguous). A value already in a buffer laid out otherwise (a view, a
+    library result) is copied into one laid out so: a later ``as_strided`` or layout-dependent
+    view of the result must read what eager's would."""
+    if stride is not None and not (all(isinstance(s, int) for s in stride)
+                                   and all(isinstance(n, int) for n in value.shape)
+                                   and len(stride) == len(value.shape)):
+        stride = None  # symbolic: contiguous, as before
+    if value.ref is not None:
+        if stride is None or _same_layout(value.shape, value.ref.stride, stride):
+            return value.ref
+        value = TValue(value.shape, value.dtype, value.device, value.loader, None, value.origins)
+    return ctx.realize(value, stride)
+
+
+def _same_layout(shape, a, b) -> bool:
+    return all(n == 1 or sympy.sympify(x) == y for n, x, y in zip(shape, a, b))
 
 
 def _arg_symbols(graph: Graph) -> set:

@@ -11,6 +11,7 @@ import builtins  # core and prims define ops named sum, any, all, abs: use built
 import torch
 import torch.nn.functional as F
 
+from kiln.meta.strides import pointwise_strides, preserve_strides
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops.promotion import (Promotion, broadcast_shapes, is_bool, no_kernel, promoted_dtypes,
                                 refuse_dtypes)
@@ -48,7 +49,8 @@ def elementwise_meta(name, kind: Promotion):
         shape = broadcast_shapes(*(t.shape for t in ts))
         _, result = promoted_dtypes(args, kind)
         grad = result.is_floating_point and builtins.any(t.requires_grad for t in ts)
-        return TensorMeta.contiguous(shape, result, _device_of(ts), grad)
+        # eager's layout: dense, in the operands' stride order (channels-last stays so)
+        return TensorMeta(shape, pointwise_strides(shape, ts), result, _device_of(ts), grad)
     return rule
 
 
@@ -133,7 +135,7 @@ def _where_meta(cond, a, b):
     shape = broadcast_shapes(*(t.shape for t in ts))
     _, result = promoted_dtypes((a, b), Promotion.DEFAULT)
     grad = builtins.any(t.requires_grad for t in _tensor_metas((a, b)))
-    return TensorMeta.contiguous(shape, result, _device_of(ts), grad)
+    return TensorMeta(shape, pointwise_strides(shape, ts), result, _device_of(ts), grad)
 
 
 def _to_dtype_eager(x, dtype):
@@ -145,7 +147,8 @@ to_dtype = _core("to_dtype", _to_dtype_eager)
 
 @META_RULES.register(to_dtype)
 def _to_dtype_meta(x, dtype):
-    return TensorMeta.contiguous(x.shape, dtype, x.device, x.requires_grad and dtype.is_floating_point)
+    # x.to(dtype) keeps x's layout (torch.preserve_format)
+    return TensorMeta(x.shape, preserve_strides(x), dtype, x.device, x.requires_grad and dtype.is_floating_point)
 
 
 # ------------------------------------------------------------------ library-backed
