@@ -41,6 +41,8 @@ CASES = {
     "amax_channels_last": (lambda x: x.amax(1), lambda: (cl(2, 3, 4, 5),)),
     "repeat": (lambda x: x.repeat(2, 3), lambda: (torch.randn(3, 4),)),
     "repeat_new_dims": (lambda x: x.repeat(2, 1, 1, 3), lambda: (torch.randn(1, 4, 1),)),
+    "repeat_of_expanded": (lambda x: x.repeat(3, 1), lambda: (torch.randn(1, 4).expand(2, 4),)),
+    "repeat_ones_of_transposed": (lambda x: x.repeat(1, 1), lambda: (tr(3, 4),)),
     "repeat_channels_last": (lambda x: x.repeat(1, 2, 1, 1), lambda: (cl(2, 3, 4, 5),)),
     "repeat_transposed": (lambda x: (x * 2).repeat(2, 2), lambda: (tr(3, 4),)),
     "expand_contiguous": (lambda x: x.expand(3, 4).contiguous(), lambda: (torch.randn(3, 1),)),
