@@ -20,6 +20,7 @@ from kiln.config import config
 from kiln.context import run_pass
 from kiln.graph import cse, dce, verify
 from kiln.graph.graph import Graph
+from kiln.graph.node import Node
 from kiln.meta.propagate import propagate_meta
 from kiln.ops.decompose import decompose
 
@@ -38,12 +39,31 @@ class EagerGraph:
     extern_count = 0
     wrapper_source = None
 
-    def __init__(self, graph: Graph, why: str):
+    def __init__(self, graph: Graph, why: str, strides=None):
         self.graph = graph
         self.why = why
+        self.strides = strides  # eager's output strides, where the prims' eager forms differ
 
     def __call__(self, *inputs):
-        return self.graph.run(*inputs)
+        outs = self.graph.run(*inputs)
+        if not self.strides:
+            return outs
+        return tuple(_restrided(o, s) for o, s in zip(outs, self.strides)) + tuple(outs[len(self.strides):])
+
+
+def _restrided(t, stride):
+    if not isinstance(t, torch.Tensor) or stride is None or len(stride) != t.dim() or \
+            not all(isinstance(s, int) for s in stride) or \
+            all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), stride)):
+        return t
+    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def output_strides(graph: Graph):
+    """The strides the captured graph's metas give its tensor outputs (None for other values)."""
+    out = graph.output_node.args[0]
+    return [tuple(o.meta["val"].stride) if isinstance(o, Node) and hasattr(o.meta.get("val"), "stride")
+            else None for o in out]
 
 
 class CompiledGraph:
@@ -116,10 +136,13 @@ def _compile_graph(graph: Graph, backend: str):
     prims_graph = _stage("decomp", decompose, graph)
     prims_graph = _stage("decomp", dce, prims_graph)
     prims_graph = _stage("decomp", cse, prims_graph)
+    # eager's strides for the outputs, from the captured graph's metas: lowering allocates
+    # them so (the prims' own metas are contiguous)
+    prims_graph.output_strides = output_strides(graph)
     if config.verify:
         _stage("decomp", verify, prims_graph, ("prims",), name="verify_prims")
     if backend == "aot_eager":
-        return EagerGraph(prims_graph, "backend='aot_eager'")
+        return EagerGraph(prims_graph, "backend='aot_eager'", prims_graph.output_strides)
     if backend != "kiln":
         raise ValueError(f"unknown backend {backend!r}; expected 'eager', 'aot_eager' or 'kiln'")
     return compile_prims_graph(prims_graph)

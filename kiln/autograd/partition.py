@@ -45,7 +45,7 @@ RECOMPUTABLE = {
     core.sqrt, core.rsqrt, core.tanh, core.sigmoid, core.maximum, core.minimum, core.where,
     core.to_dtype, core.eq, core.ne, core.lt, core.le, core.gt, core.ge,
     core.reshape, core.permute, core.transpose, core.expand, core.unsqueeze, core.squeeze,
-    core.contiguous,
+    core.contiguous, core.clone,
     # core_elementwise_more: pointwise, they fuse
     core.floor, core.ceil, core.trunc, core.round, core.sign, core.reciprocal, core.exp2,
     core.expm1, core.log2, core.log10, core.log1p, core.sin, core.cos, core.erf, core.isnan,

@@ -234,7 +234,7 @@ def expand_vjp(g, out, x, shape):
     return sum_to_shape(g, tuple(x.shape)), None
 
 
-@VJP_RULES.register(core.contiguous)
+@VJP_RULES.register(core.contiguous, core.clone)
 def contiguous_vjp(g, out, x):
     return (g,)
 

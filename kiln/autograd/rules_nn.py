@@ -375,9 +375,22 @@ def sdpa_vjp(g, out, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sc
             packed = core.sdpa_backward(g, q, k, v, attn_mask, is_causal, scale)
             gq, gk, gv = (core.select(packed, 0, i) for i in range(3))
         return gq, gk, gv, None, None, None, None
+    return _sdpa_recomputed_vjp(g, q, k, v, attn_mask, is_causal, scale)
+
+
+def _sdpa_recomputed_vjp(g, q, k, v, attn_mask, is_causal, scale):
+    """The decomposed attention backward. fp16/bf16 run in fp32 and round once: torch's fused
+    and math kernels accumulate in fp32, and per-op rounding of the recomputed probabilities
+    and of ``ds`` (which is also a float mask's gradient, summed over the dims the mask
+    broadcasts along) drifted 2-3x further from the fp32 reference than eager."""
+    low = q.dtype in (torch.float16, torch.bfloat16)
+    up = (lambda t: core.to_dtype(t, torch.float32) if is_tensor(t) and t.dtype != torch.float32
+          and t.dtype.is_floating_point else t) if low else (lambda t: t)
+    back = (lambda t, like: core.to_dtype(t, like.dtype) if t.dtype != like.dtype else t)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     with in_backward(g):  # recompute the probabilities here, as flash attention does
-        s = core.mul(core.matmul(q, _mT(k)), float(scale))
+        q32, k32, v32, g32, m32 = (up(t) for t in (q, k, v, g, attn_mask))
+        s = core.mul(core.matmul(q32, _mT(k32)), float(scale))
         n_q, n_k = q.shape[-2], k.shape[-2]
         if is_causal:
             rows = core.reshape(core.iota(g, n_q), (n_q, 1))
@@ -387,14 +400,18 @@ def sdpa_vjp(g, out, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sc
             if attn_mask.dtype == torch.bool:
                 s = core.where(attn_mask, s, -math.inf)
             else:
-                s = core.add(s, attn_mask)
+                s = core.add(s, m32)
         p = core.softmax(s, -1)
-        gv = core.matmul(_mT(p), g)
-        dp = core.matmul(g, _mT(v))
+        gv = core.matmul(_mT(p), g32)
+        dp = core.matmul(g32, _mT(v32))
         ds = core.mul(p, core.sub(dp, core.sum(core.mul(dp, p), (-1,), True)))
-        gq = core.mul(core.matmul(ds, k), float(scale))
-        gk = core.mul(core.matmul(_mT(ds), q), float(scale))
-    gmask = ds if is_tensor(attn_mask) and attn_mask.dtype.is_floating_point else None
+        gq = core.mul(core.matmul(ds, k32), float(scale))
+        gk = core.mul(core.matmul(_mT(ds), q32), float(scale))
+        gq, gk, gv = back(gq, q), back(gk, k), back(gv, v)
+    gmask = None
+    if is_tensor(attn_mask) and attn_mask.dtype.is_floating_point:
+        with in_backward(g):  # summed over the broadcast dims in fp32, then rounded once
+            gmask = back(sum_to_shape(ds, tuple(attn_mask.shape)), attn_mask)
     return gq, gk, gv, gmask, None, None, None
 
 

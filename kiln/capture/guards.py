@@ -126,8 +126,13 @@ def _const_check(value) -> str:
         return f"{{}} == torch.device({str(value)!r})"
     if isinstance(value, float) and math.isnan(value):
         return "type({}) is float and {} != {}"
+    if isinstance(value, float) and value == 0.0:
+        # 0.0 == -0.0: the sign tells them apart (x / -0.0 is -inf), read off the printed form
+        return f"type({{}}) is float and {{}} == 0.0 and str({{}}) == {str(value)!r}"
     if isinstance(value, float) and math.isinf(value):
         return f"type({{}}) is float and {{}} == float({str(value)!r})"
+    if isinstance(value, tuple) and any(isinstance(v, float) and v == 0.0 for v in value):
+        return f"type({{}}) is tuple and repr({{}}) == {repr(value)!r}"  # keeps -0.0's sign
     return f"type({{}}) is {type(value).__name__} and {{}} == {value!r}"
 
 

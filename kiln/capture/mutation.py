@@ -154,7 +154,7 @@ ALWAYS_CONTIGUOUS = frozenset(getattr(core, n) for n in (
 LAYOUT_FOLLOWING = frozenset(getattr(core, n) for n in (
     "add", "sub", "mul", "div", "neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt", "tanh",
     "sigmoid", "maximum", "minimum", "where", "to_dtype", "eq", "ne", "lt", "le", "gt", "ge",
-    "contiguous", "floor", "ceil", "trunc", "round", "sign", "reciprocal", "exp2", "expm1",
+    "contiguous", "clone", "floor", "ceil", "trunc", "round", "sign", "reciprocal", "exp2", "expm1",
     "log2", "log10", "log1p", "sin", "cos", "erf", "isnan", "isinf", "isfinite", "logical_not",
     "logical_and", "logical_or", "logical_xor", "pow", "fmod", "remainder", "clamp", "lerp",
     "addcmul", "addcdiv", "masked_fill", "nan_to_num", "gelu", "silu", "hardtanh", "leaky_relu",

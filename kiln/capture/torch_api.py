@@ -97,6 +97,9 @@ def linear(input, weight, bias=None):
 
 
 def square(input):
+    # eager's square is pow(input, 2): a bool squares as int64 (an int exponent promotes it)
+    if input.dtype == torch.bool:
+        input = core.to_dtype(input, torch.int64)
     return core.mul(input, input)
 
 
@@ -152,9 +155,11 @@ def size(self, dim=None):
 
 
 def contiguous(self, memory_format=None):
-    # Every core op produces a contiguous result; inputs keep their strides, which only
-    # changes the layout, not the values, of what a later op reads.
-    return self
+    # eager returns the tensor itself when it is contiguous, else a contiguous copy (a graph
+    # output must have eager's strides); capture's mutation tracking handles inputs
+    if memory_format not in (None, torch.contiguous_format):
+        raise Unsupported(f"Tensor.contiguous(memory_format={memory_format}) is not supported")
+    return self if self.meta.is_contiguous() else core.contiguous(self)
 
 
 TORCH_FUNCTIONS = {

@@ -259,7 +259,11 @@ def _relu(input):
 
 
 def clone(input, *, memory_format=None):
-    return core.contiguous(input)
+    if memory_format is torch.contiguous_format:
+        return core.contiguous(input)
+    if memory_format not in (None, torch.preserve_format):
+        raise Unsupported(f"clone(memory_format={memory_format}) is not supported")
+    return core.clone(input)
 
 
 def detach(input):

@@ -78,8 +78,12 @@ def dropout(input, p=0.5, training=True, inplace=False):
         return input
     if inplace:
         raise Unsupported("dropout(inplace=True) in training mode mutates its input")
-    if p == 1:
-        return core.mul(input, 0.0)
+    floating = input.dtype.is_floating_point or input.dtype.is_complex
+    if p == 1:  # zeros of the input's dtype
+        return core.mul(input, 0.0) if floating else core.full(tuple(input.shape), 0, input.dtype, input.device)
+    if not floating:  # eager scales by 1/(1-p) in place: a float cannot be cast back
+        raise RuntimeError(f"[meta] dropout: result type Float can't be cast to the desired output "
+                           f"type {input.dtype}")
     # In core ops, so autograd sees the mask: a random op is never recomputed, so the backward
     # uses the very mask the forward drew.
     keep = core.ge(core.rand(tuple(input.shape), torch.float32, input.device), float(p))

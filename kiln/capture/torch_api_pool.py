@@ -72,6 +72,12 @@ def cumsum(input, dim, *, dtype=None, out=None):
     return core.cumsum(input, dim, dtype)
 
 
+def cumprod(input, dim, *, dtype=None, out=None):
+    if out is not None:
+        raise Unsupported("cumprod(out=...) is not supported")
+    return core.cumprod(input, dim, dtype)
+
+
 def _dims(dim):
     return None if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
 
@@ -104,7 +110,7 @@ FUNCTIONS = {
     F.max_pool2d: max_pool2d, torch.max_pool2d: max_pool2d,
     F.avg_pool2d: avg_pool2d,
     F.adaptive_avg_pool2d: adaptive_avg_pool2d, F.interpolate: interpolate,
-    torch.cumsum: cumsum, torch.norm: norm, torch.linalg.vector_norm: vector_norm,
+    torch.cumsum: cumsum, torch.cumprod: cumprod, torch.norm: norm, torch.linalg.vector_norm: vector_norm,
 }
 
-METHODS = {"cumsum": cumsum, "norm": norm}
+METHODS = {"cumsum": cumsum, "cumprod": cumprod, "norm": norm}

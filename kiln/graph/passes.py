@@ -1,6 +1,8 @@
 """Graph -> Graph passes: dead-code elimination and common-subexpression elimination."""
 from __future__ import annotations
 
+import math
+
 from kiln.graph.graph import Graph
 from kiln.graph.node import CALL, GET_ATTR, Node
 
@@ -22,6 +24,8 @@ def _key(obj):
         return ("dict",) + tuple((k, _key(v)) for k, v in sorted(obj.items()))
     if isinstance(obj, float) and obj != obj:
         return ("nan",)
+    if isinstance(obj, float) and obj == 0.0:
+        return ("zero", math.copysign(1.0, obj))  # 0.0 == -0.0, but x / 0.0 != x / -0.0
     return (type(obj).__name__, obj)
 
 

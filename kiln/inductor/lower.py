@@ -165,9 +165,14 @@ def lower(graph: Graph) -> ir.LoopProgram:
                 ctx.realize(value)
         elif node.op == OUTPUT:
             outputs = []
-            for n, v in zip(node.args[0], map_args(node.args[0], lambda n: env[n])):
+            wanted = getattr(graph, "output_strides", None) or ()
+            for i, (n, v) in enumerate(zip(node.args[0], map_args(node.args[0], lambda n: env[n]))):
                 if isinstance(v, TValue):
-                    outputs.append(_output_ref(ctx, v, meta_of(n) if hasattr(n, "meta") else None))
+                    stride = wanted[i] if i < len(wanted) else None
+                    if stride is None:  # what a later graph (the backward) was compiled against
+                        meta = meta_of(n) if hasattr(n, "meta") else None
+                        stride = tuple(meta.stride) if isinstance(meta, TensorMeta) else None
+                    outputs.append(_realize_output(ctx, v, stride))
                 else:
                     outputs.append(v)
     program = ir.LoopProgram(inputs, ctx.buffers, tuple(outputs), device, ctx.seed)
@@ -182,20 +187,28 @@ def lower(graph: Graph) -> ir.LoopProgram:
     return program
 
 
-def _output_ref(ctx, value: TValue, meta) -> ir.TensorRef:
-    """A graph output keeps the strides kiln's meta promised for it: a later graph (the
-    backward, which reads saved tensors) was compiled against them. A value stored otherwise
-    (the layout eager would give it, for a library call that read it: inductor/layout.py) is
-    copied out once more."""
-    if value.ref is None:
-        return ctx.realize(value, None if value.layout is None else contiguous_strides(value.shape))
-    if not isinstance(meta, TensorMeta) or has_symbols(tuple(meta.shape) + tuple(meta.stride)) \
-            or has_symbols(tuple(value.ref.stride)):
-        return value.ref
-    if all(sz == 1 or a == b for sz, a, b in zip(value.ref.shape, value.ref.stride, meta.stride)):
-        return value.ref
-    copy = TValue(value.shape, value.dtype, value.device, value.loader, origins=value.origins)
-    return ctx.realize(copy, contiguous_strides(value.shape) if meta.is_contiguous() else meta.stride)
+def _realize_output(ctx, value: TValue, stride) -> ir.TensorRef:
+    """A graph output in memory with the strides promised for it: eager's, from the captured
+    graph's metas, for the user's outputs (a later ``as_strided`` or layout-dependent view of
+    the result must read what eager's would); the meta's for the rest (a later graph, the
+    backward reading saved tensors, was compiled against them). A value already in a buffer
+    laid out otherwise (a view, a library result, a value stored in the layout eager would give
+    it for a library call: inductor/layout.py) is copied into one laid out so."""
+    if stride is not None and not (all(isinstance(s, int) for s in stride)
+                                   and all(isinstance(n, int) for n in value.shape)
+                                   and len(stride) == len(value.shape)):
+        stride = None  # symbolic: contiguous, as before
+    if value.ref is not None:
+        if stride is None or _same_layout(value.shape, value.ref.stride, stride):
+            return value.ref
+        value = TValue(value.shape, value.dtype, value.device, value.loader, None, value.origins)
+    if stride is None and value.layout is not None:
+        stride = contiguous_strides(value.shape)
+    return ctx.realize(value, stride)
+
+
+def _same_layout(shape, a, b) -> bool:
+    return all(n == 1 or sympy.sympify(x) == y for n, x, y in zip(shape, a, b))
 
 
 def _arg_symbols(graph: Graph) -> set:

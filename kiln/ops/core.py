@@ -11,8 +11,10 @@ import builtins  # core and prims define ops named sum, any, all, abs: use built
 import torch
 import torch.nn.functional as F
 
+from kiln.meta.strides import pointwise_strides, preserve_strides
 from kiln.meta.tensor_meta import TensorMeta, WrappedNumberMeta
-from kiln.ops.promotion import Promotion, broadcast_shapes, promoted_dtypes
+from kiln.ops.promotion import (Promotion, broadcast_shapes, is_bool, no_kernel, promoted_dtypes,
+                                refuse_dtypes)
 from kiln.ops.registry import META_RULES, define
 
 
@@ -47,7 +49,8 @@ def elementwise_meta(name, kind: Promotion):
         shape = broadcast_shapes(*(t.shape for t in ts))
         _, result = promoted_dtypes(args, kind)
         grad = result.is_floating_point and builtins.any(t.requires_grad for t in ts)
-        meta = TensorMeta.contiguous(shape, result, _device_of(ts), grad)
+        # eager's layout: dense, in the operands' stride order (channels-last stays so)
+        meta = TensorMeta(shape, pointwise_strides(shape, ts), result, _device_of(ts), grad)
         if builtins.all(type(t) is WrappedNumberMeta for t in ts):  # arithmetic on Python floats
             meta = WrappedNumberMeta.like(meta)
         return meta
@@ -100,6 +103,12 @@ neg, abs, relu, exp, log = (_unary[n] for n in ("neg", "abs", "relu", "exp", "lo
 sqrt, rsqrt, tanh, sigmoid = (_unary[n] for n in ("sqrt", "rsqrt", "tanh", "sigmoid"))
 div, maximum, minimum = _binary["div"], _binary["maximum"], _binary["minimum"]
 mul = _binary["mul"]
+# dtypes eager has no kernel for (capture refuses the call, so torch raises its own error)
+refuse_dtypes(META_RULES, abs, is_bool, lambda d: no_kernel(d, "abs_cpu"))
+refuse_dtypes(META_RULES, neg, is_bool, lambda d: RuntimeError(
+    "[meta] Negation, the `-` operator, on a bool tensor is not supported."))
+refuse_dtypes(META_RULES, relu, is_bool, lambda d: RuntimeError(
+    "[meta] Boolean inputs not supported for relu"))
 eq, ne, lt, le, gt, ge = (_binary[n] for n in ("eq", "ne", "lt", "le", "gt", "ge"))
 
 
@@ -129,7 +138,7 @@ def _where_meta(cond, a, b):
     shape = broadcast_shapes(*(t.shape for t in ts))
     _, result = promoted_dtypes((a, b), Promotion.DEFAULT)
     grad = builtins.any(t.requires_grad for t in _tensor_metas((a, b)))
-    return TensorMeta.contiguous(shape, result, _device_of(ts), grad)
+    return TensorMeta(shape, pointwise_strides(shape, ts), result, _device_of(ts), grad)
 
 
 def _to_dtype_eager(x, dtype):
@@ -141,7 +150,8 @@ to_dtype = _core("to_dtype", _to_dtype_eager)
 
 @META_RULES.register(to_dtype)
 def _to_dtype_meta(x, dtype):
-    return TensorMeta.contiguous(x.shape, dtype, x.device, x.requires_grad and dtype.is_floating_point)
+    # x.to(dtype) keeps x's layout (torch.preserve_format)
+    return TensorMeta(x.shape, preserve_strides(x), dtype, x.device, x.requires_grad and dtype.is_floating_point)
 
 
 # ------------------------------------------------------------------ library-backed

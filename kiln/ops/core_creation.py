@@ -13,6 +13,7 @@ import torch
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import prims
 from kiln.ops.prim_utils import to_dtype
+from kiln.ops.promotion import no_kernel
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
 
 __all__ = ["full", "arange", "linspace", "eye", "randn", "randint"]
@@ -113,7 +114,13 @@ def _randn_eager(shape, dtype, device):
 
 
 randn = define("core", "randn", _randn_eager, random=True)
-META_RULES[randn] = lambda shape, dtype, device: TensorMeta.contiguous(tuple(shape), dtype, _device(device))
+
+
+@META_RULES.register(randn)
+def _randn_meta(shape, dtype, device):
+    if not dtype.is_floating_point:
+        raise no_kernel(dtype, "normal_kernel_cpu")  # eager draws floats only
+    return TensorMeta.contiguous(tuple(shape), dtype, _device(device))
 
 
 @DECOMPOSITIONS.register(randn)

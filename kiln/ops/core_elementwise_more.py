@@ -18,7 +18,8 @@ from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import prims
 from kiln.ops import prims_more as pm
 from kiln.ops.prim_utils import broadcast_to, to_dtype
-from kiln.ops.promotion import Promotion, broadcast_shapes, promoted_dtypes, scalar_for
+from kiln.ops.promotion import (Promotion, broadcast_shapes, is_bool, no_kernel, not_float,
+                                promoted_dtypes, refuse_dtypes, scalar_for)
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
 
 __all__ = ["floor", "ceil", "trunc", "round", "sign", "reciprocal", "exp2", "expm1", "log2",
@@ -102,6 +103,7 @@ trunc = _core("trunc", torch.trunc)
 for _op, _prim in ((floor, pm.floor), (ceil, pm.ceil), (trunc, pm.trunc)):
     META_RULES[_op] = _meta_of(_op.name, Promotion.DEFAULT)
     DECOMPOSITIONS[_op] = _rounding(_prim)
+    refuse_dtypes(META_RULES, _op, is_bool, (lambda k: lambda d: no_kernel(d, k))(f"{_op.name}_vml_cpu"))
 
 
 def _device_type(x):
@@ -114,6 +116,7 @@ def _round_eager(x, decimals=0):
 
 round = _core("round", _round_eager)
 META_RULES[round] = _meta_of("round", Promotion.DEFAULT, 1)
+refuse_dtypes(META_RULES, round, is_bool, lambda d: no_kernel(d, "round_vml_cpu"))
 
 
 @DECOMPOSITIONS.register(round)
@@ -554,9 +557,11 @@ def _nan_to_num_decomp(x, nan=0.0, posinf=None, neginf=None):
 
 
 # ------------------------------------------------------------------ activations
-def _activation(name, eager, n_attrs=0):
+def _activation(name, eager, n_attrs=0, floats_only=True):
     op = _core(name, eager)
     META_RULES[op] = _meta_of(name, Promotion.DEFAULT, 1)
+    if floats_only:  # eager's activation kernels exist for floating types only
+        refuse_dtypes(META_RULES, op, not_float, lambda d: no_kernel(d, f"{name}_cpu"))
     return op
 
 
@@ -591,9 +596,28 @@ def _gelu_decomp(x, approximate="none"):
 silu = _activation("silu", F.silu)
 DECOMPOSITIONS[silu] = _in_opmath(lambda x: prims.mul(x, prims.sigmoid(x)))
 
-hardtanh = _activation("hardtanh", lambda x, min_val=-1.0, max_val=1.0: F.hardtanh(x, min_val, max_val))
-DECOMPOSITIONS[hardtanh] = _in_opmath(
+hardtanh = _activation("hardtanh", lambda x, min_val=-1.0, max_val=1.0: F.hardtanh(x, min_val, max_val),
+                       floats_only=False)  # eager clamps integers too (bools it refuses)
+refuse_dtypes(META_RULES, hardtanh, is_bool, lambda d: RuntimeError(
+    "[meta] Bool inputs not supported for hardtanh"))
+_hardtanh_meta = META_RULES[hardtanh]
+
+
+@META_RULES.register(hardtanh)
+def _hardtanh_unsigned(x, min_val=-1.0, max_val=1.0):
+    if x.dtype == torch.uint8 and (min_val < 0 or max_val < 0):
+        raise RuntimeError("[meta] cannot do hardtanh on an unsigned type with negative limits")
+    return _hardtanh_meta(x, min_val, max_val)
+_hardtanh_float = _in_opmath(
     lambda x, min_val=-1.0, max_val=1.0: prims.minimum(prims.maximum(x, float(min_val)), float(max_val)))
+
+
+@DECOMPOSITIONS.register(hardtanh)
+def _hardtanh_decomp(x, min_val=-1.0, max_val=1.0):
+    if x.dtype.is_floating_point:
+        return _hardtanh_float(x, min_val, max_val)
+    # integers clamp to the bounds cast to the tensor's type (as eager's integer kernel)
+    return prims.minimum(prims.maximum(x, scalar_for(min_val, x.dtype)), scalar_for(max_val, x.dtype))
 
 leaky_relu = _activation("leaky_relu", lambda x, negative_slope=0.01: F.leaky_relu(x, negative_slope))
 DECOMPOSITIONS[leaky_relu] = _in_opmath(

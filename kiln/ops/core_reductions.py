@@ -171,7 +171,7 @@ def _any_eager(x, dims=None, keepdim=False):
     out = x.bool()
     for d in sorted(dims, reverse=True):
         out = torch.any(out, dim=d, keepdim=keepdim)
-    return out
+    return out.to(torch.uint8) if x.dtype == torch.uint8 else out
 
 
 def _all_eager(x, dims=None, keepdim=False):
@@ -179,18 +179,23 @@ def _all_eager(x, dims=None, keepdim=False):
     out = x.bool()
     for d in sorted(dims, reverse=True):
         out = torch.all(out, dim=d, keepdim=keepdim)
-    return out
+    return out.to(torch.uint8) if x.dtype == torch.uint8 else out
 
 
 any = define("core", "any", _any_eager)
 all = define("core", "all", _all_eager)
-META_RULES[any] = _meta("any", lambda d, dt: torch.bool)
-META_RULES[all] = _meta("all", lambda d, dt: torch.bool)
+# eager's any/all return uint8 for a uint8 input (numpy's old convention), bool otherwise
+META_RULES[any] = _meta("any", lambda d, dt: torch.uint8 if d == torch.uint8 else torch.bool)
+META_RULES[all] = _meta("all", lambda d, dt: torch.uint8 if d == torch.uint8 else torch.bool)
 
 
 @DECOMPOSITIONS.register(any)
 def _any_decomp(x, dims=None, keepdim=False):
-    return _bool_reduce(prims.amax, x, _reduce_dims(x, dims, "any"), keepdim, False)
+    return _uint8_like(x, _bool_reduce(prims.amax, x, _reduce_dims(x, dims, "any"), keepdim, False))
+
+
+def _uint8_like(x, out):
+    return to_dtype(out, torch.uint8) if x.dtype == torch.uint8 else out
 
 
 def _bool_reduce(prim, x, dims, keepdim, identity):
@@ -203,7 +208,7 @@ def _bool_reduce(prim, x, dims, keepdim, identity):
 
 @DECOMPOSITIONS.register(all)
 def _all_decomp(x, dims=None, keepdim=False):
-    return _bool_reduce(prims.amin, x, _reduce_dims(x, dims, "all"), keepdim, True)
+    return _uint8_like(x, _bool_reduce(prims.amin, x, _reduce_dims(x, dims, "all"), keepdim, True))
 
 
 # ------------------------------------------------------------------ argmax / argmin / max(dim)

@@ -20,7 +20,7 @@ from kiln.ops.core_views import normalize_dim
 from kiln.ops.prim_utils import to_dtype
 from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, VJP_RULES, define
 
-__all__ = ["cumsum", "norm"]
+__all__ = ["cumsum", "cumprod", "cumprod_backward", "norm"]
 
 
 class ScanError(TypeError):
@@ -48,15 +48,70 @@ def _cumsum_meta(x, dim, dtype=None):
     return TensorMeta.contiguous(x.shape, out, x.device, x.requires_grad and out.is_floating_point)
 
 
-@DECOMPOSITIONS.register(cumsum)
-def _cumsum_decomp(x, dim, dtype=None):
-    return prim_cumsum(to_dtype(x, _scan_dtype(x.dtype, dtype)), normalize_dim(dim, x.ndim, "cumsum"))
+def _scan_decomp(prim, name):
+    """A scan in its result dtype, carried in fp32 for fp16/bf16 (eager's CPU kernels carry the
+    running value in fp32; its CUDA kernels carry it in the half type, which drifts over long
+    scans: a 100k-element fp16 cumprod was off by 6.5 from the fp32 reference), rounded once."""
+    def decomp(x, dim, dtype=None):
+        out = _scan_dtype(x.dtype, dtype)
+        acc = _accum_dtype(out)
+        scanned = prim(to_dtype(to_dtype(x, out), acc), normalize_dim(dim, x.ndim, name))
+        return to_dtype(scanned, out)
+    return decomp
 
 
 prim_cumsum = define("prims", "cumsum", lambda x, dim: torch.cumsum(x, dim), library=True,
                      doc="inclusive prefix sum along dim, called through torch")
 META_RULES[prim_cumsum] = lambda x, dim: TensorMeta.contiguous(x.shape, x.dtype, x.device, x.requires_grad)
 LOWERINGS[prim_cumsum] = L.extern_rule
+DECOMPOSITIONS[cumsum] = _scan_decomp(prim_cumsum, "cumsum")
+
+
+# ------------------------------------------------------------------ cumprod
+def _cumprod_eager(x, dim, dtype=None):
+    return torch.cumprod(x, dim, dtype=dtype)
+
+
+cumprod = define("core", "cumprod", _cumprod_eager)
+
+
+@META_RULES.register(cumprod)
+def _cumprod_meta(x, dim, dtype=None):
+    normalize_dim(dim, x.ndim, "cumprod")
+    out = _scan_dtype(x.dtype, dtype)
+    return TensorMeta.contiguous(x.shape, out, x.device, x.requires_grad and out.is_floating_point)
+
+
+prim_cumprod = define("prims", "cumprod", lambda x, dim: torch.cumprod(x, dim), library=True,
+                      doc="inclusive prefix product along dim, called through torch")
+META_RULES[prim_cumprod] = lambda x, dim: TensorMeta.contiguous(x.shape, x.dtype, x.device, x.requires_grad)
+LOWERINGS[prim_cumprod] = L.extern_rule
+DECOMPOSITIONS[cumprod] = _scan_decomp(prim_cumprod, "cumprod")
+
+
+def _cumprod_backward_eager(g, x, dim):
+    """torch's own gradient of cumprod (its rule handles zeros in x, which dividing the
+    reversed cumsum of g * out by x does not), through autograd on a recomputed forward."""
+    with torch.enable_grad():
+        xx = x.detach().requires_grad_()
+        return torch.autograd.grad(torch.cumprod(xx, dim), xx, g)[0]
+
+
+cumprod_backward = define("core", "cumprod_backward", _cumprod_backward_eager)
+prim_cumprod_backward = define("prims", "cumprod_backward", _cumprod_backward_eager, library=True)
+for _op in (cumprod_backward, prim_cumprod_backward):
+    META_RULES[_op] = lambda g, x, dim: TensorMeta.contiguous(x.shape, x.dtype, x.device, False)
+LOWERINGS[prim_cumprod_backward] = L.extern_rule
+DECOMPOSITIONS[cumprod_backward] = prim_cumprod_backward
+
+
+@VJP_RULES.register(cumprod)
+def _cumprod_vjp(g, out, x, dim, dtype=None):
+    from kiln.ops import core
+    d = normalize_dim(dim, x.ndim, "cumprod")
+    xs = core.to_dtype(x, out.dtype) if x.dtype != out.dtype else x
+    gx = cumprod_backward(core.to_dtype(g, out.dtype) if g.dtype != out.dtype else g, xs, d)
+    return (core.to_dtype(gx, x.dtype) if gx.dtype != x.dtype else gx), None, None
 
 
 @VJP_RULES.register(cumsum)

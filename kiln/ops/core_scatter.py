@@ -13,6 +13,7 @@ from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import prims
 from kiln.ops.core_views import normalize_dim
 from kiln.ops.prim_utils import to_dtype
+from kiln.ops.promotion import no_kernel
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
 
 __all__ = ["scatter_add", "index_add", "dropout", "rand"]
@@ -74,6 +75,8 @@ rand = define("core", "rand", _rand_eager, random=True)
 
 @META_RULES.register(rand)
 def _rand_meta(shape, dtype, device):
+    if not dtype.is_floating_point:
+        raise no_kernel(dtype, "check_uniform_bounds")  # eager draws floats only
     return TensorMeta.contiguous(tuple(shape), dtype, device)
 
 

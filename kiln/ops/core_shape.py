@@ -147,7 +147,8 @@ def _cat_meta(tensors, dim=0):
         return TensorMeta.contiguous((0,), dtype, tensors[0].device, grad)
     shape = list(parts[0].shape)
     shape[d] = builtins.sum(t.shape[d] for t in parts)
-    return TensorMeta.contiguous(shape, dtype, parts[0].device, grad)
+    from kiln.meta.strides import cat_strides  # eager's cat stays channels-last when all inputs are
+    return TensorMeta(shape, cat_strides(parts, tuple(shape)), dtype, parts[0].device, grad)
 
 
 @DECOMPOSITIONS.register(cat)

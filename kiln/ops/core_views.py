@@ -13,7 +13,7 @@ from kiln.meta.tensor_meta import TensorMeta, contiguous_strides, view_strides
 from kiln.ops import prims
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
 
-__all__ = ["reshape", "permute", "expand", "unsqueeze", "squeeze", "transpose", "contiguous",
+__all__ = ["reshape", "permute", "expand", "unsqueeze", "squeeze", "transpose", "contiguous", "clone",
            "normalize_dim", "infer_shape"]
 
 
@@ -218,7 +218,10 @@ def _squeeze_decomp(x, dims=None):
 
 # ------------------------------------------------------------------ contiguous
 def _contiguous_eager(x):
-    return x.contiguous()
+    # core.contiguous is a copy (capture emits it for clone() and where eager copies); x.contiguous()
+    # would return x itself, and a graph output aliasing an input lets a later in-place op (after
+    # a graph break, on the eager backends) write into the caller's tensor
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 contiguous = define("core", "contiguous", _contiguous_eager)
@@ -233,3 +236,20 @@ def _contiguous_meta(x):
 def _contiguous_decomp(x):
     # The loop IR has no aliasing: every realized value is a fresh contiguous buffer.
     return prims.copy(x)
+
+
+# ------------------------------------------------------------------ clone
+def _clone_eager(x):
+    return x.clone()
+
+
+clone = define("core", "clone", _clone_eager)
+
+
+@META_RULES.register(clone)
+def _clone_meta(x):
+    from kiln.meta.strides import preserve_strides  # torch.preserve_format: a dense input keeps its strides
+    return TensorMeta(x.shape, preserve_strides(x), x.dtype, x.device, x.requires_grad)
+
+
+DECOMPOSITIONS[clone] = _contiguous_decomp

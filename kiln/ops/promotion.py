@@ -146,3 +146,38 @@ def scalar_for(value, dtype: torch.dtype):
     if c == 2:
         return float(value)
     return complex(value)
+
+
+# torch's dtype names in its "not implemented for" messages
+_KERNEL_DTYPE_NAMES = {torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char",
+                       torch.int16: "Short", torch.int32: "Int", torch.int64: "Long",
+                       torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float",
+                       torch.float64: "Double"}
+
+
+def no_kernel(dtype: torch.dtype, kernel: str) -> NotImplementedError:
+    """The error eager raises where an op has no kernel for an input dtype."""
+    return NotImplementedError(f'[meta] "{kernel}" not implemented for '
+                               f"'{_KERNEL_DTYPE_NAMES.get(dtype, dtype)}'")
+
+
+def refuse_dtypes(rules, op, refuse, error):
+    """Wrap op's meta rule so it raises ``error(dtype)`` for an input dtype ``refuse(dtype)``
+    holds for: eager has no kernel there, and capture must refuse the call (it then runs
+    eagerly and torch raises its own error) rather than compute something eager never returns."""
+    rule = rules[op]
+
+    def meta(x, *args, **kwargs):
+        if isinstance(x, TensorMeta) and refuse(x.dtype):
+            raise error(x.dtype)
+        return rule(x, *args, **kwargs)
+    rules[op] = meta
+    return op
+
+
+def is_bool(dtype) -> bool:
+    return dtype == torch.bool
+
+
+def not_float(dtype) -> bool:
+    return not dtype.is_floating_point and not dtype.is_complex

@@ -11,12 +11,14 @@ from testing import TARGETS, assert_close, on_target, randn
 
 TRITON = [t for t in TARGETS if t.id.startswith("triton")]
 
+# A pointwise result follows its first operand's layout (eager's rule, which graph outputs
+# keep), so a permuted operand alone makes no transposed store: .contiguous() asks for one.
 CASES = {
     "transpose_copy": (lambda x, b: x.t().contiguous() * 2, (200, 300)),
     "plus_own_transpose": (lambda x, b: x + x.t(), (256, 256)),
-    "permute_bias": (lambda x, b: x.permute(0, 2, 1) + b, (3, 64, 100)),
-    "permute_4d": (lambda x, b: torch.sigmoid(x.permute(0, 2, 3, 1)) * 3, (2, 40, 16, 24)),
-    "transpose_scalar_mix": (lambda x, b: (x.transpose(-1, -2) - b[0]).relu(), (4, 96, 48)),
+    "permute_bias": (lambda x, b: (x.permute(0, 2, 1) + b).contiguous(), (3, 64, 100)),
+    "permute_4d": (lambda x, b: (torch.sigmoid(x.permute(0, 2, 3, 1)) * 3).contiguous(), (2, 40, 16, 24)),
+    "transpose_scalar_mix": (lambda x, b: (x.transpose(-1, -2) - b[0]).relu().contiguous(), (4, 96, 48)),
 }
 
 
@@ -57,8 +59,8 @@ def test_non_contiguous_input_and_plain_kernels(target):
 
 CPP = [t for t in TARGETS if t.id == "cpp"]
 EDGES = {  # sizes that leave partial tiles on both sides, and a transposed input read twice
-    "ragged_transpose": (lambda x, b: x.t() * 3 - 1, (150, 170)),
-    "two_transposed_reads": (lambda x, b: x.t() * x.t() + torch.exp(x.t()), (200, 99)),
+    "ragged_transpose": (lambda x, b: (x.t() * 3 - 1).contiguous(), (150, 170)),
+    "two_transposed_reads": (lambda x, b: (x.t() * x.t() + torch.exp(x.t())).contiguous(), (200, 99)),
 }
 
 
@@ -106,7 +108,8 @@ def test_cpp_tiled_integer_and_bool_transposes(dtype, target):
     take the element-by-element copy."""
     with on_target(target) as device:
         x = torch.randint(0, 50, (160, 130), device=device).to(dtype)
-        fn = (lambda x: x.t() | (x.t() & False)) if dtype == torch.bool else (lambda x: x.t() * 3 + 1)
+        fn = (lambda x: (x.t() | (x.t() & False)).contiguous()) if dtype == torch.bool else \
+            (lambda x: (x.t() * 3 + 1).contiguous())
         out = kiln.explain(fn)(x)
         assert torch.equal(out.result, fn(x))
         assert any("tile0[" in k.source for k in out.kernels), [k.source for k in out.kernels]

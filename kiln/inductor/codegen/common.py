@@ -168,6 +168,10 @@ class KernelWriter:
                 wrapped = self._tmp(self.ops.call("where", [self.ops.call("lt", [value, "0"], torch.bool, ()),
                                                             self.ops.call("add", [value, str(expr.bound)], torch.int64, ()),
                                                             value], torch.int64, ()), torch.int64)
+            if self.bounds_check is not None and not wrapped.isidentifier():
+                # a folded constant index (``0LL``): the C++ check resets its register to 0 on
+                # a bad index, so the check needs a variable
+                wrapped = self._tmp(wrapped, torch.int64)
             if self.bounds_check is not None and ("checked", wrapped) not in self.cache:
                 self.lines.extend(self.bounds_check(wrapped, expr.bound))
                 self.cache[("checked", wrapped)] = wrapped
