@@ -85,7 +85,7 @@ def test_convnext_convolutions_see_eager_layouts(target, monkeypatch):
         calls = _record_kiln_convs(monkeypatch)
         out = kiln.compile(m)(x)
         assert_close(out, ref, torch.float32)
-        assert out.stride() == ref.contiguous().stride()  # kiln's promise for an output
+        assert out.stride() == ref.stride()  # a graph output has eager's strides (issue 24)
         # every depthwise convolution reads a channels-last input, as in eager
         assert [c[1] for c in eager_calls][1:] == [(512, 1, 64, 8)] * 2
         assert calls == eager_calls, (calls, eager_calls)
