@@ -51,6 +51,8 @@ class CacheEntry:
         # the call path calls the generated wrapper itself (no CompiledGraph.__call__ frame)
         from kiln.pipeline import CompiledGraph
         self.call = compiled.call if type(compiled) is CompiledGraph else compiled
+        if type(compiled) is CompiledGraph and getattr(compiled, "holders", None) is not None:
+            compiled.holders.append(self)  # a cached graph's first call puts the plain call here
         spec = getattr(self.rebuild, "spec", None)
         # the common `return t`, from the plain rebuild only (a wrapped one does more after it)
         if type(spec) is tuple and len(spec) == 2 and spec[0] == "tensor" and \
