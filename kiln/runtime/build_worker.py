@@ -384,6 +384,7 @@ def zygote(sock_path):
             continue
         code = 0
         try:  # the worker
+            os.setsid()  # its own group: a timeout kills it with the compilers it runs
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its compilers' exit codes are waited for
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
