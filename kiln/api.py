@@ -474,10 +474,11 @@ def compile(fn_or_module=None, *, fullgraph=False, dynamic=None, backend="kiln",
 
 def reset():
     """Forget every compiled entry and loaded kernel (the disk cache stays), zero the counters."""
-    from kiln.runtime import cpp_build, triton_binary, triton_load
+    from kiln.runtime import cache, cpp_build, triton_binary, triton_load
 
     _CODE_CACHES.clear()
     _CACHE_GEN[0] += 1
+    cache.reset_trust()  # the cache's owner and modes are checked again
     cpp_build.clear_memory()
     triton_load.clear_memory()
     triton_binary.clear_memory()

@@ -9,7 +9,9 @@ lowering, scheduling and codegen; building then finds every kernel's binary in t
 caches (``cpp/``, Triton's own), so nothing is built either.
 
 Entries are written atomically with a digest sidecar (``cache.py``). A corrupt, truncated or
-unreadable entry is logged on the ``cache`` channel, removed and rebuilt.
+unreadable entry is logged on the ``cache`` channel, removed and rebuilt; one that verifies but
+whose wrapper does not build, or whose first call raises, is evicted and the graph compiled
+afresh in the same call (``pipeline.compile_prims_graph``).
 
 A second, smaller record under ``<cache>/partitions`` keeps the min-cut partitioner's answer
 (the names of the saved nodes) for a joint graph, keyed by the joint graph's text, every node's
