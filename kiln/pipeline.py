@@ -287,7 +287,12 @@ def build(wrapper, generated: dict, target: str, launches=None):
         for hook in hooks:
             hook()
     kernels = list(generated.values())
-    reps = representatives(kernels, launches or {})
+    # kernels share a binary by source and launch specialization; a graph from the cache has
+    # no AOT requests, so its kernels' recorded ones decide (else kernels that differ only in
+    # their launch share one JIT function, whose binary-record key is the other kernel's, and
+    # a warm start launches them through the JIT)
+    specs = launches or {k.name: k.launch for k in kernels if getattr(k, "launch", None)}
+    reps = representatives(kernels, specs)
     loaded = load_kernels(kernels, target, launches or {}, reps)
     from kiln.inductor.codegen.wrapper import ensure_layout
 
