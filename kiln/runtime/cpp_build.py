@@ -55,7 +55,7 @@ def run_compiler(cmd: list) -> subprocess.CompletedProcess:
     the driver reporting that it lost its compiler proper to a signal (``cc1plus``) counts too."""
     name, t0 = os.path.basename(cmd[0]), time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_timeout())
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_timeout(), umask=0o077)
     except subprocess.TimeoutExpired as e:
         err = CompilerCrash(f"{name} timed out after {time.perf_counter() - t0:.1f} s (killed)")
         err.stderr = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr) or ""

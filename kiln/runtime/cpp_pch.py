@@ -216,7 +216,8 @@ def _ready_or_build(final: str, kind: str) -> str:
                "-o", os.path.join(tmp, HEADER + ".gch")]
         if shutil.which("nice"):  # kernels being built meanwhile come first
             cmd = ["nice", "-n", "10", *cmd]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                umask=0o077)  # the .gch is this user's from its first byte
         with _lock:
             _running.add(proc)
         try:
