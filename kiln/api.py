@@ -53,6 +53,8 @@ class CacheEntry:
         # the call path calls the generated wrapper itself (no CompiledGraph.__call__ frame)
         from kiln.pipeline import CompiledGraph
         self.call = compiled.call if type(compiled) is CompiledGraph else compiled
+        if type(compiled) is CompiledGraph and getattr(compiled, "holders", None) is not None:
+            compiled.holders.append(self)  # a cached graph's first call puts the plain call here
         spec = getattr(self.rebuild, "spec", None)
         # the common `return t`, from the plain rebuild only (a wrapped one does more after it)
         if type(spec) is tuple and len(spec) == 2 and spec[0] == "tensor" and \
@@ -638,12 +640,13 @@ def compile(model=None, *, fullgraph=False, dynamic=None, backend="kiln", mode=N
 
 def reset():
     """Forget every compiled entry and loaded kernel (the disk cache stays), zero the counters."""
-    from kiln.runtime import cpp_build, triton_binary, triton_load
+    from kiln.runtime import cache, cpp_build, triton_binary, triton_load
 
     _CODE_CACHES.clear()
     _CACHE_GEN[0] += 1
     from kiln import eager_runs
     eager_runs.reset()
+    cache.reset_trust()  # the cache's owner and modes are checked again
     cpp_build.clear_memory()
     triton_load.clear_memory()
     triton_binary.clear_memory()

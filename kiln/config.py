@@ -124,6 +124,10 @@ class Config:
     # build pool size (kiln/runtime/pool.py); None: the CPU count (capped); 1: builds in-process
     compile_threads: object = dataclasses.field(default_factory=lambda: int(os.environ["KILN_COMPILE_THREADS"])
                                                 if os.environ.get("KILN_COMPILE_THREADS") else None)
+    # seconds any one build may take (gcc, a Triton compile in a build worker, the precompiled
+    # prelude) before it is killed and the graph falls back with a warning naming the kernel;
+    # KILN_BUILD_TIMEOUT (0: no limit)
+    build_timeout: float = dataclasses.field(default_factory=lambda: float(os.environ.get("KILN_BUILD_TIMEOUT", "300")))
     # build workers forked by one process that imports Triton once (runtime/pool.py Zygote);
     # off until the full suite has run with it on the H200 (its A/B there: session 23 notes)
     worker_fork: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_WORKER_FORK", False))

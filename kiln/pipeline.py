@@ -160,10 +160,15 @@ def compile_prims_graph(prims_graph: Graph) -> CompiledGraph:
         key = graph_cache.graph_key(prims_graph, target)
         hit = graph_cache.load(key)
         if hit is not None:
-            counters.bump("graph_cache_hits")
-            log.log("cache", "compiled graph %s from disk (%d kernels)", key[:12], len(hit.kernels))
-            call = _stage("build", build, hit, {k.name: k for k in hit.kernels}, target)
-            return _compiled(prims_graph, device, call, hit, hit.kernels, hit.extern_count, target)
+            try:
+                call = _stage("build", build, hit, {k.name: k for k in hit.kernels}, target)
+            except StageError as e:  # its digest matched, yet it does not build: heal it
+                graph_cache.evict(key, str(e))
+            else:
+                counters.bump("graph_cache_hits")
+                log.log("cache", "compiled graph %s from disk (%d kernels)", key[:12], len(hit.kernels))
+                compiled = _compiled(prims_graph, device, call, hit, hit.kernels, hit.extern_count, target)
+                return _heal_on_first_call(compiled, prims_graph, key)
     from kiln.runtime.builder import prestart
     prestart(choose_target(device))  # build workers start while lowering and codegen run
     program = _stage("lowering", lower, prims_graph)
@@ -181,6 +186,43 @@ def compile_prims_graph(prims_graph: Graph) -> CompiledGraph:
             log.log("output_code", "kernel %s:\n%s", k.name, k.source)
     return _compiled(prims_graph, program.device, call, wrapper, list(generated.values()),
                      len(sched.externs), target)
+
+
+def _heal_on_first_call(compiled: CompiledGraph, prims_graph: Graph, key: str) -> CompiledGraph:
+    """A graph from the cache whose first call raises (a wrapper whose digest matched but which
+    is wrong) is evicted, compiled afresh and called again: the caller gets a compiled result,
+    and the next process a good entry. After one good call the wrapper runs unguarded: the
+    guard puts the plain call back into the CompiledGraph and into whatever took it
+    (``holders``: the call path's cache entries)."""
+    cached = compiled.call
+    state = {"fresh": None}
+
+    def first_call(*args):
+        if state["fresh"] is not None:
+            return state["fresh"](*args)
+        try:
+            out = cached(*args)
+        except Exception as e:  # noqa: BLE001 - one rebuild; a fresh graph's error propagates
+            from kiln.runtime import graph_cache
+            graph_cache.evict(key, f"its first call raised {type(e).__name__}: {e}")
+            fresh = compile_prims_graph(prims_graph)  # misses the evicted entry, stores a good one
+            if list(fresh.size_args) != list(compiled.size_args):
+                raise
+            state["fresh"] = fresh.call
+            _settle(compiled, fresh.call, fresh.wrapper_source)
+            return fresh.call(*args)
+        _settle(compiled, cached, compiled.wrapper_source)
+        return out
+    compiled.call = first_call
+    compiled.holders = []
+    return compiled
+
+
+def _settle(compiled: CompiledGraph, call, source):
+    compiled.call, compiled.wrapper_source = call, source
+    for holder in getattr(compiled, "holders", ()):
+        holder.call = call
+    compiled.holders = []
 
 
 def _compiled(prims_graph, device, call, wrapper, kernels, extern_count, target) -> CompiledGraph:
@@ -268,7 +310,12 @@ def build(wrapper, generated: dict, target: str, launches=None):
         for hook in hooks:
             hook()
     kernels = list(generated.values())
-    reps = representatives(kernels, launches or {})
+    # kernels share a binary by source and launch specialization; a graph from the cache has
+    # no AOT requests, so its kernels' recorded ones decide (else kernels that differ only in
+    # their launch share one JIT function, whose binary-record key is the other kernel's, and
+    # a warm start launches them through the JIT)
+    specs = launches or {k.name: k.launch for k in kernels if getattr(k, "launch", None)}
+    reps = representatives(kernels, specs)
     loaded = load_kernels(kernels, target, launches or {}, reps)
     from kiln.inductor.codegen.wrapper import ensure_layout, kernel_error
 

@@ -70,14 +70,16 @@ class Autotuned:
         self.path = os.path.join(cache.subdir("autotune"), self.key[:2], self.key + ".json")
 
     def _load(self):
-        if cache.valid_entry(self.path):
-            try:
+        try:
+            with cache.reading(self.path) as ok:
+                if not ok:
+                    return None
                 with open(self.path) as f:
                     v, cfg = json.load(f)
-                if 0 <= v < len(self.fns):
-                    return v, cfg
-            except (OSError, ValueError, TypeError):
-                pass
+            if 0 <= v < len(self.fns):
+                return v, cfg
+        except (OSError, ValueError, TypeError):
+            pass
         return None
 
     def _time(self, fn, cfg, args):
@@ -105,8 +107,8 @@ class Autotuned:
         results.sort(key=lambda r: r[0])
         t, v, cfg = results[0]
         log.log("autotune", "%s: chose variant %d %s (%.3g) of %d configs", self.spec.name, v, cfg, t, len(results))
-        cache.write_atomic(self.path, json.dumps([v, cfg]).encode())
-        cache.commit_entry(self.path)
+        self.path = os.path.join(cache.subdir("autotune"), self.key[:2], self.key + ".json")  # (root may have moved)
+        cache.store(self.path, json.dumps([v, cfg]).encode())
         return v, cfg
 
     def run(self, *args):
@@ -154,16 +156,18 @@ class CppAutotuned:
     def _pick(self, args, threads):
         sizes = tuple(args[len(args) - self.nsizes:]) if self.nsizes else ()
         path = self._path(threads, sizes)
-        if cache.valid_entry(path):
-            try:
-                with open(path) as f:
-                    chunk = json.load(f)
-                if chunk in self.choices:
-                    cpp_stats["disk_hits"] += 1
-                    log.log("autotune", "%s: chunk %d from the cache (%d threads)", self.name, chunk, threads)
-                    return chunk
-            except (OSError, ValueError, TypeError):
-                pass
+        try:
+            chunk = None
+            with cache.reading(path) as ok:
+                if ok:
+                    with open(path) as f:
+                        chunk = json.load(f)
+            if chunk in self.choices:
+                cpp_stats["disk_hits"] += 1
+                log.log("autotune", "%s: chunk %d from the cache (%d threads)", self.name, chunk, threads)
+                return chunk
+        except (OSError, ValueError, TypeError):
+            pass
         results = []
         for chunk in self.choices:
             self.fn(*args, chunk)  # warm-up: pages touched, caches filled
@@ -178,8 +182,7 @@ class CppAutotuned:
         cpp_stats["tuned"] += 1
         log.log("autotune", "%s: chose chunk %d (%.3g s; -1 serial, 0 one block per thread) of %d, %d threads",
                 self.name, chunk, t, len(results), threads)
-        cache.write_atomic(path, json.dumps(chunk).encode())
-        cache.commit_entry(path)
+        cache.store(self._path(threads, sizes), json.dumps(chunk).encode())  # (root may have moved)
         return chunk
 
     def __call__(self, *args):

@@ -41,8 +41,9 @@ import traceback
 
 
 def _write_atomic(path, data):
-    # kiln/runtime/cache.py's write_atomic, repeated: workers import neither kiln nor torch
-    # (importing kiln would import torch and cost each worker's start a second)
+    # kiln/runtime/cache.py's store, repeated: workers import neither kiln nor torch
+    # (importing kiln would import torch and cost each worker's start a second). The worker
+    # runs under umask 077 (main), so the folders and files it makes are this user's only.
     d = os.path.dirname(path)
     os.makedirs(d, mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
@@ -56,6 +57,19 @@ def _write_atomic(path, data):
         raise
 
 
+def _store(path, data):
+    """The entry and its digest, under an exclusive flock of the folder (as cache.store)."""
+    import fcntl
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(os.path.dirname(path), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _write_atomic(path, data)
+        _write_atomic(path + ".sha256", hashlib.sha256(data).hexdigest().encode())
+    finally:
+        os.close(fd)
+
+
 def build_cpp(req):
     """Same entry layout as kiln/runtime/cache.py: the file, then its sha256 in path.sha256."""
     with tempfile.TemporaryDirectory(prefix="kiln-cpp-") as tmp:
@@ -64,13 +78,12 @@ def build_cpp(req):
         with open(src, "w") as f:
             f.write(req["source"])
         cmd = list(req["cmd"]) + [src, "-o", out]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=req.get("timeout"))
         if proc.returncode != 0:
             raise RuntimeError(f"g++ failed ({' '.join(cmd)}):\n{proc.stderr}")
         with open(out, "rb") as f:
             data = f.read()
-    _write_atomic(req["so_path"], data)
-    _write_atomic(req["so_path"] + ".sha256", hashlib.sha256(data).hexdigest().encode())
+    _store(req["so_path"], data)
 
 
 class _Pointer:
@@ -332,6 +345,7 @@ def serve(rfile, wfile):
 
 
 def main():
+    os.umask(0o077)  # Triton's cache files and kiln entries written here: this user's only
     _lower_priority()
     _block_torch()
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
@@ -348,6 +362,7 @@ def zygote(sock_path):
     while the parent lowers and generates code). Single-threaded, so forking is safe."""
     import signal
     import socket
+    os.umask(0o077)  # inherited by every forked worker
     _lower_priority()
     _block_torch()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished workers
@@ -369,6 +384,7 @@ def zygote(sock_path):
             continue
         code = 0
         try:  # the worker
+            os.setsid()  # its own group: a timeout kills it with the compilers it runs
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its compilers' exit codes are waited for
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)

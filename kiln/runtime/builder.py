@@ -165,10 +165,12 @@ def _load_unique(kernels, target: str, launches: dict) -> list:
         return CppAutotuned(k.name, k.source, fn, load_cpp_threads(k.source, k.name), tune["cpp_chunks"], nsizes)
     from kiln import counters
     from kiln.runtime import cpp_pch
-    from kiln.runtime.cpp_build import build_missing
+    from kiln.runtime.cpp_build import CompilerCrash, build_missing
     builds = counters.counters["kernel_builds"]
     try:  # several kernels to one gcc run; on any trouble each kernel builds alone below
         build_missing([k.source for k in kernels], pool.pool_size())
+    except CompilerCrash:
+        raise  # a compiler that hung or was killed would do it again once per kernel
     except Exception as e:  # noqa: BLE001
         log.log("kernels", "batched C++ build failed (%s: %s); building each kernel alone", type(e).__name__, e)
     out = pool.run_jobs(load, kernels)

@@ -5,6 +5,8 @@ import ctypes
 import functools
 import os
 import platform
+import re
+import signal
 import subprocess
 import tempfile
 import threading
@@ -22,12 +24,59 @@ class CppBuildError(RuntimeError):
     pass
 
 
+class CompilerCrash(CppBuildError):
+    """The compiler timed out or was killed by a signal: the build is not tried another way
+    (a hung compiler would hang again), and the graph falls back."""
+
+
 @functools.lru_cache(maxsize=None)
 def compiler_version(cxx: str) -> str:
     try:
-        return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True,
+                              timeout=_timeout()).stdout
+    except (OSError, subprocess.SubprocessError) as e:
         raise CppBuildError(f"[build] C++ compiler {cxx!r} is not usable: {e}") from e
+
+
+def _timeout() -> float | None:
+    return config.build_timeout if config.build_timeout and config.build_timeout > 0 else None
+
+
+def write_private(path: str, text: str):
+    """A file only this user can read (0600 whatever the umask)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def run_compiler(cmd: list) -> subprocess.CompletedProcess:
+    """Run one compiler command, bounded by ``config.build_timeout``. A timeout or a signal
+    raises CompilerCrash naming the cause in one line ("g++ killed by SIGKILL after 0.3 s");
+    the driver reporting that it lost its compiler proper to a signal (``cc1plus``) counts too."""
+    name, t0 = os.path.basename(cmd[0]), time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_timeout(), umask=0o077)
+    except subprocess.TimeoutExpired as e:
+        err = CompilerCrash(f"{name} timed out after {time.perf_counter() - t0:.1f} s (killed)")
+        err.stderr = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr) or ""
+        raise err from None
+    except OSError as e:
+        raise CppBuildError(f"{name} could not run: {e}") from e
+    if proc.returncode < 0:
+        try:
+            sig = signal.Signals(-proc.returncode).name
+        except ValueError:
+            sig = f"signal {-proc.returncode}"
+        err = CompilerCrash(f"{name} killed by {sig} after {time.perf_counter() - t0:.1f} s")
+        err.stderr = proc.stderr
+        raise err
+    m = re.search(r"(\S+) signal terminated program (\S+)", proc.stderr or "")
+    if proc.returncode != 0 and m:
+        err = CompilerCrash(f"{name}: {m.group(2)} killed by signal {m.group(1)} after "
+                            f"{time.perf_counter() - t0:.1f} s")
+        err.stderr = proc.stderr
+        raise err
+    return proc
 
 
 def _gcc(tmp: str, full: str, stripped: str, header: str | None):
@@ -35,36 +84,73 @@ def _gcc(tmp: str, full: str, stripped: str, header: str | None):
     unit without its prelude, and ``-include header``) when there is a header, else, or when
     that fails, the whole unit ``full``. A header that fails where the plain unit builds is
     given up for the process (``cpp_pch.failed``); a unit that fails both ways keeps it (the
-    unit was broken, not the header). Returns (the finished process, its command, the .so)."""
+    unit was broken, not the header). A compiler that times out or is killed is not run
+    again (CompilerCrash). Returns (the finished process, its command, the .so)."""
     cxx = config.cpp_compiler
     src, out = os.path.join(tmp, "kernel.cpp"), os.path.join(tmp, "kernel.so")
     with_header = None
     if header is not None:
-        with open(src, "w") as f:
-            f.write(stripped)
+        write_private(src, stripped)
         cmd = [cxx, *config.cpp_flags, "-include", header, src, "-o", out]
-        with_header = subprocess.run(cmd, capture_output=True, text=True)
+        with_header = run_compiler(cmd)
         if with_header.returncode == 0:
             return with_header, cmd, out
-    with open(src, "w") as f:
-        f.write(full)
+    write_private(src, full)
     cmd = [cxx, *config.cpp_flags, src, "-o", out]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = run_compiler(cmd)
     if with_header is not None and proc.returncode == 0:
         pch.failed(with_header.stderr)
     return proc, cmd, out
 
 
-def _build(source: str, so_path: str):
+def dump_failure(what: str, source: str, log_text: str) -> str:
+    """Write a failed build's source (and the compiler's output beside it, ``.log``) where the
+    one-line warning can point: ``<cache>/failed/``, or a private temporary file."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", what)[:80] + "-" + cache.content_key(source)[:12]
+    try:
+        path = os.path.join(cache.subdir("failed"), name + ".cpp")
+        cache.write_atomic(path, source.encode())
+        cache.write_atomic(path[:-4] + ".log", log_text.encode())
+        return path
+    except OSError:
+        fd, path = tempfile.mkstemp(prefix=f"kiln-failed-{name}-", suffix=".cpp")
+        with os.fdopen(fd, "w") as f:
+            f.write(source + "\n/* compiler output:\n" + log_text.replace("*/", "* /") + "\n*/\n")
+        return path
+
+
+def _first_error(stderr: str) -> str:
+    lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
+    for ln in lines:
+        if "error" in ln:
+            return ln[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+def compile_unit(tmp: str, full: str, stripped: str, header: str | None, what: str):
+    """``_gcc``, with every failure raised as a one-line CppBuildError naming the kernel(s),
+    the cause (the first error, or the signal or timeout) and the dump of the source."""
+    try:
+        proc, cmd, out = _gcc(tmp, full, stripped, header)
+    except CompilerCrash as e:
+        dump = dump_failure(what, full, f"{e}\n{getattr(e, 'stderr', '')}")
+        raise CompilerCrash(f"[build] {e} building kernel {what}; source in {dump}") from None
+    except CppBuildError as e:
+        raise CppBuildError(f"[build] {e} (building kernel {what})") from None
+    if proc.returncode != 0:
+        dump = dump_failure(what, full, f"{' '.join(cmd)}\n{proc.stderr}")
+        raise CppBuildError(f"[build] {os.path.basename(cmd[0])} failed (exit {proc.returncode}) building "
+                            f"kernel {what}: {_first_error(proc.stderr)}; source and compiler output in {dump}")
+    return proc, cmd, out
+
+
+def _build(source: str, so_path: str, what: str):
     with tempfile.TemporaryDirectory(prefix="kiln-cpp-") as tmp:
         t0 = time.perf_counter()
         header = pch.header_for(source)
-        proc, cmd, out = _gcc(tmp, source, pch.without_prelude(source), header)
-        if proc.returncode != 0:
-            raise CppBuildError(f"[build] g++ failed ({' '.join(cmd)}):\n{proc.stderr}\n--- source ---\n{source}")
+        _, _, out = compile_unit(tmp, source, pch.without_prelude(source), header, what)
         with open(out, "rb") as f:
-            cache.write_atomic(so_path, f.read())
-        cache.commit_entry(so_path)
+            cache.store(so_path, f.read())
         log.detail("kernels", "built %s in %.0f ms%s", so_path, (time.perf_counter() - t0) * 1e3,
                    " (precompiled prelude)" if header is not None else "")
     counters.bump("kernel_builds")
@@ -84,23 +170,49 @@ def _so_path(key: str) -> str:
     return os.path.join(cache.subdir("cpp"), key[:2], key + ".so")
 
 
-def load_cpp(source: str) -> ctypes.CDLL:
-    """The shared object for source: from memory, from the disk cache, or built now."""
+_NAME = re.compile(r'extern "C"[^(]*?\b(\w+)\s*\(')
+
+
+def _open_entry(so_path: str):
+    """(the loaded library, None) or (None, why it is unusable): the entry verified and mapped
+    under the cache's shared lock."""
+    with cache.reading(so_path) as ok:
+        if not ok:
+            return None, None
+        try:
+            return ctypes.CDLL(so_path), None
+        except OSError as e:
+            return None, f"its digest matches but it does not load: {str(e).strip()[:200]}"
+
+
+def load_cpp(source: str, name: str | None = None) -> ctypes.CDLL:
+    """The shared object for source: from memory, from the disk cache, or built now. An entry
+    that verifies but does not load (garbage, empty) is evicted and rebuilt in this call."""
     key = _key(source)
     with _lock:
         lib = _loaded.get(key)
     if lib is not None:
         return lib
+    if name is None:
+        m = _NAME.search(source)
+        name = m.group(1) if m else key[:12]
     so_path = _so_path(key)
-    if cache.valid_entry(so_path):
+    lib, why = _open_entry(so_path)
+    if lib is not None:
         counters.bump("disk_cache_hits")
         log.log("cache", "cpp kernel %s from disk", key[:12])
         log.detail("cache", "  %s", so_path)
     else:
+        if why is not None:
+            cache.evict(so_path, why)
+        so_path = _so_path(key)  # (a refused cache moved the root: the rebuild goes to the private one)
         log.log("cache", "cpp kernel %s not cached: building it", key[:12])
         log.detail("cache", "  -> %s", so_path)
-        _build(source, so_path)
-    lib = ctypes.CDLL(so_path)
+        _build(source, so_path, name)
+        lib, why = _open_entry(so_path)
+        if lib is None:
+            raise CppBuildError(f"[build] kernel {name} was built but does not load from {so_path}: "
+                                f"{why or 'the entry vanished'}")
     with _lock:
         _loaded[key] = lib
     return lib
@@ -110,14 +222,14 @@ def load_cpp_function(source: str, name: str, nargs: int, nsizes: int = 0):
     """``nargs`` pointers, then ``nsizes`` int64 symbolic sizes: a ctypes function, called
     through ``cpp_call``'s extension where it is available."""
     from kiln.runtime import cpp_call
-    fn = getattr(load_cpp(source), name)
+    fn = getattr(load_cpp(source, name), name)
     fn.argtypes = [ctypes.c_void_p] * nargs + [ctypes.c_int64] * nsizes
     fn.restype = None
     return cpp_call.bind(fn, nargs + nsizes)
 
 
 def load_cpp_checker(source: str, name: str):
-    fn = getattr(load_cpp(source), f"{name}_check")
+    fn = getattr(load_cpp(source, name), f"{name}_check")
     fn.argtypes = []
     fn.restype = ctypes.c_int
     return fn
@@ -125,7 +237,7 @@ def load_cpp_checker(source: str, name: str):
 
 def load_cpp_threads(source: str, name: str):
     """``<name>_threads()`` of a chunk-tuned kernel: its OpenMP thread count."""
-    fn = getattr(load_cpp(source), f"{name}_threads")
+    fn = getattr(load_cpp(source, name), f"{name}_threads")
     fn.argtypes = []
     fn.restype = ctypes.c_int
     return fn
@@ -195,23 +307,31 @@ def batch_source(sources: list, with_prelude: bool) -> str:
 
 
 def _build_batch(batch: list) -> int:
+    """Build one batch; 0 when it does not compile (each kernel then builds alone and reports
+    its own error). A compiler that hangs or is killed is not tried once per kernel after it:
+    CompilerCrash propagates."""
     keys = [k for k, _ in batch]
     sources = [s for _, s in batch]
     t0 = time.perf_counter()
+    names = [(_NAME.search(s).group(1) if _NAME.search(s) else k[:12]) for k, s in batch]
+    what = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "") + \
+        (f" (a batch of {len(names)})" if len(names) > 1 else "")
     with tempfile.TemporaryDirectory(prefix="kiln-cpp-batch-") as tmp:
         header = pch.header_for(sources[0])
-        proc, _, out = _gcc(tmp, batch_source(sources, with_prelude=True),
-                            batch_source(sources, with_prelude=False), header)
-        if proc.returncode != 0:
+        try:
+            _, _, out = compile_unit(tmp, batch_source(sources, with_prelude=True),
+                                     batch_source(sources, with_prelude=False), header, what)
+        except CompilerCrash:
+            raise
+        except CppBuildError as e:
             log.log("kernels", "a batch of %d C++ kernels did not build; building them one by one: %s",
-                    len(batch), (proc.stderr.strip().splitlines() or ["?"])[-1])
+                    len(batch), e)
             return 0
         first = _so_path(keys[0])
         with open(out, "rb") as f:
-            cache.write_atomic(first, f.read())
-    cache.commit_entry(first)
+            cache.store(first, f.read())
     for key in keys[1:]:
-        _link_entry(first, _so_path(key))
+        cache.store_link(first, _so_path(key))
     lib = ctypes.CDLL(first)
     with _lock:
         for key in keys:
@@ -220,20 +340,3 @@ def _build_batch(batch: list) -> int:
     log.detail("kernels", "built %d C++ kernels into one object in %.0f ms%s", len(batch),
                (time.perf_counter() - t0) * 1e3, " (precompiled prelude)" if header is not None else "")
     return len(batch)
-
-
-def _link_entry(src: str, dst: str):
-    """``dst`` as a cache entry with ``src``'s bytes: a hard link (one file, one mapping when
-    loaded), or a copy where links are not possible."""
-    d = os.path.dirname(dst)
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    tmp = os.path.join(d, f".tmp-link-{os.getpid()}-{threading.get_ident()}-{os.path.basename(dst)}")
-    try:
-        os.link(src, tmp)
-        os.replace(tmp, dst)
-    except OSError:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        with open(src, "rb") as f:
-            cache.write_atomic(dst, f.read())
-    cache.commit_entry(dst)

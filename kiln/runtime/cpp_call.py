@@ -136,6 +136,7 @@ def _load():
                             compiler_version(config.cpp_compiler), platform.machine(), suffix)
     path = os.path.join(cache.subdir("cpp_call"), key[:2], key[:32], "kiln_cpp_call" + suffix)
     if not cache.valid_entry(path):
+        path = os.path.join(cache.subdir("cpp_call"), key[:2], key[:32], "kiln_cpp_call" + suffix)
         include = sysconfig.get_paths()["include"]
         with tempfile.TemporaryDirectory(prefix="kiln-call-") as tmp:
             src, out = os.path.join(tmp, "kiln_cpp_call.c"), os.path.join(tmp, "kiln_cpp_call" + suffix)
@@ -143,16 +144,23 @@ def _load():
                 f.write(source)
             cc = os.environ.get("CC") or shutil.which("gcc") or config.cpp_compiler
             cmd = [cc, "-O2", "-shared", "-fPIC", f"-I{include}", src, "-o", out]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            from kiln.runtime.cpp_build import run_compiler
+            proc = run_compiler(cmd)  # bounded by config.build_timeout
             if proc.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip()[-400:]}")
             with open(out, "rb") as f:
-                cache.write_atomic(path, f.read())
-            cache.commit_entry(path)
+                cache.store(path, f.read())
     loader = importlib.machinery.ExtensionFileLoader("kiln_cpp_call", path)
     spec = importlib.util.spec_from_file_location("kiln_cpp_call", path, loader=loader)
     module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
+    try:
+        with cache.reading(path) as ok:
+            if not ok:
+                raise RuntimeError(f"{path} vanished before its load")
+            loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - verified but does not load: rebuilt next process
+        cache.evict(path, f"it does not load: {e}")
+        raise
     return module.kiln_call
 
 

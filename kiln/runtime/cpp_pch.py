@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 
 from kiln import log
 from kiln.config import config
@@ -38,18 +39,66 @@ _lock = threading.Lock()
 _running: set = set()  # gcc processes building a header now
 
 
+_tmp_dirs: set = set()  # this process's header builds in progress (``.tmp-<pid>-*``)
+_reaped: set = set()    # pch folders swept of dead processes' leftovers this process
+STALE_S = 3600.0        # a leftover whose process cannot be asked is removed after this
+
+
 @atexit.register
 def _stop_builds():
     """A header still building when the process exits is never renamed into place (the
     thread that would do it is gone), so its gcc would only take CPU from whatever runs next
-    (on 2 cores, the next process's first call): stop it."""
+    (on 2 cores, the next process's first call): stop it, and remove its temporary folder
+    (about 15 MiB: short processes left one each)."""
     with _lock:
         procs = list(_running)
+        tmps = list(_tmp_dirs)
     for proc in procs:
         try:
             proc.kill()
-        except OSError:
+            proc.wait(timeout=5)
+        except (OSError, subprocess.SubprocessError):
             pass
+    for tmp in tmps:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale(folder: str):
+    """Remove the ``.tmp-<pid>-*`` header builds of processes that are gone (killed before
+    their exit handler ran), and any older than ``STALE_S``; once per folder per process."""
+    if folder in _reaped:
+        return
+    _reaped.add(folder)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        if not name.startswith(".tmp-"):
+            continue
+        path = os.path.join(folder, name)
+        parts = name.split("-")
+        pid = int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None
+        try:
+            old = now - os.lstat(path).st_mtime > STALE_S
+        except OSError:
+            continue
+        if pid == os.getpid() or (pid is not None and _alive(pid) and not old):
+            continue
+        if pid is None and not old:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _prelude() -> str:
@@ -80,7 +129,9 @@ def _key(kind: str = "base") -> str:
     key = cache.content_key("cpp-pch", pch_source(kind), config.cpp_compiler,
                             compiler_version(config.cpp_compiler), " ".join(config.cpp_flags),
                             platform.machine())
-    return os.path.join(cache.subdir("pch"), key[:32])
+    folder = cache.subdir("pch")
+    reap_stale(folder)
+    return os.path.join(folder, key[:32])
 
 
 def header_for(source: str) -> str | None:
@@ -153,26 +204,37 @@ def _ready_or_build(final: str, kind: str) -> str:
     if os.path.exists(gch) and cache.valid_entry(gch):
         return header
     if os.path.isdir(final):  # a bad entry (valid_entry removed the .gch): build it again
-        shutil.rmtree(final, ignore_errors=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(final))
+        _remove_dir(final)
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=os.path.dirname(final))  # 0700
+    with _lock:
+        _tmp_dirs.add(tmp)
     try:
-        with open(os.path.join(tmp, HEADER), "w") as f:
-            f.write(pch_source(kind))
+        from kiln.runtime.cpp_build import write_private
+        write_private(os.path.join(tmp, HEADER), pch_source(kind))
         flags = [f for f in config.cpp_flags if f != "-shared"]
         cmd = [config.cpp_compiler, *flags, "-x", "c++-header", os.path.join(tmp, HEADER),
                "-o", os.path.join(tmp, HEADER + ".gch")]
         if shutil.which("nice"):  # kernels being built meanwhile come first
             cmd = ["nice", "-n", "10", *cmd]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                umask=0o077)  # the .gch is this user's from its first byte
         with _lock:
             _running.add(proc)
         try:
-            _, stderr = proc.communicate()
+            timeout = config.build_timeout if config.build_timeout and config.build_timeout > 0 else None
+            try:
+                _, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                raise RuntimeError(f"{config.cpp_compiler} timed out after {timeout:g} s (killed) "
+                                   "precompiling the prelude") from None
         finally:
             with _lock:
                 _running.discard(proc)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)}: {stderr.strip()[-500:]}")
+        os.chmod(os.path.join(tmp, HEADER + ".gch"), 0o600)  # gcc's output follows the umask
         cache.commit_entry(os.path.join(tmp, HEADER + ".gch"))
         try:
             os.rename(tmp, final)
@@ -181,10 +243,25 @@ def _ready_or_build(final: str, kind: str) -> str:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        with _lock:
+            _tmp_dirs.discard(tmp)
     if not (os.path.exists(gch) and cache.valid_entry(gch)):
         raise RuntimeError(f"{gch} is missing or corrupt after its build")
     log.log("cache", "precompiled the C++ prelude into %s", final)
     return header
+
+
+def _remove_dir(path: str):
+    """Out of the way in one step (a kernel build reading it sees all of it or none), then
+    removed."""
+    away = os.path.join(os.path.dirname(path), f".tmp-{os.getpid()}-gone-{os.path.basename(path)}")
+    try:
+        os.rename(path, away)
+        path = away
+    except OSError:
+        pass
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def wait_ready(timeout: float = 120.0, kind: str = "base") -> str | None:

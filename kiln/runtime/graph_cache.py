@@ -9,7 +9,9 @@ lowering, scheduling and codegen; building then finds every kernel's binary in t
 caches (``cpp/``, Triton's own), so nothing is built either.
 
 Entries are written atomically with a digest sidecar (``cache.py``). A corrupt, truncated or
-unreadable entry is logged on the ``cache`` channel, removed and rebuilt.
+unreadable entry is logged on the ``cache`` channel, removed and rebuilt; one that verifies but
+whose wrapper does not build, or whose first call raises, is evicted and the graph compiled
+afresh in the same call (``pipeline.compile_prims_graph``).
 
 A second, smaller record under ``<cache>/partitions`` keeps the min-cut partitioner's answer
 (the names of the saved nodes) for a joint graph, keyed by the joint graph's text, every node's
@@ -35,7 +37,7 @@ from kiln.runtime import cache
 
 # settings that cannot change what a graph compiles to
 _IRRELEVANT_SETTINGS = {"cache_dir", "debug", "debug_dir", "verify", "strict", "disable", "graph_cache",
-                        "compile_threads",
+                        "compile_threads", "build_timeout",
                         # how kernels are built, launched or scheduled at run time, not what they are
                         "cpp_pch", "cpp_call", "triton_pointer_ints", "triton_direct_launch", "triton_binary_records",
                         "speculative_backward", "triton_warm", "cudagraph_share", "worker_fork"}
@@ -194,22 +196,28 @@ def _read_record(path: str) -> dict:
 
 def load(key: str) -> GraphEntry | None:
     path = _path(key)
-    if not cache.valid_entry(path):
-        return None
+    with cache.reading(path) as ok:
+        if not ok:
+            return None
+        try:
+            rec = _read_record(path)
+        except (OSError, ValueError) as e:
+            rec, err = None, e
     try:
-        rec = _read_record(path)
+        if rec is None:
+            raise err
         from kiln.ops.registry import lookup
         externs = [lookup(ns, name) for ns, name in rec["externs"]]
         kernels = [_kernel_from_record(r) for r in rec["kernels"]]
         return GraphEntry(rec["wrapper"], rec["size_args"], kernels, externs, rec["extern_count"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        log.log("cache", "unreadable graph cache entry %s (%s: %s); rebuilding it", path, type(e).__name__, e)
-        for p in (path, path + ".sha256"):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+        cache.evict(path, f"{type(e).__name__}: {e}", log_as="unreadable graph cache entry")
         return None
+
+
+def evict(key: str, why: str):
+    """Remove a graph entry that verified but failed to build or run (it is compiled afresh)."""
+    cache.evict(_path(key), why, log_as="unusable graph cache entry")
 
 
 def store(key: str, wrapper, generated: dict, extern_count: int, launches: dict):
@@ -232,8 +240,7 @@ def store(key: str, wrapper, generated: dict, extern_count: int, launches: dict)
              "kernels": records, "externs": externs, "extern_count": extern_count}
     path = _path(key)
     try:
-        cache.write_atomic(path, json.dumps(entry).encode())
-        cache.commit_entry(path)
+        cache.store(path, json.dumps(entry).encode())
     except OSError as e:  # a full or read-only disk costs the cache, not the compile
         log.log("cache", "could not write graph cache entry %s: %s", path, e)
 
@@ -277,10 +284,16 @@ def load_plan(key: str, joint) -> list | None:
     """The saved nodes of an earlier partition of this joint graph, or None (no entry, or one
     that is corrupt or names nodes the graph lacks: logged, removed, recomputed)."""
     path = _plan_path(key)
-    if not cache.valid_entry(path):
-        return None
+    with cache.reading(path) as ok:
+        if not ok:
+            return None
+        try:
+            rec = _read_record(path)
+        except (OSError, ValueError) as e:
+            rec, err = None, e
     try:
-        rec = _read_record(path)
+        if rec is None:
+            raise err
         by_name = {n.name: n for n in joint.graph.nodes}
         return [by_name[name] for name in rec["saved"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -289,19 +302,12 @@ def load_plan(key: str, joint) -> list | None:
 
 
 def drop_plan(key: str, why: str):
-    path = _plan_path(key)
-    log.log("cache", "unusable partition cache entry %s (%s); rebuilding it", path, why)
-    for p in (path, path + ".sha256"):
-        try:
-            os.unlink(p)
-        except OSError:
-            pass
+    cache.evict(_plan_path(key), why, log_as="unusable partition cache entry")
 
 
 def store_plan(key: str, saved: list):
     path = _plan_path(key)
     try:
-        cache.write_atomic(path, json.dumps({"format": ENTRY_FORMAT, "saved": [n.name for n in saved]}).encode())
-        cache.commit_entry(path)
+        cache.store(path, json.dumps({"format": ENTRY_FORMAT, "saved": [n.name for n in saved]}).encode())
     except OSError as e:
         log.log("cache", "could not write partition cache entry %s: %s", path, e)

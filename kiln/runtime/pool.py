@@ -46,6 +46,26 @@ class BuildError(RuntimeError):
     pass
 
 
+class BuildTimeout(BuildError):
+    """A build worker ran past ``config.build_timeout`` on a request and was killed."""
+
+
+def build_timeout() -> float | None:
+    t = config.build_timeout
+    return float(t) if t and t > 0 else None
+
+
+def _kill_group(pid: int):
+    """SIGKILL a worker and the compilers it started (a worker leads its own session)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def pool_size() -> int:
     n = config.compile_threads
     if n is None or n <= 0:
@@ -75,20 +95,41 @@ class Worker:
     def __init__(self):
         self.proc = subprocess.Popen([sys.executable, _WORKER_SCRIPT], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_worker_env(),
-                                     text=True, bufsize=1)
+                                     text=True, bufsize=1, start_new_session=True)
         self._out, self._in = self.proc.stdin, self.proc.stdout
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def request(self, msg: dict) -> dict:
+    def request(self, msg: dict, timeout: float | None = None) -> dict:
+        """One request and its answer; past ``timeout`` seconds the worker (and any compiler
+        it runs) is killed and BuildTimeout raised."""
         msg = dict(msg, id=next(self._ids))
+        fired = []
+        timer = None
+        if timeout:
+            def kill():
+                fired.append(True)
+                _kill_group(self.proc.pid)
+            timer = threading.Timer(timeout, kill)
+            timer.daemon = True
+            timer.start()
         try:
             self._out.write(json.dumps(msg) + "\n")
             self._out.flush()
             line = self._in.readline()
         except (OSError, ValueError) as e:
-            raise BuildError(f"[build] build worker {self.proc.pid} is gone: {e}") from e
+            if fired:
+                line = ""
+            else:
+                raise BuildError(f"[build] build worker {self.proc.pid} is gone: {e}") from e
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if fired:
+            what = msg.get("name") or msg.get("kind")
+            raise BuildTimeout(f"[build] build worker {self.proc.pid} timed out after {timeout:g} s building "
+                               f"kernel {what} (killed)")
         if not line:
             raise BuildError(f"[build] build worker {self.proc.pid} exited (code {self.proc.poll()})")
         return json.loads(line)
@@ -118,10 +159,7 @@ class _ForkedProc:
         return None
 
     def kill(self):
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(self.pid)
 
     def wait(self, timeout: float = 5.0):
         end = time.monotonic() + timeout
@@ -283,11 +321,12 @@ class BuildPool:
         for _ in range(self._reserve(self.size if count is None else count)):
             threading.Thread(target=start_one, name="kiln-build-start", daemon=True).start()
 
-    def in_worker(self, msg: dict) -> dict:
-        """Send a request to a worker process; raise BuildError with its message on failure."""
+    def in_worker(self, msg: dict, timeout: float | None = None) -> dict:
+        """Send a request to a worker process; raise BuildError with its message on failure
+        (BuildTimeout past ``timeout`` seconds: the worker is killed and replaced later)."""
         w = self._checkout()
         try:
-            reply = w.request(msg)
+            reply = w.request(msg, timeout)
         except BuildError:
             self._drop(w)
             raise

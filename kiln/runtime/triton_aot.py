@@ -130,18 +130,28 @@ def build_ahead(kernels, launches: dict, pool) -> None:
     if not jobs:
         return
     t0 = time.perf_counter()
+    timed_out = []
+    from kiln.runtime.pool import BuildTimeout, build_timeout
+    limit = build_timeout()
 
     def one(req):
         try:
-            reply = pool.in_worker(req)
+            reply = pool.in_worker(req, limit)
             counters.bump("kernel_builds")
             log.log("kernels", "built %s ahead of time in %.0f ms (its C launcher %.0f ms)", req["name"],
                     reply["seconds"] * 1e3, reply.get("launcher_seconds", 0.0) * 1e3)
             _keep_record(req, reply)
+        except BuildTimeout as e:
+            timed_out.append(str(e))
         except Exception as e:  # noqa: BLE001
             log.log("kernels", "ahead-of-time build of %s failed; it compiles at its first launch: %s",
                     req["name"], str(e).splitlines()[0] if str(e) else type(e).__name__)
     pool.map(one, jobs)
+    if timed_out:
+        # compiling it in this process at its first launch would hang there, with no bound
+        from kiln.runtime.pool import BuildError
+        raise BuildError(timed_out[0] + (f" (and {len(timed_out) - 1} more)" if len(timed_out) > 1 else "") +
+                         "; not compiled in this process, where nothing could stop it")
     log.log("perf", "%d Triton kernels built ahead of time in %.0f ms (%d workers)", len(jobs),
             (time.perf_counter() - t0) * 1e3, pool.size)
 

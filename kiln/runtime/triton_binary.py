@@ -117,14 +117,32 @@ def _path(key: str) -> str:
 
 
 def save(key: str, record: dict):
-    path = _path(key)
-    cache.write_atomic(path, json.dumps(record, sort_keys=True).encode())
-    cache.commit_entry(path)
+    cache.store(_path(key), json.dumps(record, sort_keys=True).encode())
+
+
+def _make_private(kernel):
+    """Triton's JIT writes its binaries with the process's umask: make the kernel's files 0600
+    and their folder 0700 before kiln records them (build workers run under umask 077)."""
+    group = getattr(kernel, "metadata_group", None) or {}
+    folders = set()
+    for p in group.values():
+        try:
+            if os.stat(p).st_uid == os.geteuid():
+                os.chmod(p, 0o600)
+                folders.add(os.path.dirname(p))
+        except OSError:
+            pass
+    for d in folders:
+        try:
+            os.chmod(d, 0o700)
+        except OSError:
+            pass
 
 
 def save_from_kernel(key: str, kernel, what: str):
     """Record a kernel the JIT (or a build worker) compiled; best effort."""
     try:
+        _make_private(kernel)
         save(key, describe(kernel))
     except Exception as e:  # noqa: BLE001 - the JIT path keeps working without a record
         log.log("kernels", "%s: no binary record (%s: %s)", what, type(e).__name__, e)
@@ -136,6 +154,8 @@ def construct(record: dict, fn):
     from triton.compiler import compiler as tc
     root = os.environ.get("TRITON_CACHE_DIR", "")
     group = {f: (p if os.path.isabs(p) else os.path.join(root, p)) for f, p in record["files"].items()}
+    for path in group.values():
+        cache.check_trusted(path)  # what the launch maps and runs: this user's, private
     for fname, digest in record["digests"].items():
         if digest_file(group[fname]) != digest:
             raise RecordError(f"{group[fname]} does not match its digest")
@@ -157,11 +177,12 @@ def load(key: str, fn, device: int, what: str):
     if k is not None:
         return k
     path = _path(key)
-    if not os.path.exists(path) or not cache.valid_entry(path):
-        return None
     try:
-        with open(path) as f:
-            record = json.load(f)
+        with cache.reading(path) as ok:
+            if not ok:
+                return None
+            with open(path) as f:
+                record = json.load(f)
         k = construct(record, fn)
         k.run  # noqa: B018 - loads the module and builds the launcher now, inside this try
     except Exception as e:  # noqa: BLE001 - a stale or foreign record: the JIT decides

@@ -52,17 +52,46 @@ def module_name(source: str) -> str:
     return f"kiln_triton_{_key(source)[:16]}"
 
 
-def source_path(source: str) -> str:
-    """The kernel's source file in the disk cache (written now if missing or corrupt)."""
+def _path(source: str) -> str:
     key = _key(source)
-    path = os.path.join(cache.subdir("triton"), key[:2], key + ".py")
-    if cache.valid_entry(path):
-        counters.bump("disk_cache_hits")
-        log.log("cache", "triton kernel %s from disk", key[:12])
-    else:
-        cache.write_atomic(path, source.encode())
-        cache.commit_entry(path)
+    return os.path.join(cache.subdir("triton"), key[:2], key + ".py")
+
+
+def source_path(source: str) -> str:
+    """The kernel's source file in the disk cache (written now if missing, corrupt, or not
+    exactly ``source``: the key is the source's own digest, so its bytes are checked as well)."""
+    path = _path(source)
+    with cache.reading(path) as ok:
+        if ok:
+            try:
+                with open(path, "rb") as f:
+                    ok = f.read() == source.encode()
+            except OSError:
+                ok = False
+            if ok:
+                counters.bump("disk_cache_hits")
+                log.log("cache", "triton kernel %s from disk", os.path.basename(path)[:12])
+                return path
+    path = _path(source)  # (a refused cache moved the root)
+    cache.store(path, source.encode())
     return path
+
+
+def _import(source: str, name: str):
+    path = source_path(source)
+    mod_name = module_name(source)
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        with cache.reading(path) as ok:
+            if not ok:
+                raise ImportError(f"{path} vanished before its import")
+            spec.loader.exec_module(module)
+        return getattr(module, name)
+    except BaseException:
+        sys.modules.pop(mod_name, None)
+        raise
 
 
 def _load_one(source: str, name: str):
@@ -72,13 +101,11 @@ def _load_one(source: str, name: str):
         fn = _loaded.get(key)
     if fn is not None:
         return fn
-    path = source_path(source)
-    mod_name = module_name(source)
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
-    fn = getattr(module, name)
+    try:
+        fn = _import(source, name)
+    except Exception as e:  # noqa: BLE001 - an entry that does not import: rewritten, imported again
+        cache.evict(_path(source), f"it does not import: {type(e).__name__}: {e}")
+        fn = _import(source, name)
     with _lock:
         _loaded[key] = fn
     return fn

@@ -251,15 +251,48 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="loading a binary needs a GPU")
 def test_a_second_process_launches_from_records_without_the_jit(tmp_path):
-    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path), KILN_GRAPH_CACHE="1")
+    from kiln.runtime.graph_cache import kiln_source_digest
+    # both processes agree on kiln's source digest (the graph key) whatever happens to the tree
+    # meanwhile; the pool stays small (under pytest -n 16 every process would start 16 workers);
+    # the second run's log says which kernel went through the JIT and why, should one
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path), KILN_GRAPH_CACHE="1", KILN_COMPILE_THREADS="4",
+               _KILN_TEST_SOURCE_DIGEST=kiln_source_digest(), KILN_LOGS="kernels,cache")
     env.pop("TRITON_CACHE_DIR", None)
 
     def run():
         proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
         assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    first = run()
+        return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+    first, _ = run()
     assert first["triton_jit_launches"] + first["triton_binary_loads"] >= 2
-    second = run()
-    assert second["triton_jit_launches"] == 0, second
+    second, log = run()
+    assert second["triton_jit_launches"] == 0, (second, log[-4000:])
     assert second["triton_binary_loads"] >= 2
+
+
+def test_a_cached_graph_shares_binaries_as_its_cold_compile_did(monkeypatch):
+    """Kernels equal up to names but launched differently keep apart on a graph-cache hit as
+    they did when compiled (their recorded launch requests decide), so each finds its own
+    binary record instead of the JIT."""
+    from kiln import pipeline
+    from kiln.runtime import builder
+    from kiln.runtime.graph_cache import CachedKernel
+    src = "def kiln_kernel{0}(in_ptr0, xnumel, XBLOCK: tl.constexpr):\n    pass\n"
+    launch = [{"name": f"kiln_kernel{i}", "args": [["ptr", "float32", 16], ["int", n]], "kwargs": {"XBLOCK": 64}}
+              for i, n in ((0, 64), (1, 4096))]
+    kernels = [CachedKernel("TritonKernel", f"kiln_kernel{i}", src.format(i), ["in_ptr0"], launch=launch[i])
+               for i in range(2)]
+    seen = {}
+
+    def load_kernels(ks, target, launches, reps):
+        seen["reps"], seen["launches"] = reps, launches
+        return [lambda *a: None for _ in ks]
+    monkeypatch.setattr(builder, "load_kernels", load_kernels)
+
+    class Hit:
+        source, size_args, externs = "def call():\n    return ()\n", [], []
+    pipeline.build(Hit, {k.name: k for k in kernels}, "triton")
+    assert seen["reps"][0] is kernels[0] and seen["reps"][1] is kernels[1]
+    assert seen["launches"] == {}  # a hit builds nothing ahead of time
+    cold = builder.representatives(kernels, {k.name: k.launch for k in kernels})
+    assert cold == seen["reps"]
