@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import kiln
-from conftest import CUDA
+from testing import CUDA
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ def range_loop_with_a_break(x):
     return x - 1
 
 
-@case(x48, graphs=4, breaks=3)
-class ModuleListWithABreak(nn.Module):  # one entry per layer (guarded by identity), then the end
+@case(x48, graphs=3, breaks=2)
+class ModuleListWithABreak(nn.Module):  # the layers share one entry (modules guarded by type), then the end
     def __init__(self):
         super().__init__()
         self.layers = nn.ModuleList([nn.Linear(8, 8) for _ in range(3)])
