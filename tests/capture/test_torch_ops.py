@@ -1,0 +1,68 @@
+"""torch.ops.aten.* calls in captured code: the overload is bound from the arguments (a packet)
+or given (an OpOverload), then routed to the torch-level capture rule of the same name, or run
+as a fallback node; mutating, view-returning and random ops stay graph breaks."""
+import torch
+
+import kiln
+from testing import assert_close
+
+aten = torch.ops.aten
+
+
+def _one_graph(fn, *args):
+    e = kiln.explain(fn)(*args)
+    assert e.graph_count == 1 and e.graph_break_count == 0, e.break_reasons
+    return e
+
+
+def test_packets_pick_their_overload_from_the_arguments():
+    def fn(x, y):
+        a = aten.add(x, y)              # add.Tensor
+        b = aten.add(a, 2)              # add.Scalar (a number for `other`)
+        c = aten.mul(b, y, )            # mul.Tensor
+        d = aten.leaky_relu(c, 0.2)     # F.leaky_relu
+        return aten.sum(d, [1]), aten.div(d, 3.0), aten.argmax(d, 1)
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    _one_graph(fn, x, y)
+    for got, want in zip(kiln.compile(fn, fullgraph=True)(x, y), fn(x, y)):
+        assert_close(got, want)
+
+
+def test_explicit_overloads_and_their_keywords():
+    def fn(x):
+        a = aten.mul.Tensor(x, 2)
+        b = aten.add.Tensor(a, x, alpha=3)
+        c = aten.arange.start_step(0, 20, 4, dtype=torch.int64, device=x.device)
+        d = aten.constant_pad_nd.default(b, [1, 1])
+        return d, c + x[:5].sum(), aten.avg_pool2d.default(b.reshape(1, 1, 4, 5), [2, 2])
+    x = torch.randn(4, 5)
+    _one_graph(fn, x)
+    for got, want in zip(kiln.compile(fn, fullgraph=True)(x), fn(x)):
+        assert_close(got, want)
+
+
+def test_an_op_without_a_capture_rule_is_a_fallback_node():
+    def fn(x):
+        return aten._softmax.default(x, 1, False) + aten.logcumsumexp(x, 0)
+    x = torch.randn(4, 5)
+    e = _one_graph(fn, x)
+    assert "torch.ops.aten._softmax.default" in e.graphs[0].python()
+    assert_close(kiln.compile(fn, fullgraph=True)(x), fn(x))
+
+
+def test_gradients_flow_through_routed_aten_calls():
+    def fn(x, w):
+        return aten.mul.Tensor(aten.tanh(x), w).sum()
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+    kiln.compile(fn, fullgraph=True)(x, w).backward()
+    gx, gw = x.grad, w.grad
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    fn(x2, w2).backward()
+    assert_close(gx, x2.grad)
+    assert_close(gw, w2.grad)
+
+
+def test_mutating_and_random_aten_ops_stay_graph_breaks():
+    for fn in (lambda x: aten.add_.Tensor(x, 1), lambda x: aten.rand_like(x) * x):
+        e = kiln.explain(fn)(torch.randn(3))
+        assert e.graph_break_count == 1 and "torch.ops.aten" in e.break_reasons[0].reason
