@@ -103,6 +103,7 @@ SCATTERS = {
     core.transpose: lambda base, new, d0, d1: core.transpose(new, d0, d1),
     core.expand: _inverse_expand,
     core.detach: lambda base, new: new,
+    core.view_dtype: lambda base, new, dtype: core.view_dtype(new, base.dtype),
 }
 VIEW_OPS = frozenset(SCATTERS)
 
