@@ -5,11 +5,16 @@ Code written against the op registry calls ``aten.add(x, y)`` (an ``OpOverloadPa
 them: the arguments are bound to the overload's schema (for a packet, the first overload whose
 schema accepts them, as torch's own dispatcher picks), and the call is routed to the torch-level
 function of the same name (``torch.<name>``, ``F.<name>``, ``torch._C._nn.<name>``,
-``Tensor.<name>``) whose capture rule already exists. An op with no such rule becomes a
-``core.fallback`` node running the overload itself (kiln/capture/fallback.py). Ops that mutate,
-return views (fallback results are fresh tensors) or draw random numbers stay graph breaks.
+``Tensor.<name>``) whose capture rule already exists, when that function takes the schema's
+arguments in the schema's order. Any other op becomes a ``core.fallback`` node running the
+overload itself (kiln/capture/fallback.py; a result that may be a view of an argument is tracked
+as an uncertain view there), as do all ``prims`` ops (their semantics are not the torch
+functions' of the same name). Ops that mutate or draw random numbers stay graph breaks.
 """
 from __future__ import annotations
+
+import inspect
+import types
 
 import torch
 
@@ -58,8 +63,8 @@ class TorchOpVariable(Variable):
         if overload is None:
             raise Unsupported(f"{what}: no overload's schema accepts these arguments")
         schema = overload._schema
-        if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
-            raise Unsupported(f"{what}: the op mutates or returns a view (not captured)")
+        if schema.is_mutable:
+            raise Unsupported(f"{what}: the op mutates its arguments (not captured)")
         if torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ()):
             raise Unsupported(f"{what}: a random op (not captured)")
         pos, kw = _call_form(schema, bound, args, kwargs)
@@ -179,26 +184,49 @@ def _call_form(schema, bound, args, kwargs):
     return pos, kw
 
 
-def _torch_level(name: str, schema):
-    """The capture adapter of the torch-level function named like the aten op, or None."""
+def _torch_level(name: str, schema, pos, kw):
+    """The capture adapter of the torch-level function named like the aten op, or None. Torch's
+    C++-bound functions and Tensor methods are generated from the same schema (the same
+    positional order and keywords); a Python function (``F.elu(input, alpha, inplace)`` against
+    ``aten::elu(self, alpha, scale, input_scale)``) is used only if its signature agrees."""
     for ns in (torch, torch.nn.functional, torch._C._nn, torch.special, torch.linalg):
         fn = getattr(ns, name, None)
+        if fn is not None and not _signature_agrees(fn, schema, len(pos), kw):
+            continue
         try:
             adapter = torch_api.TORCH_FUNCTIONS.get(fn) if fn is not None else None
         except TypeError:  # unhashable
             adapter = None
         if adapter is not None:
-            return adapter, False
+            return adapter
     first = schema.arguments[0] if schema.arguments else None
-    if first is not None and first.name == "self" and name in torch_api.TENSOR_METHODS:
-        return torch_api.TENSOR_METHODS[name], True
-    return None, False
+    method = getattr(torch.Tensor, name, None)
+    if first is not None and first.name == "self" and name in torch_api.TENSOR_METHODS \
+            and _signature_agrees(method, schema, len(pos), kw):
+        return torch_api.TENSOR_METHODS[name]
+    return None
+
+
+def _signature_agrees(fn, schema, n_pos, kw):
+    if not isinstance(fn, types.FunctionType):
+        return True  # generated from the schema itself
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    want = [a.name for a in schema.arguments if not a.kwarg_only][:n_pos]
+    if len(names) < len(want) or names[1:len(want)] != want[1:]:
+        return False
+    accepted = {p.name for p in params}
+    return all(k in accepted for k in kw) or any(p.kind == p.VAR_KEYWORD for p in params)
 
 
 def _route(tx, overload, schema, pos, kw):
-    name = schema.name.split("::", 1)[-1]
+    namespace, name = schema.name.split("::", 1)
     label = f"torch.ops.{_op_name(overload)}"
-    adapter, _ = _torch_level(name, schema)
+    # prims differ from the torch functions of their names (prims.div truncates integers)
+    adapter = _torch_level(name, schema, pos, kw) if namespace == "aten" else None
     first_error = None
     if adapter is not None and (not pos or isinstance(pos[0], TensorVariable) or schema.arguments[0].name != "self"):
         try:

@@ -66,3 +66,35 @@ def test_mutating_and_random_aten_ops_stay_graph_breaks():
     for fn in (lambda x: aten.add_.Tensor(x, 1), lambda x: aten.rand_like(x) * x):
         e = kiln.explain(fn)(torch.randn(3))
         assert e.graph_break_count == 1 and "torch.ops.aten" in e.break_reasons[0].reason
+
+
+def test_a_torch_function_with_another_signature_is_not_used():
+    # F.elu(input, alpha, inplace) against aten::elu(self, alpha, scale, input_scale)
+    def fn(x):
+        return aten.elu(x, 1.67, 1.05) + 2, aten.elu(x + 1, 2, 3, 4)
+    x = torch.randn(8, 8)
+    _one_graph(fn, x)
+    for got, want in zip(kiln.compile(fn, fullgraph=True)(x), fn(x)):
+        assert_close(got, want)
+
+
+def test_prims_keep_their_own_semantics():
+    def fn(a, b):
+        return torch.ops.prims.div(a, b)  # truncating on integers, unlike torch.div
+    a, b = torch.randint(-20, 20, (10,)), torch.randint(1, 5, (10,))
+    got, want = kiln.compile(fn, fullgraph=True)(a, b), fn(a, b)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_views_from_aten_calls_alias_their_base():
+    def fn(x):
+        v = aten.view(x, [20])
+        v.add_(1)  # through a routed view: reaches x
+        s = aten.slice.Tensor(x, 1, 1, 3)
+        return s * 2, x + 0
+    x = torch.randn(4, 5)
+    x_ref = x.clone()
+    got, want = kiln.compile(fn, fullgraph=True)(x), fn(x_ref)
+    for g, w in zip(got, want):
+        assert_close(g, w)
+    assert_close(x, x_ref)
