@@ -150,9 +150,9 @@ def _matches(ty, v, strict: bool) -> bool:
     if kind == "StringType":
         return isinstance(v, str)
     if kind == "ScalarTypeType":
-        return isinstance(v, torch.dtype)
+        return isinstance(v, torch.dtype) or (type(v) is int and v in _SCALAR_TYPES)
     if kind == "LayoutType":
-        return isinstance(v, torch.layout)
+        return isinstance(v, torch.layout) or v == 0
     if kind == "DeviceObjType":
         return isinstance(v, (torch.device, str))
     if kind == "MemoryFormatType":
@@ -160,12 +160,34 @@ def _matches(ty, v, strict: bool) -> bool:
     return False  # generators, streams, dimnames...: not captured
 
 
+# Schemas type a dtype as an int (c10::ScalarType's value: ``dtype=6`` is float32) and code
+# written against them passes such ints; torch-level functions want torch.dtype.
+_SCALAR_TYPES = dict(enumerate([torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                                torch.float16, torch.float32, torch.float64, torch.complex32,
+                                torch.complex64, torch.complex128, torch.bool]))
+_SCALAR_TYPES[15] = torch.bfloat16
+
+
+def _normalized(arg, v):
+    """A ScalarType / Layout given as its enum int, as the torch object."""
+    if isinstance(v, ConstantVariable) and type(v.value) is int:
+        kind = getattr(arg, "real_type", arg.type)
+        kind = kind.getElementType().kind() if kind.kind() == "OptionalType" else kind.kind()
+        if kind == "ScalarTypeType":
+            return ConstantVariable(_SCALAR_TYPES[v.value])
+        if kind == "LayoutType":
+            return ConstantVariable(torch.strided)
+    return v
+
+
 def _call_form(schema, bound, args, kwargs):
     """Positional Variables (schema order, defaults filled between) and keyword Variables (only
     those differing from their defaults: torch-level functions lack some aten-only keywords)."""
+    by_name = {a.name: a for a in schema.arguments}
+
     def var(name):
         kind, key = bound[name]
-        return args[key] if kind == "arg" else kwargs[key]
+        return _normalized(by_name[name], args[key] if kind == "arg" else kwargs[key])
     positional = [p for p in schema.arguments if not p.kwarg_only]
     last = max((i for i, p in enumerate(positional) if p.name in bound), default=-1)
     pos = []

@@ -98,3 +98,14 @@ def test_views_from_aten_calls_alias_their_base():
     for g, w in zip(got, want):
         assert_close(g, w)
     assert_close(x, x_ref)
+
+
+def test_dtypes_and_layouts_given_as_their_enum_ints():
+    def fn(a):
+        return (aten.new_ones(a, [2], device=a.device, dtype=6, layout=0, pin_memory=False),
+                aten._to_copy(a + 1, dtype=4))
+    a = torch.randn(8)
+    _one_graph(fn, a)
+    for got, want in zip(kiln.compile(fn, fullgraph=True)(a), fn(a)):
+        assert got.dtype == want.dtype
+        assert_close(got, want)
