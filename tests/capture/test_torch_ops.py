@@ -109,3 +109,12 @@ def test_dtypes_and_layouts_given_as_their_enum_ints():
     for got, want in zip(kiln.compile(fn, fullgraph=True)(a), fn(a)):
         assert got.dtype == want.dtype
         assert_close(got, want)
+
+
+def test_pool_sizes_as_one_element_lists():
+    def fn(x):
+        return aten.avg_pool2d(x, [3], [2], [1]), torch.nn.functional.max_pool2d(x, [2])
+    x = torch.randn(1, 2, 8, 8)
+    _one_graph(fn, x)
+    for got, want in zip(kiln.compile(fn, fullgraph=True)(x), fn(x)):
+        assert_close(got, want)
