@@ -63,7 +63,8 @@ class TorchOpVariable(Variable):
         if overload is None:
             raise Unsupported(f"{what}: no overload's schema accepts these arguments")
         schema = overload._schema
-        if schema.is_mutable:
+        op_name = schema.name.split("::", 1)[-1]
+        if schema.is_mutable and not (op_name.endswith("_") and op_name in torch_api.TENSOR_METHODS):
             raise Unsupported(f"{what}: the op mutates its arguments (not captured)")
         if torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ()):
             raise Unsupported(f"{what}: a random op (not captured)")
@@ -206,11 +207,26 @@ def _call_form(schema, bound, args, kwargs):
     return pos, kw
 
 
+def _slice(x, dim=0, start=None, end=None, step=1):
+    from kiln.ops import core
+    return core.slice(x, dim, start, end, step)
+
+
+def _constant_pad_nd(x, pad, value=0):
+    return torch_api.TORCH_FUNCTIONS[torch.nn.functional.pad](x, pad, "constant", value)
+
+
+# aten ops whose torch-level form has another name or signature: the capture adapter to use
+ALIASES = {"slice": _slice, "constant_pad_nd": _constant_pad_nd}
+
+
 def _torch_level(name: str, schema, pos, kw):
     """The capture adapter of the torch-level function named like the aten op, or None. Torch's
     C++-bound functions and Tensor methods are generated from the same schema (the same
     positional order and keywords); a Python function (``F.elu(input, alpha, inplace)`` against
     ``aten::elu(self, alpha, scale, input_scale)``) is used only if its signature agrees."""
+    if name in ALIASES:
+        return ALIASES[name]
     for ns in (torch, torch.nn.functional, torch._C._nn, torch.special, torch.linalg):
         fn = getattr(ns, name, None)
         if fn is not None and not _signature_agrees(fn, schema, len(pos), kw):
@@ -255,6 +271,8 @@ def _route(tx, overload, schema, pos, kw):
             return tx.call_adapter(adapter, pos, kw, label)
         except Unsupported as e:  # the torch-level signature differs: run the overload itself
             first_error = e
+    if schema.is_mutable:  # only ever the Tensor method's in-place rule
+        raise first_error or Unsupported(f"{label}: the op mutates its arguments (not captured)")
     adapter, why = fallback_adapter(overload, label)
     if adapter is None:
         raise first_error or Unsupported(f"{label} is not supported ({why})")
