@@ -366,8 +366,8 @@ def collect(args):
         for cls in classes:
             cases += [("functions", cls.__name__, n) for n in sorted(dir(cls))
                       if n.startswith("test_")]
-    if args.k:
-        cases = [c for c in cases if args.k in c[2]]
+    if args.k:  # a substring, or several separated by '|'
+        cases = [c for c in cases if any(k in c[2] for k in args.k.split("|"))]
     return cases
 
 

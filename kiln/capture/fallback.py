@@ -1,7 +1,8 @@
 """Fallback nodes in capture: a torch function or Tensor method with no capture-table entry
 runs eagerly inside the compiled graph (``core.fallback``), when that is safe:
 
-* its output metadata can be computed on torch's meta device (one tensor out);
+* its output metadata can be computed on torch's meta device (one tensor, or a tuple of them:
+  one node whose results are read by ``getitem``, kept as torch's named tuple where it has one);
 * it does not mutate (no trailing ``_``, no ``out=``), change device, or leave torch's compute
   namespaces (RNG state, CUDA streams, autograd, I/O are graph breaks);
 * no gradient is needed through it (fallback has no VJP rule).
@@ -64,8 +65,21 @@ def fallback_adapter(fn, name: str):
             raise Unsupported(f"{name} has no core op, and a gradient is needed through it")
         target = register_fallback_target(name, fn)
         out = core.fallback(target, *args, **kwargs)
-        if not isinstance(out, Proxy):
-            raise Unsupported(f"{name} returns several tensors (fallback takes one)")
+        if isinstance(out, tuple):  # several results: one node, one getitem per result
+            out = _as_return_type(fn, out)
+        elif not isinstance(out, Proxy):
+            raise Unsupported(f"{name} returns {type(out).__name__}, not tensors")
         log.log("graph", "fallback node: %s runs eagerly inside the compiled graph", name)
         return out
     return adapter, None
+
+
+def _as_return_type(fn, out: tuple):
+    """torch.sort's results as ``torch.return_types.sort`` (``.values``/``.indices``)."""
+    short = getattr(fn, "__name__", "")
+    if isinstance(fn, torch._ops.OpOverload):
+        short = fn.overloadpacket.__name__
+    ty = getattr(torch.return_types, short, None)
+    if isinstance(ty, type) and getattr(ty, "n_fields", None) == len(out):
+        return ty(out)
+    return out

@@ -36,7 +36,7 @@ import torch
 
 from kiln.capture.errors import Unsupported
 from kiln.capture.torch_api_inplace import Writes
-from kiln.graph import Proxy
+from kiln.graph import Proxy, getitem
 from kiln.graph.node import CALL, PLACEHOLDER, Node
 from kiln.ops import core
 from kiln.ops.core_views import _view_strides
@@ -103,6 +103,7 @@ SCATTERS = {
     core.transpose: lambda base, new, d0, d1: core.transpose(new, d0, d1),
     core.expand: _inverse_expand,
     core.detach: lambda base, new: new,
+    core.view_dtype: lambda base, new, dtype: core.view_dtype(new, base.dtype),
 }
 VIEW_OPS = frozenset(SCATTERS)
 
@@ -303,6 +304,8 @@ def _wrap_proxy(tx, out: Proxy, by_node, name):
         if not (node.op == CALL and node.target in VIEW_OPS and isinstance(node.args[0], Node)):
             if node.op == CALL and node.target is core.fallback:
                 return _fallback_result(tx, out, node, by_node)
+            if node.op == CALL and node.target is getitem and node.args[0].target is core.fallback:
+                return _fallback_result(tx, out, node.args[0], by_node)  # one of several results
             return tx.wrap_result(out)  # a new tensor
         steps.append(node)
         node = node.args[0]

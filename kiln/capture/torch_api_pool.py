@@ -15,7 +15,9 @@ from kiln.ops import core
 
 
 def _pair(v):
-    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+    if isinstance(v, (tuple, list)):
+        return (v[0], v[0]) if len(v) == 1 else tuple(v)  # [3] is (3, 3), as in eager
+    return (v, v)
 
 
 def _whole(name, why, input, *args, **kwargs):

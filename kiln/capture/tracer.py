@@ -16,7 +16,7 @@ import types
 
 import torch
 
-from kiln.capture import mutation, torch_api
+from kiln.capture import mutation, torch_api, torch_ops
 from kiln.capture.builtins import is_builtin
 from kiln.capture.autocast import AutocastState, wrap_autocast
 from kiln.capture.errors import Unsupported
@@ -235,6 +235,8 @@ class Tracer:
             return ContextVarVariable(value, source)
         if isinstance(value, types.ModuleType):
             return PythonModuleVariable(value, source)
+        if torch_ops.is_op(value):  # torch.ops.aten.add, aten.mul.Tensor (capture/torch_ops.py)
+            return torch_ops.TorchOpVariable(value, source)
         if _is_hashable(value) and value in torch_api.TORCH_FUNCTIONS:
             return TorchFunctionVariable(value, source)
         if is_builtin(value):

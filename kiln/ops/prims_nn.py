@@ -266,4 +266,9 @@ def _prim_fallback_meta(target, *args, **kwargs):
     return fallback_meta(target, *args, **kwargs)
 
 
-LOWERINGS[fallback] = L.extern_rule
+@LOWERINGS.register(fallback)
+def _prim_fallback_lowering(ctx, meta, *args, **kwargs):
+    """One wrapper call; several results (torch.sort) are one ``ir.ExternItem`` each."""
+    if isinstance(meta, tuple):
+        return L.extern_multi_rule(ctx, meta, *args, **kwargs)
+    return L.extern_rule(ctx, meta, *args, **kwargs)
