@@ -23,14 +23,19 @@ def _holds_complex(node) -> bool:
     return any(isinstance(m, TensorMeta) and m.dtype.is_complex for m in flatten_args(vals))
 
 
-def _mark_composite(created, result):
+# core ops whose eager form allocates its result with its meta's strides whatever the operands'
+# layout: ``x.t().contiguous()`` is contiguous (its copy must not follow x's order)
+_ALLOCATES_BY_META = {"contiguous"}
+
+
+def _mark_composite(created, result, core_name=None):
     """A core op that reduces (layer_norm, softmax ...) allocates its result in eager, which
     keeps the strides its meta gives (contiguous), unlike an elementwise op's (TensorIterator
     follows the operands' layout). Its result nodes say so for lowering's layout hint
     (``inductor/layout.py``)."""
     from kiln.ops import prims_reductions as R
     reductions = (R.sum, R.prod, R.amax, R.amin, R.argmax, R.argmin)
-    if not any(n.target in reductions for n in created):
+    if core_name not in _ALLOCATES_BY_META and not any(n.target in reductions for n in created):
         return
     inside = set(map(id, created))
     for p in flatten_args(result):
@@ -70,7 +75,7 @@ def decompose(graph: Graph) -> Graph:
             first_new = len(out.nodes)
             with out.inherit(origin=_describe(node), source=source):
                 env[node] = rule(*args, **kwargs)
-            _mark_composite(out.nodes[first_new:], env[node])
+            _mark_composite(out.nodes[first_new:], env[node], target.name)
         elif node.op == OUTPUT:
             result = map_args(node.args[0], lambda n: env[n])
             out.output(result)
