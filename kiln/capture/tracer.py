@@ -35,6 +35,7 @@ from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_s
 from kiln.capture.values_dict import (OrderedDictVariable, ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
+                                        wrap_grad_mode_value,
                                         is_structseq, is_user_object)
 from kiln.capture.values import (BuiltinVariable, CellVariable, ConstantVariable, DictVariable,
                                  FunctionVariable, IteratorVariable, LazyVariable, ListVariable,
@@ -209,6 +210,9 @@ class Tracer:
                  for i, (k, v) in enumerate(value.items())}, source))
         if is_python_dict_subclass(type(value)):  # dict's behaviour, the subclass's methods
             return wrap_dict_subclass(self, value, source, guard)
+        grad_mode = wrap_grad_mode_value(self, value, source, guard)  # torch.no_grad() objects
+        if grad_mode is not None:
+            return grad_mode
         if isinstance(value, torch.nn.Module):
             if source is None:
                 raise Unsupported(f"{type(value).__name__} module created or reached without a source")
