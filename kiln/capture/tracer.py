@@ -249,7 +249,10 @@ class Tracer:
                 and "ctx_factory" in value.__code__.co_freevars:
             return grad_mode_decorated(self, value, source)  # @torch.no_grad() on a function
         if isinstance(value, types.FunctionType):
-            if (value.__module__ or "").startswith("torch"):
+            # kiln.disable(torch.cummax) copies torch's __module__ (functools.wraps) but must
+            # stay a break at the call, not become the torch function it wraps
+            if (value.__module__ or "").startswith("torch") \
+                    and not getattr(value, "_kiln_disabled", False):
                 return TorchFunctionVariable(value, source)  # torch's Python code is not inlined
             return FunctionVariable(value, source=source)
         if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
