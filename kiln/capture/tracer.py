@@ -35,6 +35,7 @@ from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_s
 from kiln.capture.values_dict import (OrderedDictVariable, ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
+                                        wrap_grad_mode_value,
                                         is_structseq, is_user_object)
 from kiln.capture.values import (BuiltinVariable, CellVariable, ConstantVariable, DictVariable,
                                  FunctionVariable, IteratorVariable, LazyVariable, ListVariable,
@@ -209,6 +210,9 @@ class Tracer:
                  for i, (k, v) in enumerate(value.items())}, source))
         if is_python_dict_subclass(type(value)):  # dict's behaviour, the subclass's methods
             return wrap_dict_subclass(self, value, source, guard)
+        grad_mode = wrap_grad_mode_value(self, value, source, guard)  # torch.no_grad() objects
+        if grad_mode is not None:
+            return grad_mode
         if isinstance(value, torch.nn.Module):
             if source is None:
                 raise Unsupported(f"{type(value).__name__} module created or reached without a source")
@@ -245,7 +249,10 @@ class Tracer:
                 and "ctx_factory" in value.__code__.co_freevars:
             return grad_mode_decorated(self, value, source)  # @torch.no_grad() on a function
         if isinstance(value, types.FunctionType):
-            if (value.__module__ or "").startswith("torch"):
+            # kiln.disable(torch.cummax) copies torch's __module__ (functools.wraps) but must
+            # stay a break at the call, not become the torch function it wraps
+            if (value.__module__ or "").startswith("torch") \
+                    and not getattr(value, "_kiln_disabled", False):
                 return TorchFunctionVariable(value, source)  # torch's Python code is not inlined
             return FunctionVariable(value, source=source)
         if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):

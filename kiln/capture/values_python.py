@@ -555,6 +555,7 @@ __all__ = ["is_structseq", "tuple_fields", "make_named_tuple", "ObjectVariable",
            "plain_metaclass",
            "NamedTupleVariable", "SetVariable", "SuperVariable",
            "PartialVariable", "GradModeVariable", "ContextExitVariable", "call_class",
+           "wrap_grad_mode_value",
            "attribute_of_class", "dataclass_replace"]
 
 
@@ -622,6 +623,34 @@ class GradModeFunctionVariable(Variable):
             return self.wrapped.call(tx, args, kwargs)
         finally:
             exit_.call(tx, [], {})
+
+
+def _grad_mode_of(obj):
+    """The mode a no_grad / enable_grad / set_grad_enabled object sets, else None."""
+    if type(obj) in _GRAD_CONTEXTS:
+        return _GRAD_CONTEXTS[type(obj)]
+    if type(obj) is torch.set_grad_enabled:
+        return bool(obj.mode)
+    return None
+
+
+def wrap_grad_mode_value(tx, value, source, guard):
+    """A grad-mode context object, or its bound ``clone``, reached as a value: torch's
+    ``@torch.no_grad()`` wraps a function with ``context_decorator(self.clone, func)`` whose
+    body runs ``with ctx_factory():`` (inlined when the decorated function is reached as a
+    module's forward or a method, not through ``grad_mode_decorated``). None if not one."""
+    is_clone = isinstance(value, types.MethodType) and value.__name__ == "clone"
+    obj = value.__self__ if is_clone else value
+    enabled = _grad_mode_of(obj)
+    if enabled is None or (is_clone and value.__func__ is not type(obj).clone):
+        return None
+    if guard and source is not None:  # the same kind of object with the same mode
+        obj_source = tx.attr_source(source, "__self__") if is_clone else source
+        tx.guards.add(obj_source, f"id(type({{}})) == {id(type(obj))}"
+                      + (f" and {{}}.mode == {enabled}" if type(obj) is torch.set_grad_enabled else ""))
+    if is_clone:  # clone() makes a fresh context of the same kind and mode
+        return _Call(lambda: GradModeVariable(enabled))
+    return GradModeVariable(enabled)
 
 
 def grad_mode_decorated(tx, fn, source):

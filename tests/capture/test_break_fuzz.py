@@ -1,5 +1,5 @@
 """Graph breaks at varied stack depths: each function calls something capture cannot trace
-(``torch.cummax``, ``print``, ``kiln.graph_break()``, ``.item()``, ``.tolist()``, ...) in the
+(``untraced.cummax``, ``print``, ``kiln.graph_break()``, ``.item()``, ``.tolist()``, ...) in the
 middle of an expression, so the glue must rebuild a stack that holds other values (a callee
 and its first arguments, the left operand of a binary op, a half-built tuple, dict or
 comprehension, a with-block's exit, ...), and the resume function may break again.
@@ -44,6 +44,13 @@ class Printer(torch.nn.Module):
 PRINTER = Printer()
 
 
+class untraced:
+    """torch.cummax/cummin outside capture: since fallback nodes take several results they are
+    captured (one graph), so each call here is a graph break at the call site."""
+    cummax = staticmethod(kiln.disable(torch.cummax))
+    cummin = staticmethod(kiln.disable(torch.cummin))
+
+
 class Box:
     def __init__(self, t):
         self.t = t * 2
@@ -66,44 +73,44 @@ class Scale:
 # ---------------------------------------------------------------- results used by subscripts
 @case()
 def cummax_then_subscript(x):
-    return torch.cummax(x, 0)[0]
+    return untraced.cummax(x, 0)[0]
 
 
 @case()
 def cummax_field_then_op(x):
-    return torch.cummax(x, 1).indices * 2 + x
+    return untraced.cummax(x, 1).indices * 2 + x
 
 
 @case(2)
 def cummax_of_cummax(x):
-    return torch.cummax(torch.cummax(x, 0).values, 1).values
+    return untraced.cummax(untraced.cummax(x, 0).values, 1).values
 
 
 @case()
 def unpack_a_break_result(x):
-    values, indices = torch.cummin(x, 0)
+    values, indices = untraced.cummin(x, 0)
     return values - indices
 
 
 @case()
 def method_chain_through_a_break(x):
-    return x.sin().cummax(0).values.cos().sum(1)
+    return untraced.cummax(x.sin(), 0).values.cos().sum(1)
 
 
 # ---------------------------------------------------------------- inside a call's arguments
 @case()
 def break_in_a_call_argument(x):
-    return torch.add(x, torch.cummax(x, 1).values, alpha=2)
+    return torch.add(x, untraced.cummax(x, 1).values, alpha=2)
 
 
 @case()
 def break_in_a_list_argument(x):
-    return torch.cat([x, torch.cummax(x, 0).values, x * 3])
+    return torch.cat([x, untraced.cummax(x, 0).values, x * 3])
 
 
 @case()
 def break_in_a_method_argument(x):
-    return x.mul(2).add(torch.cummin(x, 1).values)
+    return x.mul(2).add(untraced.cummin(x, 1).values)
 
 
 @case()
@@ -162,7 +169,7 @@ def print_in_a_tuple(x):
 
 @case()
 def break_in_a_dict(x):
-    return {"a": x + 1, "b": torch.cummax(x, 0)[1], "c": x * 3}
+    return {"a": x + 1, "b": untraced.cummax(x, 0)[1], "c": x * 3}
 
 
 @case(specializes=True)
@@ -173,7 +180,7 @@ def tolist_in_a_return_tuple(x):
 @case()
 def append_around_a_break(x):
     out = [x.sin()]
-    out.append(torch.cummax(x, 0).values)
+    out.append(untraced.cummax(x, 0).values)
     out.append(x * 2)
     return out
 
@@ -185,7 +192,7 @@ def print_in_a_list_comprehension(x):
 
 @case()
 def break_in_a_generator_expression(x):
-    return sum(t.sum(0) for t in (x, torch.cummax(x, 0).values))
+    return sum(t.sum(0) for t in (x, untraced.cummax(x, 0).values))
 
 
 @case()
@@ -226,7 +233,7 @@ def print_inside_a_python_context_manager(x, log):
 def cummax_inside_no_grad(x):
     y = x * 2
     with torch.no_grad():
-        z = y + torch.cummax(x, 0).values
+        z = y + untraced.cummax(x, 0).values
     return y * z
 
 
@@ -241,7 +248,7 @@ def print_inside_a_null_context(x):
 @case()
 def break_inside_a_loop(x):
     for _ in range(2):
-        x = x + torch.cummax(x, 0).values
+        x = x + untraced.cummax(x, 0).values
     return x
 
 
