@@ -10,15 +10,23 @@ Dynamo's counts (torch._dynamo.explain, torch 2.13, transformers 5.24, these con
 once): 1 graph / 0 breaks for each model, inference and training."""
 import pytest
 
+transformers = pytest.importorskip("transformers")
+
 from model_helpers import build, check_inference, check_training, counts
 
 MODELS = ["t5", "bart", "whisper"]
 DYNAMO = {name: (1, 0) for name in MODELS}
+_LAYERDROP_DRAWS = tuple(int(p) for p in transformers.__version__.split(".")[:2]) < (5, 24)
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
 @pytest.mark.parametrize("name", MODELS)
 def test_one_graph(name, train):
+    if train and name in ("bart", "whisper") and _LAYERDROP_DRAWS:
+        # transformers before 5.24 draws `torch.rand([]) < self.layerdrop` in training even at
+        # layerdrop 0: a data-dependent branch, where Dynamo breaks too (11 graphs / 10 breaks
+        # for BART under 5.17), so Dynamo's one graph is not the reference there
+        pytest.skip("this transformers draws a layerdrop branch in training (Dynamo breaks too)")
     model, args, kwargs = build(name)
     graphs, breaks, reasons = counts(model, args, kwargs, train=train)
     assert (graphs, breaks) == DYNAMO[name], reasons
