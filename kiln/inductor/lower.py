@@ -204,23 +204,7 @@ def _realize_output(ctx, value: TValue, stride) -> ir.TensorRef:
         value = TValue(value.shape, value.dtype, value.device, value.loader, None, value.origins)
     if stride is None and value.layout is not None:
         stride = contiguous_strides(value.shape)
-    # a dense permuted layout is stored walking memory in order, as realize() stores a layout
-    # hint: the output's kernel then indexes its operands as they are stored (fusable)
-    return ctx.realize(value, stride, in_order=stride is not None and _dense_permutation(value.shape, stride))
-
-
-def _dense_permutation(shape, stride) -> bool:
-    """Is ``stride`` a non-contiguous, gap-free permutation of ``shape``'s dims?"""
-    stride, shape = tuple(stride), tuple(shape)
-    if stride == tuple(contiguous_strides(shape)):
-        return False
-    order = sorted(range(len(shape)), key=lambda d: (-stride[d], d))
-    expect = 1
-    for d in reversed(order):
-        if shape[d] != 1 and stride[d] != expect:
-            return False
-        expect *= shape[d]
-    return True
+    return ctx.realize(value, stride)
 
 
 def _same_layout(shape, a, b) -> bool:
