@@ -99,6 +99,10 @@ class Config:
     # convolution over channels-last activations gets them channels-last, as in eager;
     # KILN_EAGER_LAYOUTS=0 for an A/B
     eager_layouts: bool = dataclasses.field(default_factory=lambda: _env_bool("KILN_EAGER_LAYOUTS", True))
+    # convolution inputs channels-last where a graph's convolutions pay for it
+    # (inductor/conv_layout.py): "auto" (CUDA inference graphs), "channels_last" (any device,
+    # any graph of static 4-d convolutions: tests), "eager" (eager's layouts)
+    conv_layout: str = "auto"
     # buffer reuse in the wrapper: a dead buffer of the same size, dtype and device is reused
     reuse_buffers: bool = True
     cpp_flags: tuple = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")

@@ -139,6 +139,9 @@ def _compile_graph(graph: Graph, backend: str):
     # eager's strides for the outputs, from the captured graph's metas: lowering allocates
     # them so (the prims' own metas are contiguous)
     prims_graph.output_strides = output_strides(graph)
+    # a training forward (autograd/__init__.py): its saved tensors keep the layouts the
+    # backward was built against (inductor/conv_layout.py)
+    prims_graph.saves_for_backward = getattr(graph, "saves_for_backward", False)
     if config.verify:
         _stage("decomp", verify, prims_graph, ("prims",), name="verify_prims")
     if backend == "aot_eager":

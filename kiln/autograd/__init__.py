@@ -43,6 +43,7 @@ def compile_autograd(graph, backend: str = "kiln", strategy: str | None = None):
     if trains and speculate.eligible([n.meta["val"] for n in part.forward.placeholders]):
         spec = speculate.BackwardSpeculation(graph.name, part, backend, None if ctx is None else ctx.compile_id)
         speculate.before_forward_build(spec)
+    part.forward.saves_for_backward = trains  # lowering keeps the saved tensors' layouts
     try:
         forward = compile_graph(part.forward, backend)
     finally:

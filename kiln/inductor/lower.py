@@ -14,6 +14,7 @@ from kiln.graph.graph import Graph, getitem
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, flatten_args, map_args
 from kiln.inductor import ir
 from kiln.config import config
+from kiln.inductor.conv_layout import wants_channels_last
 from kiln.inductor.layout import layout_hint
 from kiln.inductor.lowering import TValue, extern_rule
 from kiln.meta.symbolic import SymInt, expr_meta, free_symbols, has_symbols, symbol_reads, sympy_args
@@ -36,6 +37,7 @@ class LoweringContext:
         self.current_origins: tuple = ()
         self.seed = None
         self._streams = 0
+        self.conv_channels_last = False  # inductor/conv_layout.py
 
     def seed_load(self, device):
         """The per-call random seed (an int64 the wrapper draws from torch's generator)."""
@@ -130,6 +132,7 @@ def lower(graph: Graph) -> ir.LoopProgram:
                                         for n in graph.placeholders)
     meta_of = (lambda n: expr_meta(n.meta["val"])) if symbolic else (lambda n: n.meta["val"])
     device = graph_device(graph)
+    ctx.conv_channels_last = wants_channels_last(graph, device)
     for node in graph.nodes:
         if node.op in (PLACEHOLDER, GET_ATTR):
             m = meta_of(node)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.inductor import lowering as L
+from kiln.inductor import conv_layout as _conv_layout
 from kiln.inductor import pad_gemm as _pad_gemm
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import LOWERINGS, META_RULES, define
@@ -190,8 +191,17 @@ def _channels_last(t) -> bool:
     return matches and not t.is_contiguous()
 
 
-LOWERINGS[conv] = L.extern_rule
+def _conv_lowering(ctx, meta, x, weight, *rest, **kwargs):
+    """A library call; its input handed over channels-last where the graph's convolutions pay
+    for it (inductor/conv_layout.py)."""
+    if ctx.conv_channels_last and len(x.shape) == 4:
+        x = _conv_layout.realize_channels_last(ctx, x)
+    return L.extern_rule(ctx, meta, x, weight, *rest, **kwargs)
+
+
+LOWERINGS[conv] = _conv_lowering
 L.LAYOUT_DEPENDENT.add(conv)
+_conv_layout.CONV_OPS.add(conv)
 
 
 # ------------------------------------------------------------------ scatter and random

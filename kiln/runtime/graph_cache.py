@@ -114,7 +114,8 @@ def graph_key(prims_graph, target: str) -> str:
     settings = {k: v for k, v in sorted(vars(config).items()) if k not in _IRRELEVANT_SETTINGS}
     return cache.content_key("graph", ENTRY_FORMAT, kiln_source_digest(), _versions(target), target,
                              prims_graph.python(), "\n".join(_meta_text(m) for m in metas), env_text,
-                             repr(settings), repr(getattr(prims_graph, "output_strides", None)))
+                             repr(settings), repr(getattr(prims_graph, "output_strides", None)),
+                             repr(getattr(prims_graph, "saves_for_backward", False)))
 
 
 class TensorMetaLike:

@@ -1,0 +1,139 @@
+"""Channels-last convolution inputs for conv nets (inductor/conv_layout.py).
+
+``config.conv_layout="channels_last"`` forces on this CPU what "auto" does for CUDA inference
+graphs: each 4-d convolution gets its input channels-last, the pointwise ops after it follow,
+and the graph's outputs keep eager's strides. The values must be eager's whatever the layout,
+in inference and in training, for fp32 and bf16, contiguous, channels-last and non-contiguous
+inputs."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import kiln
+from kiln.graph.graph import Graph
+from kiln.inductor import conv_layout
+from testing import assert_close
+
+
+class Block(nn.Module):  # a MobileNetV2-style inverted residual: 1x1, depthwise 3x3, 1x1
+    def __init__(self, c, hidden):
+        super().__init__()
+        self.expand = nn.Conv2d(c, hidden, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(hidden)
+        self.dw = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden, bias=False)
+        self.bn2 = nn.BatchNorm2d(hidden)
+        self.project = nn.Conv2d(hidden, c, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        h = F.relu6(self.bn1(self.expand(x)))
+        h = F.hardswish(self.bn2(self.dw(h)))
+        return x + self.bn3(self.project(h))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.blocks = nn.Sequential(Block(8, 24), Block(8, 24))
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        h = self.blocks(F.relu(self.stem(x)))
+        return self.head(h.mean((2, 3))), h  # a 4-d output too: its strides must be eager's
+
+
+class ConvInputs(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.strides = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.convolution.default:
+            self.strides.append((tuple(args[0].shape), args[0].stride()))
+        return func(*args, **(kwargs or {}))
+
+
+def _inputs(kind, dtype):
+    x = torch.randn(2, 3, 16, 16, dtype=dtype)
+    if kind == "channels_last":
+        return x.to(memory_format=torch.channels_last)
+    if kind == "strided":
+        return torch.randn(2, 3, 16, 32, dtype=dtype)[..., ::2]
+    return x
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "channels_last", "strided"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inference_matches_eager_with_channels_last_convs(kind, dtype):
+    torch.manual_seed(0)
+    model = Net().eval().to(dtype)
+    x = _inputs(kind, dtype)
+    with torch.no_grad():
+        expected = model(x)
+        kiln.reset()
+        with kiln.config.patch(conv_layout="channels_last"):
+            compiled = kiln.compile(model)
+            compiled(x)
+            rec = ConvInputs()
+            with rec:
+                actual = compiled(x)
+    for a, e in zip(actual, expected):
+        if dtype == torch.bfloat16:  # convolutions in another layout round in another order
+            torch.testing.assert_close(a, e, rtol=3e-2, atol=3e-2)
+        else:
+            assert_close(a, e)
+        assert a.dtype == e.dtype and a.stride() == e.stride()
+    assert len(rec.strides) == 7
+    for shape, stride in rec.strides:
+        assert stride == conv_layout.channels_last_strides(shape), (shape, stride)
+    assert kiln.stats()["fallbacks"] == 0
+
+
+def test_training_step_matches_eager_with_channels_last_convs():
+    torch.manual_seed(0)
+    model = Net().train()
+    x = torch.randn(4, 3, 16, 16)
+
+    def step(x):
+        logits, h = model(x)
+        return logits.square().sum() + h.mean()
+    loss = step(x)
+    loss.backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    kiln.reset()
+    with kiln.config.patch(conv_layout="channels_last"):
+        got = kiln.compile(step)(x)
+        got.backward()
+    assert_close(got, loss)
+    for p, w in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, w, rtol=1e-4, atol=1e-4)
+
+
+def _graph_with_conv(x_shape, w_shape, groups=1, saves=False):
+    from kiln.meta.tensor_meta import TensorMeta
+    from kiln.ops import prims_nn
+    g = Graph()
+    x = g.placeholder("x", TensorMeta.contiguous(x_shape, torch.float32, torch.device("cuda")))
+    w = g.placeholder("w", TensorMeta.contiguous(w_shape, torch.float32, torch.device("cuda")))
+    out = g.call(prims_nn.conv, (x, w, None, (1, 1), (1, 1), (1, 1), groups))  # meta: its rule
+    g.output((out,))
+    g.saves_for_backward = saves
+    return g
+
+
+def test_auto_picks_channels_last_for_cuda_inference_convs_only():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    dw = _graph_with_conv((8, 96, 28, 28), (96, 1, 3, 3), groups=96)  # depthwise: pays most
+    assert conv_layout.wants_channels_last(dw, cuda)
+    assert not conv_layout.wants_channels_last(dw, cpu)  # oneDNN: eager's layouts
+    assert not conv_layout.wants_channels_last(_graph_with_conv((8, 96, 28, 28), (96, 1, 3, 3), 96, True), cuda)
+    grouped = _graph_with_conv((8, 96, 28, 28), (96, 24, 3, 3), groups=4)  # slower channels-last
+    assert not conv_layout.wants_channels_last(grouped, cuda)
+    tiny = _graph_with_conv((8, 16, 28, 28), (32, 16, 3, 3))
+    assert not conv_layout.wants_channels_last(tiny, cuda)
+    with kiln.config.patch(conv_layout="eager"):
+        assert not conv_layout.wants_channels_last(dw, cuda)
