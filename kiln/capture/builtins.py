@@ -342,6 +342,16 @@ def _dataclass_replace(tx, obj, **changes):
     return dataclass_replace(tx, obj, changes)
 
 
+@handles(torch._assert)
+def _torch_assert(tx, condition, message=None):
+    # ``assert`` spelled so tracers see it (timm checks image sizes with it): a condition known
+    # at trace time (a size comparison, guarded where it read sizes) costs nothing when true; a
+    # false one breaks the graph so the call raises eager's AssertionError itself
+    if condition.truth(tx):
+        return ConstantVariable(None)
+    raise Unsupported("torch._assert's condition is false at trace time")
+
+
 def _is_compiling(tx):
     # Model code takes its compile-friendly path under a compiler, as under torch.compile.
     return ConstantVariable(True)

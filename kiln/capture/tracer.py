@@ -16,6 +16,7 @@ import types
 
 import torch
 
+from kiln.capture.torch_modules import is_torch_module
 from kiln.capture import mutation, torch_api, torch_ops
 from kiln.capture.builtins import is_builtin
 from kiln.capture.autocast import AutocastState, wrap_autocast
@@ -218,7 +219,7 @@ class Tracer:
                 raise Unsupported(f"{type(value).__name__} module created or reached without a source")
             return self._wrap_module(value, source)
         if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType) \
-                and not (value.__func__.__module__ or "").startswith("torch"):
+                and not is_torch_module(value.__func__.__module__):
             if guard:  # a bound method is made anew on each access: guard what it binds
                 self.guards.identity(self.attr_source(source, "__func__"), value.__func__)
             owner = self.wrap(value.__self__, self.attr_source(source, "__self__"), guard)
@@ -251,13 +252,13 @@ class Tracer:
         if isinstance(value, types.FunctionType):
             # kiln.disable(torch.cummax) copies torch's __module__ (functools.wraps) but must
             # stay a break at the call, not become the torch function it wraps
-            if (value.__module__ or "").startswith("torch") \
+            if is_torch_module(value.__module__) \
                     and not getattr(value, "_kiln_disabled", False):
                 return TorchFunctionVariable(value, source)  # torch's Python code is not inlined
             return FunctionVariable(value, source=source)
         if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
             mod = getattr(value, "__module__", None) or ""
-            if mod.startswith("torch") or isinstance(getattr(value, "__self__", None), type):
+            if is_torch_module(mod) or isinstance(getattr(value, "__self__", None), type):
                 return TorchFunctionVariable(value, source)
         if guard:  # an opaque value is only passed along (a resume function's numpy array...):
             self.guards.discard(source, f"id({{}}) == {id(value)}")  # its type is what was used
@@ -506,7 +507,7 @@ class Tracer:
                     cell.cell_source = ItemSource(AttrSource(fn.source, "__closure__"), i)
             cells[name] = cell
         module = (fn.fn.__module__ if fn.fn is not None else None) or fn.globals.get("__name__", "") or ""
-        trusted = module.startswith("torch")
+        trusted = is_torch_module(module)
         globals_source = self._globals_source(fn)
         frame = Frame(self, code, fn.globals, globals_source, locals_, cells, parent=parent,
                       trusted=trusted)
@@ -559,7 +560,7 @@ def _guarded_by_code(value) -> bool:
     guarded by code, defaults and cells; module-level functions stay guarded by identity."""
     if not isinstance(value, types.FunctionType) or value.__dict__:
         return False
-    if (value.__module__ or "").startswith("torch"):
+    if is_torch_module(value.__module__):
         return False
     # a comprehension's or generator expression's function (``<genexpr>``): its qualified name
     # can lose the ``<locals>`` part when the code holding it was rebuilt (a graph break)

@@ -26,6 +26,7 @@ import types
 
 import torch
 
+from kiln.capture.torch_modules import is_torch_module
 from kiln.capture.errors import Unsupported
 from kiln.capture.values import (ConstantVariable, DictVariable, FunctionVariable,
                                  TupleVariable, Variable, _Sequence)
@@ -102,7 +103,7 @@ def _bind(tx, fn, self_var):
     rule = MAPPING_MIXINS.get(fn)
     if rule is not None and isinstance(self_var, ObjectVariable):
         return _MixinCall(rule, self_var)
-    if (fn.__module__ or "").startswith("torch"):
+    if is_torch_module(fn.__module__):
         raise Unsupported(f"calling torch's method {fn.__qualname__} on a user object")
     return FunctionVariable(fn, self_var=self_var)
 
@@ -187,7 +188,7 @@ class ObjectVariable(Variable):
             if not isinstance(n, int):
                 raise Unsupported(f"len() of a {self.cls.__name__} is not an int")
             return [self._call(tx, "__getitem__", [ConstantVariable(i)]) for i in range(n)]
-        if isinstance(it, types.FunctionType) and not (it.__module__ or "").startswith("torch"):
+        if isinstance(it, types.FunctionType) and not is_torch_module(it.__module__):
             return _bind(tx, it, self).call(tx, [], {}).iterate(tx)
         raise Unsupported(f"iterating over {self} is not supported")
 
@@ -399,7 +400,7 @@ class SuperVariable(Variable):
             if name in vars(klass):
                 value = vars(klass)[name]
                 if isinstance(value, types.FunctionType):
-                    if (value.__module__ or "").startswith("torch") and klass is not object:
+                    if is_torch_module(value.__module__) and klass is not object:
                         if name == "__init__":
                             return _NoOp()
                     if value in MAPPING_MIXINS and isinstance(self.obj, ObjectVariable):
@@ -513,7 +514,7 @@ def call_class(tx, cls, args, kwargs):
         return make_dict_dataclass(tx, cls, args, kwargs)
     if issubclass(cls, torch.nn.Module):
         raise Unsupported(f"creating a {cls.__name__} module inside compiled code")
-    if (cls.__module__ or "").startswith("torch") or not plain_metaclass(type(cls)) or \
+    if is_torch_module(cls.__module__) or not plain_metaclass(type(cls)) or \
             cls.__new__ is not object.__new__ or cls.__dict__.get("__slots__") is not None:
         raise Unsupported(f"creating a {cls.__qualname__} object is not supported")
     obj = ObjectVariable(cls)
@@ -598,7 +599,7 @@ def user_class_attribute(tx, module_var, name):
     submodules, and torch's own methods, which the caller resolves)."""
     cls = type(module_var.module)
     value, owner = _static_lookup(cls, name)
-    if value is _MISSING or (owner.__module__ or "").startswith("torch"):
+    if value is _MISSING or is_torch_module(owner.__module__):
         return None
     if name in module_var.module.__dict__ and not hasattr(type(value), "__set__"):
         return None

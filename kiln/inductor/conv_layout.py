@@ -99,3 +99,23 @@ def realize_channels_last(ctx, x):
         x = TValue(x.shape, x.dtype, x.device, x.loader, None, x.origins)
     ref = ctx.realize(x, want, in_order=True)
     return TValue.of_ref(ref, x.dtype, x.device, x.origins)
+
+
+def add_channel_bias(out, bias):
+    """``out + bias`` over the channel dim (dim 1) as an unrealized value in ``out``'s layout:
+    the kernel that reads it adds the bias (a convolution's, split off the library call)."""
+    from kiln.inductor import ir
+    from kiln.inductor.lowering import TValue
+    from kiln.inductor.layout import _hint
+
+    def load(idx):
+        return ir.Call("add", (out.loader(idx), bias.loader([idx[1]])), out.dtype)
+    value = TValue(out.shape, out.dtype, out.device, load, None, out.origins)
+    value.layout = _hint(out.shape, tuple(out.ref.stride))  # stored as the library stores it
+    return value
+
+
+def splits_bias(device) -> bool:
+    """Whether a convolution's bias is added by the kernel after it (``add_channel_bias``):
+    on CUDA, and wherever ``conv_layout="channels_last"`` forces CUDA's treatment (tests)."""
+    return device.type == "cuda" or config.conv_layout == "channels_last"

@@ -191,12 +191,17 @@ def _channels_last(t) -> bool:
     return matches and not t.is_contiguous()
 
 
-def _conv_lowering(ctx, meta, x, weight, *rest, **kwargs):
+def _conv_lowering(ctx, meta, x, weight, bias=None, *rest, **kwargs):
     """A library call; its input handed over channels-last where the graph's convolutions pay
-    for it (inductor/conv_layout.py)."""
+    for it (inductor/conv_layout.py). On CUDA the bias is added by a kiln kernel instead:
+    cuDNN adds it in a pass of its own over the result (torch's ``add_`` after the
+    convolution), which the kernel reading the result can do for free."""
     if ctx.conv_channels_last and len(x.shape) == 4:
         x = _conv_layout.realize_channels_last(ctx, x)
-    return L.extern_rule(ctx, meta, x, weight, *rest, **kwargs)
+    if isinstance(bias, L.TValue) and _conv_layout.splits_bias(meta.device) and bias.dtype == meta.dtype:
+        out = L.extern_rule(ctx, meta, x, weight, None, *rest, **kwargs)
+        return _conv_layout.add_channel_bias(out, bias)
+    return L.extern_rule(ctx, meta, x, weight, bias, *rest, **kwargs)
 
 
 LOWERINGS[conv] = _conv_lowering

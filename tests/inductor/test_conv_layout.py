@@ -49,10 +49,12 @@ class ConvInputs(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.strides = []
+        self.biases = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.convolution.default:
             self.strides.append((tuple(args[0].shape), args[0].stride()))
+            self.biases.append(args[2] is not None)
         return func(*args, **(kwargs or {}))
 
 
@@ -87,6 +89,7 @@ def test_inference_matches_eager_with_channels_last_convs(kind, dtype):
             assert_close(a, e)
         assert a.dtype == e.dtype and a.stride() == e.stride()
     assert len(rec.strides) == 7
+    assert not any(rec.biases)  # the stem's bias is added by the kernel after it (CUDA's way)
     for shape, stride in rec.strides:
         assert stride == conv_layout.channels_last_strides(shape), (shape, stride)
     assert kiln.stats()["fallbacks"] == 0
@@ -137,3 +140,15 @@ def test_auto_picks_channels_last_for_cuda_inference_convs_only():
     assert not conv_layout.wants_channels_last(tiny, cuda)
     with kiln.config.patch(conv_layout="eager"):
         assert not conv_layout.wants_channels_last(dw, cuda)
+
+
+def test_ensure_layout_views_a_result_whose_strides_differ_only_on_size_one_dims():
+    from kiln.inductor.codegen.wrapper import ensure_layout
+    t = torch.randn(4, 8, 1, 1).to(memory_format=torch.channels_last)  # strides (8, 1, 8, 8)
+    out = ensure_layout(t, (4, 8, 1, 1), (8, 1, 1, 1))
+    assert out.stride() == (8, 1, 1, 1) and out.data_ptr() == t.data_ptr()
+    assert torch.equal(out, t)
+    other = torch.randn(4, 8, 3, 3)
+    copied = ensure_layout(other, (4, 8, 3, 3), (72, 1, 24, 8))
+    assert copied.stride() == (72, 1, 24, 8) and copied.data_ptr() != other.data_ptr()
+    assert torch.equal(copied, other)
