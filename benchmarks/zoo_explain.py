@@ -43,6 +43,22 @@ def _dispatched(step, inputs):
     return log
 
 
+def _watch_layout_copies():
+    """Every copy the wrapper's ``ensure_layout`` makes (a library result laid out otherwise
+    than lowering promised): (shape, strides it had, strides promised) -> count."""
+    from kiln.inductor.codegen import wrapper
+    copies = collections.Counter()
+    original = wrapper.ensure_layout
+
+    def ensure_layout(t, shape, stride):
+        out = original(t, shape, stride)
+        if out.data_ptr() != t.data_ptr():
+            copies[(tuple(shape), t.stride(), tuple(stride))] += 1
+        return out
+    wrapper.ensure_layout = ensure_layout
+    return copies, lambda: setattr(wrapper, "ensure_layout", original)
+
+
 def explain_model(name, mode, device, top):
     case = zoo.Case(name, mode, device, "full" if device == "cuda" else "small", False)
     inputs = case.inputs[0]
@@ -56,11 +72,20 @@ def explain_model(name, mode, device, top):
     for r in out.eager_runs[:top]:
         print(f"  eager: {r}", file=sys.stderr)
     kiln.reset()
-    compiled = kiln.compile(case.base)
-    k_step = case.step_fn(case.base, compiled)
-    e_step = case.step_fn(case.base, case.base)
-    k_step(*inputs)
-    k_log, e_log = _dispatched(k_step, inputs), _dispatched(e_step, inputs)
+    copies, restore = _watch_layout_copies()
+    try:
+        compiled = kiln.compile(case.base)
+        k_step = case.step_fn(case.base, compiled)
+        e_step = case.step_fn(case.base, case.base)
+        k_step(*inputs)
+        copies.clear()
+        k_log, e_log = _dispatched(k_step, inputs), _dispatched(e_step, inputs)
+    finally:
+        restore()
+    print(f"  library results copied to the promised layout per call: {sum(copies.values())}",
+          file=sys.stderr)
+    for (shape, have, want), n in copies.most_common(top):
+        print(f"    {n:3d}x {shape}: strides {have}, promised {want}", file=sys.stderr)
     print(f"  aten ops per call: kiln {sum(k_log.ops.values())}, eager {sum(e_log.ops.values())}; "
           f"kiln's most frequent:", file=sys.stderr)
     for op, n in k_log.ops.most_common(top):
