@@ -11,6 +11,7 @@ import torch
 
 from kiln import api_args, context, counters, log, module_hooks
 from kiln.eager_runs import note_eager_run
+from kiln.module_wrapper import ModuleWrapper
 from kiln.capture import Unsupported, frame_locals, trace
 from kiln.capture.tracer import CLOSURE_KEY
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
@@ -569,13 +570,15 @@ def _eager_call(fn):
     return call
 
 
-class CompiledModule(torch.nn.Module):
+class CompiledModule(ModuleWrapper, torch.nn.Module):
     """A module whose forward is compiled; it shares every parameter and buffer with the
-    original (which it holds as ``_orig_mod``)."""
+    original (which it holds as ``_orig_mod``). Attribute writes, ``training``, copies and
+    pickling behave as torch's OptimizedModule's (kiln/module_wrapper.py)."""
 
     def __init__(self, mod: torch.nn.Module, **opts):
         super().__init__()
         self._orig_mod = mod
+        self._kiln_opts = opts  # what a copy or an unpickled wrapper is compiled with again
         self._compiled_forward = CompiledFunction(mod.forward, **opts)
 
     def __call__(self, *args, **kwargs):
