@@ -9,10 +9,11 @@ import types
 
 import torch
 
-from kiln import api_args, context, counters, log, module_hooks
+from kiln import api_args, compiler_controls, context, counters, log, module_hooks
 from kiln.eager_runs import note_eager_run
 from kiln.module_wrapper import ModuleWrapper
 from kiln.capture import Unsupported, frame_locals, trace
+from kiln.capture.controls import stance as _stance
 from kiln.capture.tracer import CLOSURE_KEY
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
 from kiln.code_caches import CodeCaches
@@ -110,7 +111,8 @@ class EagerEntry(CacheEntry):
 class CodeCache:
     """Everything kiln knows about one code object: its entries, or why it runs eagerly."""
     __slots__ = ("entries", "eager_reason", "compiles", "auto_dynamic", "auto_dynamic_ints", "static_ints",
-                 "eager_where", "eager_quiet", "lock", "auto_dynamic_floats", "static_floats")
+                 "eager_where", "eager_quiet", "lock", "auto_dynamic_floats", "static_floats",
+                 "first_sizes")
 
     def __init__(self):
         self.entries: list[CacheEntry] = []
@@ -129,6 +131,7 @@ class CodeCache:
         # automatic dynamic floats: sources of Python floats whose value changed (dynamic_floats.py)
         self.auto_dynamic_floats: set[str] = set()
         self.static_floats: set[str] = set()  # floats the trace needed as numbers: constants
+        self.first_sizes: dict | None = None  # stance eager_then_compile: the eager call's sizes
 
 
 # (code object, or the function for a closure; the compile options) -> its entries: a function
@@ -276,6 +279,9 @@ class CompiledFunction:
         """A call whose result may be a ``TailCall`` (capture/resume_loops.py) still to run."""
         if config.disable or _local.disabled or _local.compiling:
             return self.fn(*args, **kwargs)
+        stance = _stance()  # torch.compiler.set_stance's (kiln/compiler_controls.py)
+        if stance == "force_eager":
+            return self.fn(*args, **kwargs)
         cache = self.cache
         if cache.eager_reason is not None:
             return self._run_eagerly(cache, args, kwargs)
@@ -293,6 +299,10 @@ class CompiledFunction:
             if entry.grad_enabled == grad and entry.guard_fn(L, G):
                 _COUNTS["cache_hits"] += 1
                 return entry.run(L)
+        if stance != "default":
+            out = compiler_controls.miss_under_stance(self, stance, cache, L, args, kwargs, grad)
+            if out is not compiler_controls.COMPILE:
+                return out
         entry = self._compile_once(cache, L, args, kwargs, grad)
         if entry is None:
             return self._run_eagerly(cache, args, kwargs)
@@ -642,7 +652,8 @@ def compile(model=None, *, fullgraph=False, dynamic=None, backend="kiln", mode=N
 
 
 def reset():
-    """Forget every compiled entry and loaded kernel (the disk cache stays), zero the counters."""
+    """Forget every compiled entry and loaded kernel (the disk cache stays), zero the counters.
+    ``torch.compiler.reset()`` calls it too (kiln/compiler_controls.py)."""
     from kiln.runtime import cache, cpp_build, triton_binary, triton_load
 
     _CODE_CACHES.clear()
@@ -654,6 +665,9 @@ def reset():
     triton_load.clear_memory()
     triton_binary.clear_memory()
     counters.reset()
+
+
+compiler_controls.install_reset_hook(reset)  # torch.compiler.reset() resets kiln too
 
 
 def disable(fn=None):
@@ -686,7 +700,9 @@ def is_compiling() -> bool:
 
 def mark_dynamic(tensor, dim):
     """Mark a size (or sizes: ``dim`` may be a list) as dynamic: the next compile that reads
-    this tensor makes it a symbol (unless the size is 0 or 1, or ``dynamic=False``)."""
+    this tensor makes it a symbol (unless the size is 0 or 1), under every ``dynamic`` setting,
+    as ``torch._dynamo.mark_dynamic`` does; kiln reads that mark (and ``mark_static``'s) too
+    (capture/controls.py)."""
     dims = set(getattr(tensor, "_kiln_dynamic_dims", set()))
     dims.update(dim if isinstance(dim, (list, tuple, set)) else [dim])
     tensor._kiln_dynamic_dims = dims

@@ -141,12 +141,13 @@ def _callee_wrapper(cf, where):
     glue binds to the module it loads at run time: modules are guarded by type, so the
     module of a later call may be another instance (the next of twelve blocks)."""
     from kiln.api import CompiledFunction
+    from kiln.capture import controls
     from kiln.capture.values import FunctionVariable, ModuleVariable
 
     def wrap(v):
         target = owner = None
         if isinstance(v, FunctionVariable) and v.fn is not None:
-            if getattr(v.fn, "_kiln_disabled", False) or getattr(v.fn, "_kiln_graph_break", False):
+            if controls.is_disabled(v.fn) or getattr(v.fn, "_kiln_graph_break", False):
                 return None
             if v.self_var is None and v.source is not None:
                 target = v.fn

@@ -24,7 +24,7 @@ import types
 
 import torch
 
-from kiln.capture import torch_api
+from kiln.capture import controls, torch_api
 from kiln.capture.fallback import fallback_adapter
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import ItemSource
@@ -598,13 +598,36 @@ class FunctionVariable(Variable):
         raise Unsupported(f"attribute {name!r} of {self} is not supported")
 
     def call(self, tx, args, kwargs):
-        if getattr(self.fn, "_kiln_graph_break", False):
-            raise Unsupported("kiln.graph_break() called")
-        if getattr(self.fn, "_kiln_disabled", False):
-            raise Unsupported(f"call to {self.qualname}, which is marked kiln.disable")
+        fn = self.fn
+        if fn is not None:  # torch.compiler's marks on the function (capture/controls.py)
+            if getattr(fn, "_kiln_graph_break", False):
+                raise Unsupported("kiln.graph_break() called")
+            if controls.is_disabled(fn):
+                raise Unsupported(f"call to {self.qualname}, which is {controls.disabled_reason(fn)}")
+            if controls.is_constant_result(fn):
+                return self._constant_result(tx, args, kwargs)
         if self.self_var is not None:
             args = [self.self_var] + list(args)
         return tx.inline_call(self, args, kwargs)
+
+    def _constant_result(self, tx, args, kwargs):
+        """``torch.compiler.assume_constant_result``: the function runs now, natively, once per
+        compile, and its result is a constant of the graph, guarded by nothing: the user
+        promised it does not change (as torch.compile takes it)."""
+        what = f"{self.qualname} (marked assume_constant_result)"
+        try:
+            # a method's self is the real module or object (its state is promised constant too)
+            owner = [] if self.self_var is None else [getattr(self.self_var, "module", None) or
+                                                     getattr(self.self_var, "value", None) or
+                                                     self.self_var.as_python()]
+            py_args = owner + [a.as_python() for a in args]
+            py_kwargs = {k: v.as_python() for k, v in kwargs.items()}
+        except Unsupported as e:
+            raise Unsupported(f"{what}: its arguments must be Python constants ({e.reason})") from None
+        out = self.fn(*py_args, **py_kwargs)
+        if not is_constant(out):
+            raise Unsupported(f"{what} returned a {type(out).__name__}, not a Python constant")
+        return ConstantVariable(out)
 
     def __repr__(self):
         return f"Function({self.qualname})"
