@@ -606,6 +606,11 @@ class FunctionVariable(Variable):
                 raise Unsupported(f"call to {self.qualname}, which is {controls.disabled_reason(fn)}")
             if controls.is_constant_result(fn):
                 return self._constant_result(tx, args, kwargs)
+            if self.self_var is None and controls.is_allowed_in_graph(fn):
+                from kiln.capture.dispatch_trace import call_allowed_in_graph
+                out = call_allowed_in_graph(tx, fn, self.qualname, args, kwargs)
+                if out is not None:  # else: inlined below
+                    return out
         if self.self_var is not None:
             args = [self.self_var] + list(args)
         return tx.inline_call(self, args, kwargs)

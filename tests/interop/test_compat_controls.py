@@ -2,6 +2,7 @@
 is_compiling, assume_constant_result, mark_dynamic / mark_static and
 cudagraph_mark_step_begin, each compared with eager and, where it is a count, with
 torch.compile's own (a counting backend)."""
+import itertools
 import warnings
 
 import pytest
@@ -280,3 +281,61 @@ def test_dim_marks_match_torch_compiles_frame_counts(mark, dynamic):
     if not mark.startswith("kiln"):  # torch reads its own marks only
         theirs = _torch_frames(f, calls(), dynamic=dynamic)
         assert ours == theirs, (mark, dynamic, ours, theirs)
+
+
+# ---------------------------------------------------------------- allow_in_graph
+
+def _scaled_sum(x, n):
+    _scaled_sum.calls += 1  # Python the bytecode tracer would replay: runs at trace time only
+    y = x
+    for _ in itertools.repeat(None, n):  # an iterator kiln's capture breaks on
+        y = y * 2 + torch.ones(x.shape[-1], device=x.device)
+    return y.sum(-1), y
+
+
+_scaled_sum.calls = 0
+torch.compiler.allow_in_graph(_scaled_sum)
+
+
+def _uses_allowed(x):
+    a, b = _scaled_sum(x, 2)
+    return a + 1, b.relu()
+
+
+def test_allow_in_graph_is_traced_at_the_op_level_without_a_break():
+    x = torch.randn(3, 4, requires_grad=True)
+    assert torch._dynamo.explain(_uses_allowed)(x).graph_break_count == 0
+    out = kiln.explain(_uses_allowed)(x)
+    assert out.graph_break_count == 0 and out.graph_count == 1
+    _scaled_sum.calls = 0
+    cf = kiln.compile(_uses_allowed, fullgraph=True)
+    for _ in range(3):
+        x = torch.randn(3, 4, requires_grad=True)
+        ours, ref = cf(x), _uses_allowed(x)
+        for o, r in zip(ours, ref):
+            torch.testing.assert_close(o, r)
+        g_ours = torch.autograd.grad(ours[0].sum() + ours[1].pow(2).sum(), x)[0]
+        g_ref = torch.autograd.grad(ref[0].sum() + ref[1].pow(2).sum(), x)[0]
+        torch.testing.assert_close(g_ours, g_ref)
+    assert _scaled_sum.calls == 1 + 3  # once at the one compile, then the 3 eager references
+
+
+@torch.compiler.allow_in_graph
+def _data_dependent(x):
+    return x * x.sum().item()  # cannot run on meta tensors: kiln inlines it instead
+
+
+def test_allow_in_graph_falls_back_to_inlining_where_it_cannot_record():
+    def f(x):
+        return _data_dependent(x) + 1
+    for dynamic in (False, True):  # True: symbolic sizes are not recorded either
+        kiln.reset()
+        cf = kiln.compile(f, dynamic=dynamic)
+        for n in (3, 5):
+            x = torch.randn(n)
+            torch.testing.assert_close(cf(x), f(x))
+    g = kiln.compile(_uses_allowed, dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n, 4)
+        for o, r in zip(g(x), _uses_allowed(x)):
+            torch.testing.assert_close(o, r)
