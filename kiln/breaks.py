@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import types
 
-from kiln import context, log
+from kiln import api_args, context, log
 from kiln.eager_runs import note_eager_run
 from kiln.capture import Unsupported, trace
 from kiln.capture.resume import CannotResume, build_glue, plan_break
@@ -83,7 +83,7 @@ def _capture_with_glue(cf, cache, plan, err, args, kwargs):
 def _trace_to_break(cf, cache, plan, args, kwargs):
     return trace(cf.fn, args, kwargs, dynamic=cf.dynamic, auto_dynamic=cache.auto_dynamic, plan=plan,
                  auto_dynamic_ints=cache.auto_dynamic_ints, auto_dynamic_floats=cache.auto_dynamic_floats,
-                 module_identity=cf.mode == "reduce-overhead")
+                 module_identity=cf.mode in api_args.CUDAGRAPH_MODES)
 
 
 def _record(err, resume_names, eager_rest, eager_reason):
