@@ -13,7 +13,7 @@ from kiln import api_args, compiler_controls, context, counters, log, module_hoo
 from kiln.eager_runs import note_eager_run
 from kiln.module_wrapper import ModuleWrapper
 from kiln.capture import Unsupported, frame_locals, trace
-from kiln.capture.controls import stance as _stance
+from kiln.capture.controls import is_disabled, stance as _stance
 from kiln.capture.tracer import CLOSURE_KEY
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
 from kiln.code_caches import CodeCaches
@@ -249,6 +249,8 @@ class CompiledFunction:
         self.resume_family: dict = {}
         self.is_resume = False  # the rest of a function after a graph break (breaks.py)
         functools.update_wrapper(self, func)
+        if is_disabled(fn):  # torch.compiler.disable'd (or kiln.disable'd): never traced, as
+            self.call_raw = lambda args, kwargs: fn(*args, **kwargs)  # under torch.compile
 
     @property
     def cache(self) -> CodeCache:

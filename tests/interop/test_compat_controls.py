@@ -78,6 +78,18 @@ def test_compiler_disable_on_a_torch_function_and_a_method():
     torch.testing.assert_close(kiln.compile(m)(x), m(x))
 
 
+def test_compiling_a_disabled_function_runs_it_natively():
+    @kiln.disable
+    def h(x):
+        return x.sin()
+    x = torch.randn(3)
+    _native_cos.seen.clear()
+    for fn in (_native_cos, h):
+        torch.testing.assert_close(kiln.compile(fn)(x), fn(x))
+        assert kiln.stats()["frames_compiled"] == 0 and kiln.stats()["graph_breaks"] == 0
+    assert _native_cos.seen == [False, False]  # not traced
+
+
 # ---------------------------------------------------------------- torch.compiler.set_stance
 
 def _f(x):
