@@ -68,6 +68,20 @@ class ModuleWrapper:
         memo[id(self)] = out
         return out
 
+    def __len__(self):
+        # special methods are looked up on the class, not through __getattr__: proxied as
+        # torch's OptimizedModule proxies it (a compiled nn.Sequential has a length)
+        mod = self._modules["_orig_mod"]
+        if not hasattr(type(mod), "__len__"):
+            raise TypeError(f"{type(mod).__name__} does not support len()")
+        return len(mod)
+
+    def __bool__(self):
+        # without it, truth would call __len__ and raise for most modules (torch's wrapper
+        # does: ``if compiled:`` raises there); a module is true unless its own len() is 0
+        mod = self._modules["_orig_mod"]
+        return bool(mod)
+
     def __dir__(self):
         own = self._modules["_orig_mod"].__dir__()
         return own + [a for a in super().__dir__() if a not in own]

@@ -137,3 +137,13 @@ def test_top_module_hooks_still_run_after_a_copy():
     x = torch.randn(2, 4)
     torch.testing.assert_close(c(x), m(x))
     torch.testing.assert_close(c(x), (m.lin(x) * 2 + 0.5) * 10)
+
+
+def test_len_and_dir_are_the_original_modules():
+    seq = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    c = kiln.compile(seq)
+    assert len(c) == len(torch.compile(seq)) == 2
+    assert "lin" in dir(kiln.compile(Scaled())) and "_orig_mod" in dir(c)
+    with pytest.raises(TypeError):
+        len(kiln.compile(Scaled()))
+    assert kiln.compile(Scaled()) and c and not kiln.compile(torch.nn.Sequential())
