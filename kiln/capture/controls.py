@@ -57,20 +57,28 @@ def dim_marks(t: torch.Tensor) -> tuple[set, set]:
     return ({d % n for d in dynamic if -n <= d < n}, {d % n for d in static if -n <= d < n})
 
 
+def _mark(fn, attr) -> bool:
+    # ``is True``: namespaces such as torch.ops make up any attribute asked for
+    try:
+        return getattr(fn, attr, False) is True
+    except Exception:  # noqa: BLE001 - an object whose __getattr__ raises something else
+        return False
+
+
 def is_disabled(fn) -> bool:
     """Not to be traced: the call is a graph break and runs natively."""
-    return bool(getattr(fn, "_kiln_disabled", False) or getattr(fn, "_torchdynamo_disable", False))
+    return _mark(fn, "_kiln_disabled") or _mark(fn, "_torchdynamo_disable")
 
 
 def disabled_reason(fn) -> str:
-    if getattr(fn, "_kiln_disabled", False):
+    if _mark(fn, "_kiln_disabled"):
         return "marked kiln.disable"
     msg = getattr(fn, "_torchdynamo_disable_msg", None)
     return "marked torch.compiler.disable" + (f" ({msg})" if msg else "")
 
 
 def is_constant_result(fn) -> bool:
-    return bool(getattr(fn, "_dynamo_marked_constant", False))
+    return _mark(fn, "_dynamo_marked_constant")
 
 
 def is_allowed_in_graph(fn) -> bool:
