@@ -147,3 +147,28 @@ def test_len_and_dir_are_the_original_modules():
     with pytest.raises(TypeError):
         len(kiln.compile(Scaled()))
     assert kiln.compile(Scaled()) and c and not kiln.compile(torch.nn.Sequential())
+
+
+class Flagged(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.use_offset = True
+        self.offset = torch.ones(3)  # a plain tensor attribute (not a buffer)
+
+    def forward(self, x):
+        return x + self.offset if self.use_offset else x * 2
+
+
+def test_written_flags_and_tensor_attributes_are_guarded():
+    m = Flagged()
+    c = kiln.compile(m)
+    x = torch.randn(3)
+    torch.testing.assert_close(c(x), x + 1)
+    c.use_offset = False  # a branch taken on the flag: the guard on it fails, a recompile
+    torch.testing.assert_close(c(x), x * 2)
+    c.use_offset = True
+    c.offset = torch.full((3,), 5.0)  # a new tensor: read per call, not baked in
+    torch.testing.assert_close(c(x), x + 5)
+    c.offset = torch.full((2, 3), -1.0)  # another shape: a recompile
+    torch.testing.assert_close(c(x), x + torch.full((2, 3), -1.0))
+    assert "offset" not in c.__dict__ and "use_offset" not in c.__dict__
