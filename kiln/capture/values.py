@@ -551,6 +551,15 @@ class _Thunk(Variable):
         return self.fn()
 
 
+def _real_object(var):
+    """The object a module or user-object tracker stands for (a method's ``self``)."""
+    for attr in ("module", "value"):
+        obj = getattr(var, attr, None)
+        if obj is not None:
+            return obj
+    return var.as_python()
+
+
 class FunctionVariable(Variable):
     """A user Python function; calling it inlines its bytecode in a new frame.
 
@@ -622,14 +631,15 @@ class FunctionVariable(Variable):
         what = f"{self.qualname} (marked assume_constant_result)"
         try:
             # a method's self is the real module or object (its state is promised constant too)
-            owner = [] if self.self_var is None else [getattr(self.self_var, "module", None) or
-                                                     getattr(self.self_var, "value", None) or
-                                                     self.self_var.as_python()]
+            owner = [] if self.self_var is None else [_real_object(self.self_var)]
             py_args = owner + [a.as_python() for a in args]
             py_kwargs = {k: v.as_python() for k, v in kwargs.items()}
         except Unsupported as e:
             raise Unsupported(f"{what}: its arguments must be Python constants ({e.reason})") from None
-        out = self.fn(*py_args, **py_kwargs)
+        try:
+            out = self.fn(*py_args, **py_kwargs)
+        except Exception as e:  # the user's error: this call runs eagerly and raises it there
+            raise Unsupported(f"{what} raised {type(e).__name__}: {e}") from e
         if not is_constant(out):
             raise Unsupported(f"{what} returned a {type(out).__name__}, not a Python constant")
         return ConstantVariable(out)

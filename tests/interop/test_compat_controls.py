@@ -351,3 +351,15 @@ def test_allow_in_graph_falls_back_to_inlining_where_it_cannot_record():
         x = torch.randn(n, 4)
         for o, r in zip(g(x), _uses_allowed(x)):
             torch.testing.assert_close(o, r)
+
+
+@torch.compiler.assume_constant_result
+def _bad_constant():
+    raise ValueError("no config here")
+
+
+def test_assume_constant_result_error_is_the_users_own():
+    def f(x):
+        return x * _bad_constant()
+    with pytest.raises(ValueError, match="no config here"):
+        kiln.compile(f)(torch.randn(2))
