@@ -9,9 +9,11 @@ import types
 
 import torch
 
-from kiln import api_args, context, counters, log, module_hooks
+from kiln import api_args, compiler_controls, context, counters, log, module_hooks
 from kiln.eager_runs import note_eager_run
+from kiln.module_wrapper import ModuleWrapper
 from kiln.capture import Unsupported, frame_locals, trace
+from kiln.capture.controls import is_disabled, stance as _stance
 from kiln.capture.tracer import CLOSURE_KEY
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
 from kiln.code_caches import CodeCaches
@@ -109,7 +111,8 @@ class EagerEntry(CacheEntry):
 class CodeCache:
     """Everything kiln knows about one code object: its entries, or why it runs eagerly."""
     __slots__ = ("entries", "eager_reason", "compiles", "auto_dynamic", "auto_dynamic_ints", "static_ints",
-                 "eager_where", "eager_quiet", "lock", "auto_dynamic_floats", "static_floats")
+                 "eager_where", "eager_quiet", "lock", "auto_dynamic_floats", "static_floats",
+                 "first_sizes")
 
     def __init__(self):
         self.entries: list[CacheEntry] = []
@@ -128,6 +131,7 @@ class CodeCache:
         # automatic dynamic floats: sources of Python floats whose value changed (dynamic_floats.py)
         self.auto_dynamic_floats: set[str] = set()
         self.static_floats: set[str] = set()  # floats the trace needed as numbers: constants
+        self.first_sizes: dict | None = None  # stance eager_then_compile: the eager call's sizes
 
 
 # (code object, or the function for a closure; the compile options) -> its entries: a function
@@ -245,6 +249,8 @@ class CompiledFunction:
         self.resume_family: dict = {}
         self.is_resume = False  # the rest of a function after a graph break (breaks.py)
         functools.update_wrapper(self, func)
+        if is_disabled(fn):  # torch.compiler.disable'd (or kiln.disable'd): never traced, as
+            self.call_raw = lambda args, kwargs: fn(*args, **kwargs)  # under torch.compile
 
     @property
     def cache(self) -> CodeCache:
@@ -275,6 +281,9 @@ class CompiledFunction:
         """A call whose result may be a ``TailCall`` (capture/resume_loops.py) still to run."""
         if config.disable or _local.disabled or _local.compiling:
             return self.fn(*args, **kwargs)
+        stance = _stance()  # torch.compiler.set_stance's (kiln/compiler_controls.py)
+        if stance == "force_eager":
+            return self.fn(*args, **kwargs)
         cache = self.cache
         if cache.eager_reason is not None:
             return self._run_eagerly(cache, args, kwargs)
@@ -292,6 +301,10 @@ class CompiledFunction:
             if entry.grad_enabled == grad and entry.guard_fn(L, G):
                 _COUNTS["cache_hits"] += 1
                 return entry.run(L)
+        if stance != "default":
+            out = compiler_controls.miss_under_stance(self, stance, cache, L, args, kwargs, grad)
+            if out is not compiler_controls.COMPILE:
+                return out
         entry = self._compile_once(cache, L, args, kwargs, grad)
         if entry is None:
             return self._run_eagerly(cache, args, kwargs)
@@ -357,7 +370,7 @@ class CompiledFunction:
         try:
             return trace(self.fn, args, kwargs, dynamic=self.dynamic, auto_dynamic=cache.auto_dynamic,
                          auto_dynamic_ints=ints, auto_dynamic_floats=floats,
-                         module_identity=self.mode == "reduce-overhead")
+                         module_identity=self.mode in api_args.CUDAGRAPH_MODES)
         except Exception as e:  # noqa: BLE001 - re-raised unless a dynamic value caused it
             if floats:
                 kept = set(floats)
@@ -569,13 +582,15 @@ def _eager_call(fn):
     return call
 
 
-class CompiledModule(torch.nn.Module):
+class CompiledModule(ModuleWrapper, torch.nn.Module):
     """A module whose forward is compiled; it shares every parameter and buffer with the
-    original (which it holds as ``_orig_mod``)."""
+    original (which it holds as ``_orig_mod``). Attribute writes, ``training``, copies and
+    pickling behave as torch's OptimizedModule's (kiln/module_wrapper.py)."""
 
     def __init__(self, mod: torch.nn.Module, **opts):
         super().__init__()
         self._orig_mod = mod
+        self._kiln_opts = opts  # what a copy or an unpickled wrapper is compiled with again
         self._compiled_forward = CompiledFunction(mod.forward, **opts)
 
     def __call__(self, *args, **kwargs):
@@ -639,7 +654,8 @@ def compile(model=None, *, fullgraph=False, dynamic=None, backend="kiln", mode=N
 
 
 def reset():
-    """Forget every compiled entry and loaded kernel (the disk cache stays), zero the counters."""
+    """Forget every compiled entry and loaded kernel (the disk cache stays), zero the counters.
+    ``torch.compiler.reset()`` calls it too (kiln/compiler_controls.py)."""
     from kiln.runtime import cache, cpp_build, triton_binary, triton_load
 
     _CODE_CACHES.clear()
@@ -651,6 +667,9 @@ def reset():
     triton_load.clear_memory()
     triton_binary.clear_memory()
     counters.reset()
+
+
+compiler_controls.install_reset_hook(reset)  # torch.compiler.reset() resets kiln too
 
 
 def disable(fn=None):
@@ -683,7 +702,9 @@ def is_compiling() -> bool:
 
 def mark_dynamic(tensor, dim):
     """Mark a size (or sizes: ``dim`` may be a list) as dynamic: the next compile that reads
-    this tensor makes it a symbol (unless the size is 0 or 1, or ``dynamic=False``)."""
+    this tensor makes it a symbol (unless the size is 0 or 1), under every ``dynamic`` setting,
+    as ``torch._dynamo.mark_dynamic`` does; kiln reads that mark (and ``mark_static``'s) too
+    (capture/controls.py)."""
     dims = set(getattr(tensor, "_kiln_dynamic_dims", set()))
     dims.update(dim if isinstance(dim, (list, tuple, set)) else [dim])
     tensor._kiln_dynamic_dims = dims

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import types
 
-from kiln import context, log
+from kiln import api_args, context, log
 from kiln.eager_runs import note_eager_run
 from kiln.capture import Unsupported, trace
 from kiln.capture.resume import CannotResume, build_glue, plan_break
@@ -83,7 +83,7 @@ def _capture_with_glue(cf, cache, plan, err, args, kwargs):
 def _trace_to_break(cf, cache, plan, args, kwargs):
     return trace(cf.fn, args, kwargs, dynamic=cf.dynamic, auto_dynamic=cache.auto_dynamic, plan=plan,
                  auto_dynamic_ints=cache.auto_dynamic_ints, auto_dynamic_floats=cache.auto_dynamic_floats,
-                 module_identity=cf.mode == "reduce-overhead")
+                 module_identity=cf.mode in api_args.CUDAGRAPH_MODES)
 
 
 def _record(err, resume_names, eager_rest, eager_reason):
@@ -141,12 +141,13 @@ def _callee_wrapper(cf, where):
     glue binds to the module it loads at run time: modules are guarded by type, so the
     module of a later call may be another instance (the next of twelve blocks)."""
     from kiln.api import CompiledFunction
+    from kiln.capture import controls
     from kiln.capture.values import FunctionVariable, ModuleVariable
 
     def wrap(v):
         target = owner = None
         if isinstance(v, FunctionVariable) and v.fn is not None:
-            if getattr(v.fn, "_kiln_disabled", False) or getattr(v.fn, "_kiln_graph_break", False):
+            if controls.is_disabled(v.fn) or getattr(v.fn, "_kiln_graph_break", False):
                 return None
             if v.self_var is None and v.source is not None:
                 target = v.fn

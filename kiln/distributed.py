@@ -227,9 +227,12 @@ class CompiledDDP(CompiledModule):
     parameter and buffer (it holds the DDP module as ``_orig_mod``); the inner module runs
     compiled only inside this wrapper's calls, the DDP module itself is left as it was."""
 
+    wrapper_attributes = CompiledModule.wrapper_attributes | {"bucket_bytes_cap"}
+
     def __init__(self, ddp, **opts):
         torch.nn.Module.__init__(self)
         self._orig_mod = ddp
+        self._kiln_opts = opts
         self._compiled_forward = CompiledFunction(ddp.module.forward, **opts)
         self.bucket_bytes_cap = _ddp_bucket_cap(ddp, dict(opts.get("options") or {}))
         if self.bucket_bytes_cap is not None:

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from kiln.capture import torch_api
+from kiln.capture import controls, torch_api
 from kiln.capture.errors import Unsupported
 from kiln.capture.values import (ConstantVariable, DictVariable, IteratorVariable, ListVariable,
                                  ModuleVariable, TensorVariable, TupleVariable, _Sequence)
@@ -361,6 +361,16 @@ for _fn in (getattr(torch.compiler, "is_compiling", None),
             getattr(torch.compiler, "is_dynamo_compiling", None)):
     if _fn is not None:
         BUILTIN_HANDLERS[_fn] = _is_compiling
+
+
+def _step_marker(tx):
+    # kiln's CUDA graphs know when a replay's outputs are free without being told (storage use
+    # counts, runtime/cudagraphs.py): a step marker is a no-op, in the graph and out of it
+    return ConstantVariable(None)
+
+
+for _fn in controls.STEP_MARKERS:
+    BUILTIN_HANDLERS[_fn] = _step_marker
 
 
 def _is_exporting(tx):

@@ -20,6 +20,7 @@ from kiln.capture.torch_modules import is_torch_module
 from kiln.capture import mutation, torch_api, torch_ops
 from kiln.capture.builtins import is_builtin
 from kiln.capture.autocast import AutocastState, wrap_autocast
+from kiln.capture.controls import dim_marks, is_disabled
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, Source,
                                  IntCarrierSource, closure_source, make_fetch)
@@ -250,10 +251,11 @@ class Tracer:
                 and "ctx_factory" in value.__code__.co_freevars:
             return grad_mode_decorated(self, value, source)  # @torch.no_grad() on a function
         if isinstance(value, types.FunctionType):
-            # kiln.disable(torch.cummax) copies torch's __module__ (functools.wraps) but must
-            # stay a break at the call, not become the torch function it wraps
+            # kiln.disable(torch.cummax) (or torch.compiler.disable's) copies torch's
+            # __module__ (functools.wraps) but must stay a break at the call, not become the
+            # torch function it wraps
             if is_torch_module(value.__module__) \
-                    and not getattr(value, "_kiln_disabled", False):
+                    and not is_disabled(value):
                 return TorchFunctionVariable(value, source)  # torch's Python code is not inlined
             return FunctionVariable(value, source=source)
         if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
@@ -348,8 +350,13 @@ class Tracer:
         return var
 
     def _dynamic_dims(self, source: Source, t: torch.Tensor) -> set:
-        if self.dynamic is False or t.dim() == 0:
+        if t.dim() == 0:
             return set()
+        # the marks on the tensor (kiln.mark_dynamic, torch._dynamo.mark_dynamic / mark_static)
+        # count under every ``dynamic``, as torch.compile's do: a static mark wins
+        marked, static = dim_marks(t)
+        if self.dynamic is False:
+            return marked - static
         if self.dynamic is True:
             # parameters and module buffers (reached through an attribute) keep static sizes
             s, through_attr = source, False
@@ -357,9 +364,9 @@ class Tracer:
                 through_attr |= isinstance(s, AttrSource)
                 s = s.parent
             if not through_attr and type(t) is torch.Tensor:
-                return set(range(t.dim()))
-        dims = set(self.auto_dynamic.get(source.expr(), ())) | set(getattr(t, "_kiln_dynamic_dims", ()))
-        return {d % t.dim() for d in dims if -t.dim() <= d < t.dim()}
+                return set(range(t.dim())) - static
+        dims = {d % t.dim() for d in self.auto_dynamic.get(source.expr(), ()) if -t.dim() <= d < t.dim()}
+        return (dims | marked) - static
 
     def _location(self) -> str:
         frame = self._current_frame

@@ -24,7 +24,7 @@ import types
 
 import torch
 
-from kiln.capture import torch_api
+from kiln.capture import controls, torch_api
 from kiln.capture.fallback import fallback_adapter
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import ItemSource
@@ -551,6 +551,15 @@ class _Thunk(Variable):
         return self.fn()
 
 
+def _real_object(var):
+    """The object a module or user-object tracker stands for (a method's ``self``)."""
+    for attr in ("module", "value"):
+        obj = getattr(var, attr, None)
+        if obj is not None:
+            return obj
+    return var.as_python()
+
+
 class FunctionVariable(Variable):
     """A user Python function; calling it inlines its bytecode in a new frame.
 
@@ -598,13 +607,42 @@ class FunctionVariable(Variable):
         raise Unsupported(f"attribute {name!r} of {self} is not supported")
 
     def call(self, tx, args, kwargs):
-        if getattr(self.fn, "_kiln_graph_break", False):
-            raise Unsupported("kiln.graph_break() called")
-        if getattr(self.fn, "_kiln_disabled", False):
-            raise Unsupported(f"call to {self.qualname}, which is marked kiln.disable")
+        fn = self.fn
+        if fn is not None:  # torch.compiler's marks on the function (capture/controls.py)
+            if getattr(fn, "_kiln_graph_break", False):
+                raise Unsupported("kiln.graph_break() called")
+            if controls.is_disabled(fn):
+                raise Unsupported(f"call to {self.qualname}, which is {controls.disabled_reason(fn)}")
+            if controls.is_constant_result(fn):
+                return self._constant_result(tx, args, kwargs)
+            if self.self_var is None and controls.is_allowed_in_graph(fn):
+                from kiln.capture.dispatch_trace import call_allowed_in_graph
+                out = call_allowed_in_graph(tx, fn, self.qualname, args, kwargs)
+                if out is not None:  # else: inlined below
+                    return out
         if self.self_var is not None:
             args = [self.self_var] + list(args)
         return tx.inline_call(self, args, kwargs)
+
+    def _constant_result(self, tx, args, kwargs):
+        """``torch.compiler.assume_constant_result``: the function runs now, natively, once per
+        compile, and its result is a constant of the graph, guarded by nothing: the user
+        promised it does not change (as torch.compile takes it)."""
+        what = f"{self.qualname} (marked assume_constant_result)"
+        try:
+            # a method's self is the real module or object (its state is promised constant too)
+            owner = [] if self.self_var is None else [_real_object(self.self_var)]
+            py_args = owner + [a.as_python() for a in args]
+            py_kwargs = {k: v.as_python() for k, v in kwargs.items()}
+        except Unsupported as e:
+            raise Unsupported(f"{what}: its arguments must be Python constants ({e.reason})") from None
+        try:
+            out = self.fn(*py_args, **py_kwargs)
+        except Exception as e:  # the user's error: this call runs eagerly and raises it there
+            raise Unsupported(f"{what} raised {type(e).__name__}: {e}") from e
+        if not is_constant(out):
+            raise Unsupported(f"{what} returned a {type(out).__name__}, not a Python constant")
+        return ConstantVariable(out)
 
     def __repr__(self):
         return f"Function({self.qualname})"
