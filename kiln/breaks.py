@@ -164,5 +164,8 @@ def _callee_wrapper(cf, where):
                            filename=where[0])
             return None
         compiled = CompiledFunction(target, **_opts(cf))
+        if isinstance(v, ModuleVariable):  # m(...): its hooks run around the compiled forward
+            from kiln.module_hooks import HookedForward
+            return HookedForward(compiled), owner
         return compiled if owner is None else (compiled, owner)
     return wrap
