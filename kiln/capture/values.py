@@ -736,7 +736,10 @@ class OpaqueVariable(Variable):
 
 
 def _is_library_class(cls) -> bool:
-    return (cls.__module__ or "").split(".")[0] in ("builtins", "torch", "typing", "collections")
+    # a class a library made at run time over a user class (FSDP2's ``FSDP<Block>``, whose
+    # ``__module__`` is torch's) resolves its attributes like the user class it extends
+    return all((k.__module__ or "").split(".")[0] in ("builtins", "torch", "typing", "collections")
+               for k in getattr(cls, "__mro__", (cls,)))
 
 
 # Python operators on constants, by dis's spelling.

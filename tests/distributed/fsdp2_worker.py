@@ -70,12 +70,12 @@ def full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def train(model, params, data):
+def train(model, params, data, loss_of=None, opt=None):
     """AdamW steps; this rank's gradient shards after each backward, then the full parameters."""
-    opt = torch.optim.AdamW(params, lr=0.01)
+    opt = opt(params) if opt is not None else torch.optim.AdamW(params, lr=0.01)
     grads = []
     for x, y in data:
-        loss = F.mse_loss(model(x), y)
+        loss = loss_of(model, x, y) if loss_of is not None else F.mse_loss(model(x), y)
         loss.backward()
         grads.append([local(p.grad).clone() for p in params])
         opt.step()
@@ -120,6 +120,70 @@ def arrange(base, how):
         fully_shard(net)
         return kiln.compile(net), list(net.parameters()), net
     raise ValueError(how)
+
+
+def tiny_gpt2():
+    """A 2-layer GPT-2 from transformers (random weights), or None without transformers."""
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        return None
+    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(cfg)
+
+
+def gpt2_arrange(base, how):
+    import kiln
+    from torch.distributed.fsdp import fully_shard
+
+    net = copy.deepcopy(base)
+    blocks = net.transformer.h
+    if how == "layers":  # each GPT2Block compiled, then sharded (torchtitan's order)
+        for i, block in enumerate(blocks):
+            blocks[i] = kiln.compile(block)
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(net)
+    return (kiln.compile(net) if how == "root_of_layers" else net), list(net.parameters())
+
+
+def gpt2_case(rank):
+    """The tiny GPT-2, sharded per block and at the root, 3 SGD steps with ``labels=``."""
+    import kiln
+
+    base = tiny_gpt2()
+    if base is None:
+        return None
+    g = torch.Generator().manual_seed(200 + rank)
+    data = [(torch.randint(0, 64, (2, 8), generator=g), None) for _ in range(STEPS)]
+
+    def loss_of(model, ids, _):
+        return model(input_ids=ids, labels=ids).loss
+
+    def sgd(params):
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+    model, params = gpt2_arrange(base, "eager")
+    want_grads, want_params = train(model, params, data, loss_of, sgd)
+    out = {}
+    for how in GPT2_ARRANGEMENTS:
+        kiln.reset()
+        model, params = gpt2_arrange(base, how)
+        got_grads, got_params = train(model, params, data, loss_of, sgd)
+        stats = kiln.stats()
+        out[how] = {
+            "grad_diff_per_step": [largest_diff(a, b) for a, b in zip(got_grads, want_grads)],
+            "grad_scale": max(float(t.abs().max()) for t in want_grads[-1]),
+            "param_diff": largest_diff(got_params, want_params),
+            "stats": {k: stats.get(k, 0) for k in ("frames_compiled", "graphs_compiled", "graph_breaks",
+                                                   "fallbacks", "eager_runs", "kernels_generated")},
+        }
+    return out
+
+
+GPT2_ARRANGEMENTS = ("layers", "root_of_layers")
 
 
 def largest_diff(a, b):
@@ -187,6 +251,7 @@ def main(rank, world, init_file, out_path):
             "kiln_warnings": [str(w.message) for w in seen if "kiln" in str(w.message)],
         }
     result["dtensor_inputs"] = dtensor_inputs(rank)
+    result["gpt2"] = gpt2_case(rank)
     dist.barrier()
     dist.destroy_process_group()
     with open(out_path, "w") as f:

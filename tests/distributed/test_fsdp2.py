@@ -104,3 +104,23 @@ def test_dtensor_inputs_run_eagerly_with_a_warning(ranks):
         assert r["diff"] == 0.0
         assert r["eager_runs"] == 2, r
         assert any("DTensor" in w for w in r["kiln_warnings"]), r
+
+
+@pytest.mark.parametrize("how", fsdp2_worker.GPT2_ARRANGEMENTS)
+def test_tiny_gpt2_per_block_sharding(ranks, how):
+    # transformers' GPT-2 (2 blocks), each GPT2Block sharded: compiled per block (no break), or
+    # the whole model compiled (each block call a break whose forward is compiled on its own)
+    if ranks[0]["gpt2"] is None:
+        pytest.skip("transformers is not installed")
+    for res in ranks:
+        r = res["gpt2"][how]
+        print(f"rank {res['rank']} gpt2 {how}: {r['stats']}, gradient differences "
+              f"{r['grad_diff_per_step']}, parameter difference {r['param_diff']:.2e}")
+        tol = 1e-5 + 1e-4 * r["grad_scale"]
+        assert max(r["grad_diff_per_step"]) <= tol, r
+        assert r["param_diff"] <= 1e-5, r
+        stats = r["stats"]
+        assert stats["fallbacks"] == 0 and stats["eager_runs"] == 0, r
+        assert stats["kernels_generated"] > 0, r
+        if how == "layers":
+            assert stats["graph_breaks"] == 0, r
