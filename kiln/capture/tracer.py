@@ -339,7 +339,10 @@ class Tracer:
         if source is None:
             raise Unsupported("a tensor constant (created outside the traced inputs) is not supported")
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
-            raise Unsupported(f"tensor subclass {type(t).__name__} is not supported")
+            hint = " (a sharded value, FSDP2 or tensor parallel: kiln compiles the code that sees " \
+                "plain tensors, such as a module's forward inside FSDP2's hooks)" \
+                if type(t).__name__ == "DTensor" else ""
+            raise Unsupported(f"tensor subclass {type(t).__name__} is not supported{hint}")
         seen = self._tensor_inputs.get(id(t))
         if seen is not None:
             var, first_source, _ = seen
