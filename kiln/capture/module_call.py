@@ -58,6 +58,8 @@ def call_module(tx, mv, args, kwargs):
             nn_module._global_backward_pre_hooks:
         raise hooks_unsupported(m, "backward hooks are registered on it (or globally), and kiln "
                                 "does not trace backward hooks")
+    if _is_compiled_module(m):  # kiln.compile(layer) inside a compiled root: the layer itself
+        return _call_compiled_module(tx, mv, args, kwargs)
     g = ExprSource(GLOBALS)
     if not (m._forward_hooks or m._forward_pre_hooks or nn_module._global_forward_hooks or
             nn_module._global_forward_pre_hooks):  # the common case: forward alone
@@ -79,6 +81,23 @@ def call_module(tx, mv, args, kwargs):
         _hook_table(tx, m._forward_hooks, AttrSource(mv.source, "_forward_hooks"),
                     m._forward_hooks_with_kwargs, AttrSource(mv.source, "_forward_hooks_with_kwargs"))
     return _call_with_hooks(tx, mv, list(args), dict(kwargs), pre, post)
+
+
+def _is_compiled_module(module) -> bool:
+    """A ``kiln.compile``-d module whose forward is the original's compiled (not CompiledDDP)."""
+    from kiln.api import CompiledModule
+    return isinstance(module, CompiledModule) and type(module).forward is CompiledModule.forward
+
+
+def _call_compiled_module(tx, mv, args, kwargs):
+    """A compiled module called inside a trace is its original module called (hooks included,
+    as ``CompiledModule.__call__`` runs them), traced into this graph. Hooks on the wrapper
+    itself run once more around that, with the global ones: rare, so a break."""
+    m = mv.module
+    if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+        raise hooks_unsupported(m, "hooks are registered on the kiln.compile wrapper itself")
+    tx.guards.add(mv.source, _NO_HOOKS)
+    return mv.getattr(tx, "_orig_mod").call(tx, args, kwargs)
 
 
 def _hook_table(tx, table, source, kw_table, kw_source) -> list:

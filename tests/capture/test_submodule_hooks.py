@@ -276,3 +276,32 @@ def test_class_a_library_made_over_a_user_class_resolves_like_the_user_class():
     x = torch.randn(3)
     torch.testing.assert_close(compiled(m, x), f(m, x))
     assert kiln.stats()["graph_breaks"] == 0
+
+
+def test_compiled_layers_inside_a_compiled_root_are_traced_into_its_graph():
+    net = Net(3)
+    for i, block in enumerate(net.blocks):
+        net.blocks[i] = kiln.compile(block)
+    net.blocks[1]._orig_mod.register_forward_hook(lambda m, args, out: out * 2)
+    compiled = kiln.compile(net)
+    x = torch.randn(3, 4)
+    got = compiled(x)
+    assert kiln.stats()["frames_compiled"] == 1  # the root's graph holds the layers
+    torch.testing.assert_close(got, net(x))  # (the eager call compiles the layers on their own)
+    _check(net, compiled)
+
+
+def test_hooks_on_a_compiled_layer_wrapper_break_and_run_once():
+    net = Net()
+    net.blocks[0] = kiln.compile(net.blocks[0])
+    runs = []
+    net.blocks[0].register_forward_hook(lambda m, args, out: runs.append(1) or out + 1)
+    compiled = kiln.compile(net)
+    for _ in range(2):
+        x = torch.randn(3, 4)
+        want = net(x)
+        runs.clear()
+        torch.testing.assert_close(compiled(x), want)
+        assert runs == [1]
+    stats = kiln.stats()
+    assert stats["graph_breaks"] == 1 and stats["eager_runs"] == 0, stats

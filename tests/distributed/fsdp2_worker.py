@@ -12,7 +12,9 @@ kiln in each of these arrangements:
   by ``kiln.compile``;
 * ``root``: ``fully_shard`` on the root alone, the root compiled;
 * ``root_of_layers``: ``fully_shard`` per block and on the root, the root compiled (each sharded
-  block is a graph break whose forward kiln compiles on its own).
+  block is a graph break whose forward kiln compiles on its own);
+* ``root_wrapper``: the root compiled, then the compiled module sharded;
+* ``root_of_compiled_layers``: as ``layer_before``, and the root compiled too.
 
 The sharded gradients after every step and the full parameters at the end are compared with
 eager FSDP2's; kiln's counters are recorded. Everything goes into OUT_JSON.
@@ -119,6 +121,12 @@ def arrange(base, how):
             fully_shard(block)
         fully_shard(net)
         return kiln.compile(net), list(net.parameters()), net
+    if how == "root_of_compiled_layers":  # layers compiled and sharded, and the root compiled
+        for i, block in enumerate(net.blocks):
+            net.blocks[i] = kiln.compile(block)
+            fully_shard(net.blocks[i])
+        fully_shard(net)
+        return kiln.compile(net), list(net.parameters()), net
     raise ValueError(how)
 
 
@@ -190,7 +198,8 @@ def largest_diff(a, b):
     return max(float((x - y).abs().max()) for x, y in zip(a, b))
 
 
-ARRANGEMENTS = ("layer_before", "layer_after", "root", "root_wrapper", "root_of_layers")
+ARRANGEMENTS = ("layer_before", "layer_after", "root", "root_wrapper", "root_of_layers",
+                "root_of_compiled_layers")
 
 
 def dtensor_inputs(rank):

@@ -90,10 +90,11 @@ def test_identical_sharded_layers_share_one_compiled_entry(ranks):
         assert ranks[0][how]["stats"]["frames_compiled"] == 1, ranks[0][how]
 
 
-def test_sharded_layers_in_a_compiled_root_compile_their_forward(ranks):
+@pytest.mark.parametrize("how", ["root_of_layers", "root_of_compiled_layers"])
+def test_sharded_layers_in_a_compiled_root_compile_their_forward(ranks, how):
     # each sharded block is a break at its call (its hooks run collectives); the glue runs the
     # hooks for real around the block's compiled forward, and the rest of the root resumes
-    stats = ranks[0]["root_of_layers"]["stats"]
+    stats = ranks[0][how]["stats"]
     assert stats["graph_breaks"] == 2, stats
     assert stats["graphs_compiled"] >= 3, stats  # the root's pieces and the blocks' forward
 
