@@ -141,15 +141,25 @@ def _call_with_hooks(tx, mv, args: list, kwargs: dict, pre: list, post: list):
             args = list(new_args.iterate(tx))
         else:
             out = hook.call(tx, [mv, TupleVariable(args)], {})
-            if not _is_none(out):
-                args = list(out.items) if isinstance(out, TupleVariable) else [out]
+            if not _is_none(out):  # a tuple (or a tuple subclass) is the arguments; else (out,)
+                args = list(out.iterate(tx)) if _is_tuple(out) else [out]
     result = _forward(tx, mv).call(tx, args, _str_keys(mv, kw))
     for hook, with_kwargs in post:
-        hook_args = [mv, TupleVariable(args), kw, result] if with_kwargs else [mv, TupleVariable(args), result]
+        hook_args = [mv, TupleVariable(args)] + ([kw] if with_kwargs else []) + [result]
         out = hook.call(tx, hook_args, {})
         if not _is_none(out):
             result = out
     return result
+
+
+def _is_tuple(v) -> bool:
+    from kiln.capture.values import TupleVariable
+    if isinstance(v, TupleVariable):
+        return True
+    try:
+        return issubclass(v.python_type(), tuple)
+    except Unsupported:
+        return False
 
 
 def _str_keys(mv, kw) -> dict:

@@ -305,3 +305,11 @@ def test_hooks_on_a_compiled_layer_wrapper_break_and_run_once():
         assert runs == [1]
     stats = kiln.stats()
     assert stats["graph_breaks"] == 1 and stats["eager_runs"] == 0, stats
+
+
+def test_pre_hook_returning_a_named_tuple_gives_its_items_as_arguments():
+    import collections
+    Pair = collections.namedtuple("Pair", "x")
+    net = Net()
+    net.blocks[0].register_forward_pre_hook(lambda m, args: Pair(args[0] + 1))
+    _check(net, kiln.compile(net))
