@@ -14,7 +14,8 @@ kiln in each of these arrangements:
 * ``root_of_layers``: ``fully_shard`` per block and on the root, the root compiled (each sharded
   block is a graph break whose forward kiln compiles on its own);
 * ``root_wrapper``: the root compiled, then the compiled module sharded;
-* ``root_of_compiled_layers``: as ``layer_before``, and the root compiled too.
+* ``root_of_compiled_layers``: as ``layer_before``, and the root compiled too;
+* ``bf16``: as ``layer_before`` under a bf16 ``MixedPrecisionPolicy``.
 
 The sharded gradients after every step and the full parameters at the end are compared with
 eager FSDP2's; kiln's counters are recorded. Everything goes into OUT_JSON.
@@ -88,9 +89,17 @@ def train(model, params, data, loss_of=None, opt=None):
 def arrange(base, how):
     """(the module to call, its parameters in ``base``'s order) for arrangement ``how``."""
     import kiln
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     net = copy.deepcopy(base)
+    if how.endswith("bf16"):  # FSDP2 mixed precision: bf16 unsharded parameters and inputs
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for i, block in enumerate(net.blocks):
+            if how.startswith("kiln"):
+                net.blocks[i] = kiln.compile(block)
+            fully_shard(net.blocks[i], mp_policy=mp, reshard_after_forward=False)
+        fully_shard(net, mp_policy=mp)
+        return net, list(net.parameters()), net
     if how == "eager":
         for block in net.blocks:
             fully_shard(block)
@@ -202,6 +211,28 @@ ARRANGEMENTS = ("layer_before", "layer_after", "root", "root_wrapper", "root_of_
                 "root_of_compiled_layers")
 
 
+def bf16_case(base, data):
+    """``layer_before`` under a bf16 MixedPrecisionPolicy (and no reshard after forward),
+    against eager FSDP2 under the same policy, 3 SGD steps."""
+    import kiln
+
+    def sgd(params):  # not AdamW: it turns a bf16 rounding of a tiny gradient into a full step
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+    model, params, _ = arrange(base, "eager_bf16")
+    want_grads, want_params = train(model, params, data, opt=sgd)
+    kiln.reset()
+    model, params, _ = arrange(base, "kiln_bf16")
+    got_grads, got_params = train(model, params, data, opt=sgd)
+    stats = kiln.stats()
+    return {"grad_diff_per_step": [largest_diff(g, w) for g, w in zip(got_grads, want_grads)],
+            "grad_scale": max(float(g.abs().max()) for g in want_grads[-1]),
+            "param_diff": largest_diff(got_params, want_params),
+            "grad_dtype": str(got_grads[0][0].dtype),
+            "stats": {k: stats.get(k, 0) for k in ("graph_breaks", "fallbacks", "eager_runs",
+                                                   "kernels_generated")}}
+
+
 def dtensor_inputs(rank):
     """A compiled function called with DTensors: kiln cannot trace them, so the call runs
     eagerly, with a warning, counted; the result is eager's."""
@@ -259,6 +290,7 @@ def main(rank, world, init_file, out_path):
                                                    "fallbacks", "eager_runs", "kernels_generated")},
             "kiln_warnings": [str(w.message) for w in seen if "kiln" in str(w.message)],
         }
+    result["bf16"] = bf16_case(base, data)
     result["dtensor_inputs"] = dtensor_inputs(rank)
     result["gpt2"] = gpt2_case(rank)
     dist.barrier()

@@ -7,8 +7,9 @@ per-layer sharding with the root compiled. FSDP2's hooks run as Python around ki
 forwards (kiln/module_hooks.py; inside a traced frame a sharded module is a break whose forward
 is compiled on its own, kiln/capture/module_call.py), so the compiled graphs read the
 unsharded parameters as plain inputs. Gradient shards after every step and the parameters at
-the end equal eager FSDP2's; kiln's kernels ran (not eager). A function called with DTensors
-runs eagerly with a warning, counted, and never crashes."""
+the end equal eager FSDP2's; kiln's kernels ran (not eager). Also: a bf16 MixedPrecisionPolicy
+(to bf16's tolerance), transformers' GPT-2 sharded per block, and a function called with
+DTensors, which runs eagerly with a warning, counted, and never crashes."""
 import json
 import os
 import subprocess
@@ -125,3 +126,16 @@ def test_tiny_gpt2_per_block_sharding(ranks, how):
         assert stats["kernels_generated"] > 0, r
         if how == "layers":
             assert stats["graph_breaks"] == 0, r
+
+
+def test_mixed_precision_bf16_per_layer(ranks):
+    # bf16 unsharded parameters: kiln's fused kernels round once where eager rounds per op, so
+    # the tolerance is bf16's; gradients are reduced in fp32 as the policy says
+    for res in ranks:
+        r = res["bf16"]
+        print(f"rank {res['rank']} bf16: {r}")
+        assert max(r["grad_diff_per_step"]) <= 2e-2 * r["grad_scale"], r
+        assert r["param_diff"] <= 3e-3, r
+        assert r["grad_dtype"] == "torch.float32"
+        assert r["stats"]["eager_runs"] == 0 and r["stats"]["graph_breaks"] == 0, r
+        assert r["stats"]["kernels_generated"] > 0, r
