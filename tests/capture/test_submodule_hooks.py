@@ -313,3 +313,42 @@ def test_pre_hook_returning_a_named_tuple_gives_its_items_as_arguments():
     net = Net()
     net.blocks[0].register_forward_pre_hook(lambda m, args: Pair(args[0] + 1))
     _check(net, kiln.compile(net))
+
+
+def test_dynamo_also_traces_these_hooks_without_a_break():
+    # the peer's figure for the hook cases above: 0 breaks, as kiln asserts
+    import torch._dynamo
+    net = Net()
+    net.blocks[0].register_forward_pre_hook(lambda m, args: (args[0] * 2,))
+    net.blocks[1].register_forward_hook(lambda m, args, kwargs, out: out + 1, with_kwargs=True)
+    torch._dynamo.reset()
+    report = torch._dynamo.explain(net)(torch.randn(3, 4))
+    assert report.graph_break_count == 0
+    _check(net, kiln.compile(net))
+
+
+def test_callable_object_and_partial_as_hooks():
+    import functools
+
+    class Recorder:  # a callable object holding state: its writes are replayed
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, m, args, out):
+            self.calls += 1
+            return out * 2
+
+    def scaled(k, m, args):
+        return (args[0] * k,)
+
+    net = Net()
+    rec = Recorder()
+    net.blocks[0].register_forward_hook(rec)
+    net.blocks[1].register_forward_pre_hook(functools.partial(scaled, 3.0))
+    compiled = kiln.compile(net)
+    x = torch.randn(3, 4)
+    want = net(x)
+    torch.testing.assert_close(compiled(x), want)
+    torch.testing.assert_close(compiled(x), want)
+    assert rec.calls == 3
+    assert kiln.stats()["graph_breaks"] == 0 and kiln.stats()["eager_runs"] == 0
