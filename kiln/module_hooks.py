@@ -9,6 +9,8 @@ takes effect at the next call.
 """
 from __future__ import annotations
 
+import types
+
 import torch
 from torch.nn.modules import module as _nn
 
@@ -132,7 +134,6 @@ class HookedForward:
         self.compiled = compiled
 
     def __call__(self, mod, *args, **kwargs):
-        import types
         forward = types.MethodType(self.compiled, mod)
         if has_hooks(mod, True):
             return call_with_hooks(mod, forward, args, kwargs)
