@@ -289,6 +289,8 @@ def main(rank, world, init_file, out_path):
             "stats": {k: stats.get(k, 0) for k in ("frames_compiled", "graphs_compiled", "graph_breaks",
                                                    "fallbacks", "eager_runs", "kernels_generated")},
             "kiln_warnings": [str(w.message) for w in seen if "kiln" in str(w.message)],
+            # Block.forward has compiled entries of its own (not run eagerly inside a break)
+            "block_forward_compiled": any(c.entries for c in kiln.api.caches_of(Block.forward.__code__)),
         }
     result["bf16"] = bf16_case(base, data)
     result["dtensor_inputs"] = dtensor_inputs(rank)

@@ -98,6 +98,7 @@ def test_sharded_layers_in_a_compiled_root_compile_their_forward(ranks, how):
     stats = ranks[0][how]["stats"]
     assert stats["graph_breaks"] == 2, stats
     assert stats["graphs_compiled"] >= 3, stats  # the root's pieces and the blocks' forward
+    assert all(res[how]["block_forward_compiled"] for res in ranks)
 
 
 def test_dtensor_inputs_run_eagerly_with_a_warning(ranks):
