@@ -140,7 +140,7 @@ def _callee_wrapper(cf, where):
     over compiled; a module's method as ``(compiled function, module variable)``, which the
     glue binds to the module it loads at run time: modules are guarded by type, so the
     module of a later call may be another instance (the next of twelve blocks)."""
-    from kiln.api import CompiledFunction
+    from kiln.api import CompiledFunction, CompiledModule
     from kiln.capture import controls
     from kiln.capture.values import FunctionVariable, ModuleVariable
 
@@ -153,6 +153,8 @@ def _callee_wrapper(cf, where):
                 target = v.fn
             elif isinstance(v.self_var, ModuleVariable):
                 target, owner = v.fn, v.self_var
+        elif isinstance(v, ModuleVariable) and isinstance(v.module, CompiledModule):
+            return None  # compiled already (a sharded kiln.compile-d layer): called as it is
         elif isinstance(v, ModuleVariable):
             forward = v.module.forward
             if isinstance(forward, types.MethodType) and forward.__self__ is v.module and \
@@ -165,5 +167,8 @@ def _callee_wrapper(cf, where):
                            filename=where[0])
             return None
         compiled = CompiledFunction(target, **_opts(cf))
+        if isinstance(v, ModuleVariable):  # m(...): its hooks run around the compiled forward
+            from kiln.module_hooks import HookedForward
+            return HookedForward(compiled), owner
         return compiled if owner is None else (compiled, owner)
     return wrap

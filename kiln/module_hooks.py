@@ -9,6 +9,8 @@ takes effect at the next call.
 """
 from __future__ import annotations
 
+import types
+
 import torch
 from torch.nn.modules import module as _nn
 
@@ -120,3 +122,19 @@ def _register_plain_backward_hooks(mod, hooks, result):
         from torch.nn.modules.module import _WrappedHook
         for hook in hooks:
             var.grad_fn.register_hook(_WrappedHook(hook, mod))
+
+
+class HookedForward:
+    """A module's compiled forward that a graph break's glue calls as ``m(...)`` would be
+    called: bound to the module at run time (``MethodType(self, m)``, see kiln/breaks.py), with
+    the module's hooks (and the global ones) run around it as Python. The hooks are read on
+    each call, so this is right whether or not they were traced (capture/module_call.py)."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def __call__(self, mod, *args, **kwargs):
+        forward = types.MethodType(self.compiled, mod)
+        if has_hooks(mod, True):
+            return call_with_hooks(mod, forward, args, kwargs)
+        return forward(*args, **kwargs)

@@ -377,6 +377,7 @@ def argument_guards(L: dict) -> GuardSet:
 def pretty(expr: str) -> str:
     """``L['self'].lin.training`` -> ``self.lin.training``; ``G['MODE']`` -> ``MODE``."""
     import re
+    expr = re.sub(r"__import__\('sys'\)\.modules\[(['\"])([^'\"]+)\1\]", r"\2", expr)  # ModuleSource
     return re.sub(r"\b[LG]\[(['\"])([^'\"]+)\1\]", r"\2", expr)
 
 
@@ -385,8 +386,14 @@ def _describe(name: str, check: str, value) -> str:
     import re
     if check.startswith("id({}) == "):
         return f"{name} is a different object than when it was compiled"
-    if check.startswith("not {}._forward_hooks"):
-        return f"{name} has forward hooks now"
+    if check.startswith("not {}._forward_hooks") or check.startswith("not ({}._forward_hooks"):
+        return f"{name} has hooks now"
+    if check.startswith("not ({}._global_"):
+        return "global module hooks (torch.nn.modules.module) are registered now"
+    if check.startswith("not ({}._backward_hooks"):
+        return f"{name} has backward hooks now"
+    if check.startswith("list(map(") and "_hooks_with_kwargs" in check:
+        return f"which hooks of {name} take kwargs changed"
     if check == "{}.is_cpu" or check.startswith("{}.is_cuda and ") or check.startswith("{}.device.type == "):
         return f"{name} is on {getattr(value, 'device', type(value).__name__)} now"
     if check.startswith("hasattr("):

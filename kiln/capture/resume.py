@@ -282,7 +282,7 @@ def _is_own_symbol(v) -> bool:
 class BreakPlan:
     stop_at: int          # root instruction index where the re-trace stops
     eager_rest: bool      # continue uncompiled from stop_at
-    wrap_callee: bool     # the break came from inside an inlined callee
+    wrap_callee: bool     # the break came from inside an inlined callee (or compile_callee)
     reason: str
     in_loop: bool = False  # the break is inside for loops and resumes inside them
 
@@ -299,7 +299,7 @@ def _in_loop_plan(err, code, instructions, index, loops: bool) -> BreakPlan | No
     if why is None:
         log.log("graph_breaks", "%s: the break at instruction %d is inside a for loop; the rest "
                 "resumes inside the loop", code.co_name, index)
-        return BreakPlan(index, False, len(err.frames) > 1, err.reason, True)
+        return BreakPlan(index, False, _wrap_callee(err), err.reason, True)
     log.log("graph_breaks", "%s: the break at instruction %d is inside a loop (%s); the graph "
             "stops before the loop and the rest of the frame runs eagerly", code.co_name, index, why)
     return None
@@ -321,7 +321,14 @@ def plan_break(err, code, loops: bool = True) -> BreakPlan:
         log.log("graph_breaks", "%s: the glue cannot run %s on its own; the rest of the frame "
                 "runs eagerly", code.co_name, inst.opname)
         return BreakPlan(index, True, False, err.reason)
-    return BreakPlan(index, False, len(err.frames) > 1, err.reason)
+    return BreakPlan(index, False, _wrap_callee(err), err.reason)
+
+
+def _wrap_callee(err) -> bool:
+    """Whether the glue calls the callee at the break through kiln's compile: a break inside
+    an inlined callee, or at the call of a module whose hooks stay out of the graph
+    (capture/module_call.py: the hooks run for real, the forward compiled)."""
+    return len(err.frames) > 1 or getattr(err, "compile_callee", False)
 
 
 # ====================================================================== the glue

@@ -105,6 +105,7 @@ class Tracer:
         self._tensor_inputs: dict[int, tuple[TensorVariable, Source, torch.Tensor]] = {}
         self._var_of_node: dict = {}
         self._modules_seen: dict[int, tuple] = {}  # id(module) -> (module, its ModuleVariable)
+        self._real_cells: dict[int, tuple] = {}  # id(closure cell) -> (cell, its CellVariable)
         self.storages: list = []  # mutation.Storage per tensor memory that aliasing touched
         self._placeholder_names: set[str] = set()
         self.steps = 0
@@ -267,6 +268,19 @@ class Tracer:
             self.guards.add(source, _type_check(type(value)))
         return OpaqueVariable(value, source)
 
+    def _shared_cell(self, fn, i: int):
+        """The tracker of a real closure cell already reached in this trace (the same closure
+        called twice: a hook on two blocks counting calls), so a write in one call is what
+        the next call reads; guarded to stay the same cell. None: not seen, or no source."""
+        real = fn.fn.__closure__[i]
+        seen = self._real_cells.get(id(real))
+        if seen is None or fn.source is None:
+            return None
+        source = ItemSource(AttrSource(fn.source, "__closure__"), i)
+        if source != seen[1].cell_source:
+            self.guards.same_object(source, seen[1].cell_source)
+        return seen[1]
+
     def _wrap_module(self, module: torch.nn.Module, source: Source) -> ModuleVariable:
         """A module is guarded by its type and training flag, not by identity: what the trace
         reads from it (parameters and buffers, which are graph inputs fetched per call,
@@ -328,7 +342,10 @@ class Tracer:
         if source is None:
             raise Unsupported("a tensor constant (created outside the traced inputs) is not supported")
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
-            raise Unsupported(f"tensor subclass {type(t).__name__} is not supported")
+            hint = " (a sharded value, FSDP2 or tensor parallel: kiln compiles the code that sees " \
+                "plain tensors, such as a module's forward inside FSDP2's hooks)" \
+                if type(t).__name__ == "DTensor" else ""
+            raise Unsupported(f"tensor subclass {type(t).__name__} is not supported{hint}")
         seen = self._tensor_inputs.get(id(t))
         if seen is not None:
             var, first_source, _ = seen
@@ -501,6 +518,8 @@ class Tracer:
         for i, name in enumerate(code.co_freevars):
             cell = fn.closure[i] if fn.fn is None else None
             if cell is None:
+                cell = self._shared_cell(fn, i)
+            if cell is None:
                 real = fn.fn.__closure__[i]
                 try:
                     contents = real.cell_contents
@@ -512,6 +531,7 @@ class Tracer:
                 cell = CellVariable(contents_var)
                 if fn.source is not None:  # a write to it is replayed into the real cell
                     cell.cell_source = ItemSource(AttrSource(fn.source, "__closure__"), i)
+                    self._real_cells[id(real)] = (real, cell)
             cells[name] = cell
         module = (fn.fn.__module__ if fn.fn is not None else None) or fn.globals.get("__name__", "") or ""
         trusted = is_torch_module(module)

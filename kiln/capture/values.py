@@ -513,27 +513,8 @@ class ModuleVariable(Variable):
         return tx.wrap(children[key], ItemSource(self.source, key % len(children)))
 
     def call(self, tx, args, kwargs):
-        m = self.module
-        hooks = (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks,
-                 getattr(m, "_backward_pre_hooks", {}))
-        from torch.nn.modules import module as module_mod
-        global_hooks = [getattr(module_mod, n, {}) for n in
-                        ("_global_forward_hooks", "_global_forward_pre_hooks",
-                         "_global_backward_hooks", "_global_backward_pre_hooks")]
-        if any(hooks) or any(global_hooks):
-            raise Unsupported(f"calling {type(m).__name__} with hooks registered is not supported")
-        tx.guards.add(self.source, "not {}._forward_hooks and not {}._forward_pre_hooks")
-        forward = m.forward
-        if not (isinstance(forward, types.MethodType) and forward.__self__ is m):
-            raise Unsupported(f"{type(m).__name__}.forward is not a method")
-        # modules are guarded by type (tracer._wrap_module): another instance of the class may
-        # carry a forward of its own (accelerate's hooks set ``module.forward``)
-        if "forward" in m.__dict__:
-            tx.guards.identity(tx.attr_source(tx.attr_source(self.source, "forward"), "__func__"),
-                               forward.__func__)
-        else:
-            tx.guards.add(self.source, "'forward' not in {}.__dict__")
-        return FunctionVariable(forward.__func__, self_var=self).call(tx, args, kwargs)
+        from kiln.capture.module_call import call_module  # hooks inlined around forward
+        return call_module(tx, self, args, kwargs)
 
     def __repr__(self):
         return f"Module({type(self.module).__name__} at {self.source})"
@@ -793,7 +774,10 @@ class OpaqueVariable(Variable):
 
 
 def _is_library_class(cls) -> bool:
-    return (cls.__module__ or "").split(".")[0] in ("builtins", "torch", "typing", "collections")
+    # a class a library made at run time over a user class (FSDP2's ``FSDP<Block>``, whose
+    # ``__module__`` is torch's) resolves its attributes like the user class it extends
+    return all((k.__module__ or "").split(".")[0] in ("builtins", "torch", "typing", "collections")
+               for k in getattr(cls, "__mro__", (cls,)))
 
 
 # Python operators on constants, by dis's spelling.

@@ -207,6 +207,14 @@ class ObjectVariable(Variable):
         """``len(obj)`` through the class's Python ``__len__``."""
         return self._call(tx, "__len__", [])
 
+    def call(self, tx, args, kwargs):
+        """``obj(...)`` through the class's Python ``__call__`` (a callable object as a hook).
+        kiln's own objects (a ``kiln.compile``-d function) are not inlined."""
+        fn, _ = _static_lookup(self.cls, "__call__")
+        if not isinstance(fn, types.FunctionType) or (self.cls.__module__ or "").startswith("kiln."):
+            raise Unsupported(f"calling {self} is not supported")
+        return _bind(tx, fn, self).call(tx, args, kwargs)
+
     def _call(self, tx, name, args):
         fn, _ = _static_lookup(self.cls, name)
         if not isinstance(fn, types.FunctionType):

@@ -102,14 +102,15 @@ def test_sequential_and_module_list():
     assert "L['self'].head[0].bias" in result.input_sources
 
 
-def test_module_with_hook_is_unsupported():
+def test_module_with_backward_hook_is_unsupported():
+    # forward hooks are traced (tests/capture/test_submodule_hooks.py); backward hooks are not
     import pytest
     from kiln.capture import Unsupported
 
     m = Block()
-    handle = m.inner.register_forward_hook(lambda mod, inp, out: out)
+    handle = m.inner.register_full_backward_hook(lambda mod, gin, gout: None)
     try:
-        with pytest.raises(Unsupported, match="hooks"):
+        with pytest.raises(Unsupported, match="backward hooks"):
             trace(m.forward, (torch.randn(4, 8),), {})
     finally:
         handle.remove()
