@@ -166,7 +166,8 @@ class _SizedBackward:
                 return self.graph.run(*inputs, sizes=sizes)
             if not hasattr(self.compiled, "size_args"):  # an eager backend: graph.run takes the sizes
                 return self.compiled.graph.run(*inputs, sizes=sizes)
-            extra = [sizes[sympy.Symbol(n, integer=True, positive=True)] for n in self.compiled.size_args]
+            by_name = {s.name: v for s, v in sizes.items()}  # a dynamic int's symbol is not positive
+            extra = [by_name[n] for n in self.compiled.size_args]
             return self.compiled(*inputs, *extra)
         return call
 

@@ -306,13 +306,17 @@ class Tracer:
     def _wrap_dynamic_int(self, value: int, source: Source):
         """A Python int that changed between calls (automatic dynamic): a symbol, its value read
         by the guard (``s2 = L['n']``) and passed to the graph through a storage-less carrier
-        tensor of shape ``(n, 0)`` (``IntCarrierSource``). 0 and 1 stay specialized, like sizes."""
-        if value < 2:  # 0 and 1 are specialized like sizes; a negative int stays a constant
+        tensor of shape ``(n, 0)`` (``IntCarrierSource``). 0 and 1 are symbols too, bound
+        ``>= 0``, since an int known to change is most often an index (the layers' ``layer_idx``,
+        one entry for all layers); where one becomes a size it is specialized
+        (``tensor_meta.no_small_symbols``). A negative int stays a constant."""
+        if value < 0:
             return None
-        sym = self.shape_env.create_size(value, source.expr(), duck=False)
+        sym = self.shape_env.create_int(value, source.expr())
         self.guards.add(source, "type({}) is int")
         self.guards.symbol_reads[sym.expr] = (source, "")
-        meta = TensorMeta((sym, 0), (1, 1), torch.uint8, torch.device("cpu"), False)
+        meta = TensorMeta((0, 0), (1, 1), torch.uint8, torch.device("cpu"), False)
+        meta.shape = (sym, 0)  # the carrier's size is the int itself, 0 and 1 included
         self.graph.placeholder(_placeholder_name(source) + "_int", meta)
         self.input_sources.append(IntCarrierSource(source))
         return ConstantVariable(sym, source)

@@ -213,6 +213,9 @@ class _Sequence(Variable):
         key = key.as_python()
         if isinstance(key, slice):
             return type(self)(self.items[key])
+        if isinstance(key, SymInt):  # cache.layers[self.layer_idx], layer_idx dynamic
+            from kiln.capture.dynamic_index import symbolic_item
+            return symbolic_item(tx, self, key)
         if not isinstance(key, int):
             raise Unsupported(f"indexing a {self.kind.__name__} with {type(key).__name__}")
         try:

@@ -163,13 +163,21 @@ class ShapeEnv:
             self._duck[hint] = sym
         return SymInt(sym, self)
 
-    def _new(self, hint, source):
-        sym = size_symbol(f"s{len(self.hints)}")
+    def _new(self, hint, source, small=False):
+        name = f"s{len(self.hints)}"
+        # sympy's assumptions must hold: a size is positive, an int that may be 0 is not
+        sym = sympy.Symbol(name, integer=True, nonnegative=True) if small else size_symbol(name)
         self.hints[sym] = hint
         self.sources[sym] = source
-        self.lower[sym] = 2
+        self.lower[sym] = 0 if small else 2
         log.log("dynamic", "create symbol %s = %d for %s", sym, hint, source)
         return sym
+
+    def create_int(self, hint: int, source: str):
+        """A dynamic Python int: 2 and up as a size's symbol; 0 and 1 too, bound ``>= 0``
+        (an index such as a layer's ``layer_idx``), specialized where it becomes a size
+        (``tensor_meta.no_small_symbols``)."""
+        return SymInt(self._new(int(hint), source, small=hint < 2), self)
 
     def create_stride(self, hint: int, source: str):
         """A stride no size explains (a slice with a step, a view into a larger buffer)."""
@@ -255,7 +263,9 @@ class ShapeEnv:
     def simplified_guards(self) -> list:
         """The guards to check, simplified: each symbol's lower bound once, then every recorded
         relation that the bounds do not already imply (duplicates and weaker bounds dropped)."""
-        out = [sympy.Ge(s, self.lower[s]) for s in self.hints]
+        # unevaluated: sympy would fold ``s >= 0`` of a non-negative symbol to True, and the
+        # guard must still check it (a dynamic int's symbol; the int could be negative)
+        out = [sympy.Ge(s, self.lower[s], evaluate=False) for s in self.hints]
         for g, _ in self.guards:
             if isinstance(g, (sympy.Ge, sympy.Gt, sympy.Le, sympy.Lt)) and (
                     (g.lhs in self.hints and g.rhs.is_Integer) or (g.rhs in self.hints and g.lhs.is_Integer)):

@@ -15,6 +15,24 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
+def no_small_symbols(dims: tuple) -> tuple:
+    """Sizes and strides never hold a symbol that may be 0 or 1: a dynamic Python int traced
+    symbolically at 0 or 1 (``Tracer._wrap_dynamic_int``, bound ``>= 0``) that becomes a size is
+    specialized here (guarded equal to its value), since broadcasting, strides and kernels
+    decide on sizes 0 and 1, and every other symbol is ``>= 2``."""
+    if all(type(d) is int for d in dims):
+        return dims
+    if 0 in [d for d in dims if type(d) is int]:  # no elements (a dynamic int's carrier input)
+        return dims
+    out = []
+    for d in dims:
+        env = getattr(d, "env", None)
+        if env is not None and any(env.lower.get(s, 2) < 2 for s in d.expr.free_symbols):
+            d = int(d)  # SymInt.__index__: guarded equal to its hint
+        out.append(d)
+    return tuple(out)
+
+
 def view_strides(old_shape, old_stride, new_shape):
     """Strides of a view of (old_shape, old_stride) as new_shape, or None if it needs a copy
     (torch's rule: the old dims form runs laid out one after another in memory; each run must
@@ -49,6 +67,9 @@ class TensorMeta:
     def __init__(self, shape, stride, dtype, device, requires_grad=False):
         self.shape = tuple(shape)
         self.stride = tuple(stride)
+        if not all(type(d) is int for d in self.shape + self.stride) and \
+                0 not in [d for d in self.shape if type(d) is int]:  # not an empty tensor
+            self.shape, self.stride = no_small_symbols(self.shape), no_small_symbols(self.stride)
         self.dtype = dtype
         self.device = torch.device(device) if not isinstance(device, torch.device) else device
         self.requires_grad = requires_grad
@@ -59,6 +80,7 @@ class TensorMeta:
 
     @classmethod
     def contiguous(cls, shape, dtype, device, requires_grad=False) -> "TensorMeta":
+        shape = no_small_symbols(tuple(shape))  # before the strides, which assume sizes >= 2
         return cls(shape, contiguous_strides(shape), dtype, device, requires_grad)
 
     @property
@@ -69,6 +91,8 @@ class TensorMeta:
         return math.prod(self.shape)
 
     def is_contiguous(self) -> bool:
+        if 0 in [d for d in self.shape if type(d) is int]:
+            return True  # no elements (torch's rule); and no comparison on the other sizes' symbols
         expected = contiguous_strides(self.shape)
         return all(sz == 1 or st == ex for sz, st, ex in zip(self.shape, self.stride, expected))
 
