@@ -1,0 +1,291 @@
+"""User-defined torch ops (``torch.library.custom_op``, ``Library.define``) as opaque nodes.
+
+``core.custom_op(target, *args, **kwargs)`` runs the op named by ``target`` (a fallback target
+name, ``"torch.ops.mylib.f.default"``, resolved by ``core_fallback.resolve``). Kiln cannot look
+inside it: its meta comes from the op's fake (meta) implementation, run on torch's meta device
+(``custom_meta``), and it decomposes to ``prims.custom_op``, a library prim the wrapper calls
+between kernels, like a fallback node.
+
+Symbolic sizes: the fake implementation only ever sees ints, so it is run at the traced sizes
+and at a few other values of the symbols, and every output size and stride is matched to an
+expression of the inputs' sizes (``a * e + b`` for an input size, stride, numel or SymInt
+argument ``e``). When one fits at every probe, the output is symbolic and no guard is added;
+otherwise the sizes are specialized, as a fallback node's are. Because a fit is inferred, the
+prim checks each result's shape and dtype against the promised ones at run time and raises
+naming the op (``CustomOpShapeError``) rather than let kernels read a wrong layout.
+
+Autograd (``custom_op_vjp``): the gradient is torch's own for the op. The backward graph holds
+``core.custom_op_backward``, which runs the op again on the saved inputs with grad enabled and
+calls ``torch.autograd.grad``, so the formula registered with ``register_autograd`` (its
+``setup_context`` included) is what runs, as in eager. Capture only emits a differentiable node
+when an autograd formula is registered (capture/custom_ops.py); otherwise it is a graph break
+and eager decides (torch raises for a ``custom_op`` without one).
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.graph.node import flatten_args
+from kiln.meta.symbolic import SymInt, concretize, shape_env_of, to_sympy
+from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
+from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, VJP_RULES, define
+
+__all__ = ["custom_op", "custom_op_backward"]  # prims.custom_op is re-exported by prims.py
+
+
+class CustomOpShapeError(RuntimeError):
+    pass
+
+
+class CustomOpMetaError(TypeError):
+    pass
+
+
+def _resolve(target):
+    from kiln.ops.core_fallback import resolve
+    return resolve(target)
+
+
+def _map(obj, fn):
+    if isinstance(obj, tuple):
+        return tuple(_map(x, fn) for x in obj)
+    if isinstance(obj, list):
+        return [_map(x, fn) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _map(v, fn) for k, v in obj.items()}
+    return fn(obj)
+
+
+# ------------------------------------------------------------------ meta
+def _run_fake(target, args, kwargs, values):
+    """Outputs of the fake implementation at symbol ``values``: a list of (shape, stride, dtype)."""
+    def fake(a):
+        if isinstance(a, TensorMeta):
+            return torch.empty_strided(concretize(a.shape, values), concretize(a.stride, values),
+                                       dtype=a.dtype, device="meta")
+        if isinstance(a, SymInt):
+            return concretize(a, values)
+        return a
+    f_args, f_kwargs = _map((args, kwargs), fake)
+    out = _resolve(target)(*f_args, **f_kwargs)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    if not outs or not all(isinstance(t, torch.Tensor) for t in outs):
+        kinds = ", ".join(type(t).__name__ for t in outs) or "nothing"
+        raise CustomOpMetaError(f"[meta] core.custom_op({target}): returns {kinds}, not tensors")
+    return [(tuple(t.shape), tuple(t.stride()), t.dtype) for t in outs], isinstance(out, (tuple, list))
+
+
+def _candidates(args, kwargs):
+    """Size expressions the inputs offer (sizes, strides, numels, SymInt arguments)."""
+    exprs = []
+    for a in flatten_args((args, kwargs)):
+        if isinstance(a, TensorMeta):
+            exprs += [to_sympy(s) for s in a.shape] + [to_sympy(s) for s in a.stride]
+            exprs.append(to_sympy(a.numel()))
+        elif isinstance(a, SymInt):
+            exprs.append(a.expr)
+    seen, out = set(), []
+    for e in exprs:
+        if hasattr(e, "free_symbols") and e.free_symbols and e not in seen:
+            seen.add(e)
+            out.append(e)
+    return out
+
+
+def _fit(values: list, cands: list, points: list):
+    """An expression equal to ``values[i]`` at ``points[i]`` for every probe, or None."""
+    if all(v == values[0] for v in values):
+        return values[0]
+    for e in cands:
+        ev = [concretize(e, p) for p in points]
+        if ev[1] == ev[0]:
+            continue
+        a, rem = divmod(values[1] - values[0], ev[1] - ev[0])
+        if rem or a == 0:
+            continue
+        b = values[0] - a * ev[0]
+        if all(a * x + b == v for x, v in zip(ev, values)):
+            return a * e + b
+    return None
+
+
+def _probes(env, symbols):
+    """The traced sizes and three other assignments of the symbols that keep every guard true
+    (distinct, unrelated values, so a fit that holds at all of them is not a coincidence)."""
+    hints = {s: env.hints[s] for s in symbols}
+    points = [hints]
+    for k, (mul, add) in enumerate(((1, 5), (2, 11), (3, 29))):
+        points.append({s: hints[s] * mul + add + 7 * i * (k + 1) for i, s in enumerate(symbols)})
+    for g, _ in env.guards:
+        for p in points[1:]:
+            if not bool(g.xreplace({s: p.get(s, env.hints[s]) for s in g.free_symbols})):
+                return None
+    return points
+
+
+def _symbolic_outputs(target, args, kwargs, env):
+    symbols = sorted({s for a in flatten_args((args, kwargs)) for s in _symbols_of(a)}, key=str)
+    points = _probes(env, symbols)
+    if points is None:
+        return None
+    try:
+        runs = [_run_fake(target, args, kwargs, p) for p in points]
+    except Exception:  # noqa: BLE001 - the fake impl refuses other sizes: specialize instead
+        return None
+    if any(len(r[0]) != len(runs[0][0]) for r in runs):
+        return None
+    cands = _candidates(args, kwargs)
+    outs = []
+    for i, (shape0, _, dtype) in enumerate(runs[0][0]):
+        if any(len(r[0][i][0]) != len(shape0) or r[0][i][2] != dtype for r in runs):
+            return None
+        shape = [_fit([r[0][i][0][d] for r in runs], cands, points) for d in range(len(shape0))]
+        if any(s is None for s in shape):
+            return None
+        own = [e for e in contiguous_strides(shape) if hasattr(e, "free_symbols")]
+        stride = [_fit([r[0][i][1][d] for r in runs], own + cands, points) for d in range(len(shape0))]
+        if any(s is None for s in stride):
+            return None
+        outs.append((tuple(SymInt.make(s, env) for s in shape), tuple(SymInt.make(s, env) for s in stride), dtype))
+    return outs, runs[0][1]
+
+
+def _symbols_of(a):
+    if isinstance(a, TensorMeta):
+        return {s for v in tuple(a.shape) + tuple(a.stride) for s in getattr(to_sympy(v), "free_symbols", ())}
+    if isinstance(a, SymInt):
+        return a.expr.free_symbols
+    return ()
+
+
+def custom_meta(target, *args, **kwargs):
+    """The op's outputs as TensorMetas: the fake implementation's, on the inputs' device,
+    requiring grad when a floating output has an input that does."""
+    metas = [a for a in flatten_args((args, kwargs)) if isinstance(a, TensorMeta)]
+    if not metas:
+        raise CustomOpMetaError(f"[meta] core.custom_op({target}): needs a tensor argument")
+    device = next((m.device for m in metas if m.device.type != "cpu"), metas[0].device)
+    grad = any(m.requires_grad for m in metas)
+    env = shape_env_of(metas) or next((a.env for a in flatten_args((args, kwargs)) if isinstance(a, SymInt)), None)
+    fitted = _symbolic_outputs(target, args, kwargs, env) if env is not None else None
+    if fitted is None:  # static, or no fit: specialize the sizes the inputs have
+        specialized = _map((args, kwargs), lambda a: a.with_(shape=tuple(int(s) for s in a.shape),
+                                                             stride=tuple(int(s) for s in a.stride))
+                           if isinstance(a, TensorMeta) else int(a) if isinstance(a, SymInt) else a)
+        fitted = _run_fake(target, specialized[0], specialized[1], {})
+    outs, several = fitted
+    result = tuple(TensorMeta(shape, stride, dtype, device, grad and dtype.is_floating_point)
+                   for shape, stride, dtype in outs)
+    return result if several else result[0]
+
+
+# ------------------------------------------------------------------ the library prim
+def _spec(meta):
+    """What the prim promises: (several results?, ((shape, stride, dtype), ...))."""
+    metas = meta if isinstance(meta, tuple) else (meta,)
+    return isinstance(meta, tuple), tuple((tuple(m.shape), tuple(m.stride), m.dtype) for m in metas)
+
+
+def _prim_eager(target, spec, *args, **kwargs):
+    """Call the op; check its results against the promised shape and dtype of each (strides
+    are the wrapper's: ``ensure_layout`` copies a result laid out otherwise)."""
+    out = _resolve(target)(*args, **kwargs)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    if len(outs) != len(spec[1]):
+        raise CustomOpShapeError(f"kiln: {target} returned {len(outs)} results, its fake "
+                                 f"implementation {len(spec[1])}")
+    for i, (t, (shape, _, dtype)) in enumerate(zip(outs, spec[1])):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+            got = type(t).__name__ if not isinstance(t, torch.Tensor) else f"{t.dtype}{list(t.shape)}"
+            raise CustomOpShapeError(
+                f"kiln: {target} result {i} is {got}, but its fake (meta) implementation gave "
+                f"{dtype}{list(shape)} (sizes fitted over symbolic shapes are checked here; "
+                f"compile with dynamic=False if the fake implementation branches on sizes)")
+    return tuple(outs) if spec[0] else out
+
+
+def _prim_meta(target, spec, *args, **kwargs):
+    metas = [a for a in flatten_args((args, kwargs)) if isinstance(a, TensorMeta)]
+    device = next((m.device for m in metas if m.device.type != "cpu"), metas[0].device)
+    out = tuple(TensorMeta(shape, stride, dtype, device) for shape, stride, dtype in spec[1])
+    return out if spec[0] else out[0]
+
+
+def _prim_lowering(ctx, meta, *args, **kwargs):
+    from kiln.inductor import lowering as L
+    if isinstance(meta, tuple):
+        return L.extern_multi_rule(ctx, meta, *args, **kwargs)
+    return L.extern_rule(ctx, meta, *args, **kwargs)
+
+
+prim_custom_op = define("prims", "custom_op", _prim_eager, library=True)
+META_RULES[prim_custom_op] = _prim_meta
+LOWERINGS[prim_custom_op] = _prim_lowering
+
+
+def _metas_of(obj):
+    from kiln.graph.proxy import Proxy
+    return _map(obj, lambda a: a.meta if isinstance(a, Proxy) else a)
+
+
+# ------------------------------------------------------------------ the core op
+def _custom_eager(target, *args, **kwargs):
+    return _resolve(target)(*args, **kwargs)
+
+
+custom_op = define("core", "custom_op", _custom_eager)
+META_RULES[custom_op] = custom_meta
+
+
+@DECOMPOSITIONS.register(custom_op)
+def _decompose(target, *args, **kwargs):
+    meta = custom_meta(target, *_metas_of(args), **_metas_of(kwargs))
+    return prim_custom_op(target, _spec(meta), *args, **kwargs)
+
+
+# ------------------------------------------------------------------ autograd
+def _differentiable(a) -> bool:
+    return isinstance(a, TensorMeta) and a.requires_grad and a.dtype.is_floating_point
+
+
+def _backward_eager(target, n, need, given, *rest, **kwargs):
+    """The gradients of the op's inputs that ``need`` marks, by torch's autograd of the op
+    (run again on the saved inputs): the registered ``backward``/``setup_context`` run."""
+    args, grads = rest[:n], rest[n:]
+    with torch.enable_grad():
+        inputs = [a.detach().requires_grad_() if w else a for a, w in zip(args, need)]
+        out = _resolve(target)(*inputs, **kwargs)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    chosen = [o for o, w in zip(outs, given) if w]
+    pairs = [(o, g) for o, g in zip(chosen, grads) if isinstance(o, torch.Tensor) and o.requires_grad]
+    diff = [x for x, w in zip(inputs, need) if w]
+    res = torch.autograd.grad([o for o, _ in pairs], diff, [g for _, g in pairs], allow_unused=True) \
+        if pairs else [None] * len(diff)
+    return tuple(r if r is not None else torch.zeros_like(x) for r, x in zip(res, diff))
+
+
+def _backward_meta(target, n, need, given, *rest, **kwargs):
+    return tuple(TensorMeta.contiguous(a.shape, a.dtype, a.device) for a, w in zip(rest[:n], need) if w)
+
+
+custom_op_backward = define("core", "custom_op_backward", _backward_eager)
+META_RULES[custom_op_backward] = _backward_meta
+
+
+@DECOMPOSITIONS.register(custom_op_backward)
+def _decompose_backward(target, n, need, given, *rest, **kwargs):
+    meta = _backward_meta(target, n, need, given, *_metas_of(rest))
+    return prim_custom_op("core.custom_op_backward", _spec(meta), target, n, need, given, *rest, **kwargs)
+
+
+@VJP_RULES.register(custom_op)
+def custom_op_vjp(g, out, target, *args, **kwargs):
+    from kiln.graph.proxy import Proxy
+    gs = g if isinstance(g, tuple) else (g,)
+    given = tuple(x is not None for x in gs)
+    need = tuple(isinstance(a, Proxy) and _differentiable(a.meta) for a in args)
+    if not any(need) or not any(given):
+        return (None,) * (len(args) + 1)
+    grads = iter(custom_op_backward(target, len(args), need, given, *args,
+                                    *[x for x in gs if x is not None], **kwargs))
+    return (None,) + tuple(next(grads) if w else None for w in need)

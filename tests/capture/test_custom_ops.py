@@ -1,0 +1,350 @@
+"""torch.library custom ops inside kiln's graph (issue 27): a ``custom_op`` function, its
+``torch.ops`` packet/overload and a ``Library.define`` op are one opaque node (meta from the fake
+implementation, run by the wrapper between kiln's kernels), with symbolic sizes where the fake
+implementation allows, and torch's registered autograd formula in the backward. What kiln cannot
+keep (no fake impl, a mutating op, a gradient with no formula) is a graph break with a reason."""
+import pytest
+import torch
+
+import kiln
+from tests.testing import assert_close
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+# ------------------------------------------------------------------ the ops under test
+@torch.library.custom_op("kiln_test::mysin", mutates_args=())
+def mysin(x: torch.Tensor) -> torch.Tensor:
+    return torch.sin(x)
+
+
+@mysin.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _mysin_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _mysin_backward(ctx, g):
+    (x,) = ctx.saved_tensors
+    return g * x.cos()
+
+
+mysin.register_autograd(_mysin_backward, setup_context=_mysin_setup)
+
+
+@torch.library.custom_op("kiln_test::scaled_mul", mutates_args=())
+def scaled_mul(x: torch.Tensor, y: torch.Tensor, *, alpha: float) -> torch.Tensor:
+    return (x * y * alpha).contiguous()
+
+
+@scaled_mul.register_fake
+def _(x, y, *, alpha):
+    return torch.empty(torch.broadcast_shapes(x.shape, y.shape), dtype=x.dtype, device=x.device)
+
+
+def _sm_setup(ctx, inputs, keyword_only_inputs, output):
+    ctx.save_for_backward(*inputs)
+    ctx.alpha = keyword_only_inputs["alpha"]
+
+
+def _sm_backward(ctx, g):
+    x, y = ctx.saved_tensors
+    return g * y * ctx.alpha, g * x * ctx.alpha
+
+
+torch.library.register_autograd("kiln_test::scaled_mul", _sm_backward, setup_context=_sm_setup)
+
+
+@torch.library.custom_op("kiln_test::doubled_cols", mutates_args=())
+def doubled_cols(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x, 2 * x], dim=-1)
+
+
+@doubled_cols.register_fake
+def _(x):
+    return x.new_empty(*x.shape[:-1], 2 * x.shape[-1])
+
+
+@torch.library.custom_op("kiln_test::split_stats", mutates_args=())
+def split_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.amax(dim=-1), x.exp()
+
+
+@split_stats.register_fake
+def _(x):
+    return x.new_empty(x.shape[:-1]), torch.empty_like(x)
+
+
+@torch.library.custom_op("kiln_test::nograd", mutates_args=())
+def nograd(x: torch.Tensor) -> torch.Tensor:
+    return x.tanh()
+
+
+@nograd.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("kiln_test::nofake", mutates_args=())
+def nofake(x: torch.Tensor) -> torch.Tensor:
+    return x.tanh()
+
+
+@torch.library.custom_op("kiln_test::add_into", mutates_args=("out",))
+def add_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.add_(x)
+
+
+@add_into.register_fake
+def _(x, out):
+    return None
+
+
+@torch.library.custom_op("kiln_test::liar", mutates_args=())
+def liar(x: torch.Tensor) -> torch.Tensor:
+    return x[:-1].clone()
+
+
+@liar.register_fake
+def _(x):
+    return torch.empty_like(x)  # wrong: the real op drops a row
+
+
+_LIB = torch.library.Library("kiln_test_def", "DEF")
+_LIB.define("shift(Tensor x, float by) -> Tensor")
+_LIB.impl("shift", lambda x, by: x + by, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("kiln_test_def::shift")
+def _(x, by):
+    return torch.empty_like(x)
+
+
+# ------------------------------------------------------------------ helpers
+def _one_graph(fn, *args, kernels=2, externs=1):
+    e = kiln.explain(fn)(*args)
+    assert e.graph_count == 1 and e.graph_break_count == 0, e.break_reasons
+    (c,) = e.compiles
+    assert c.extern_calls >= externs, c
+    assert len(c.kernels) >= kernels, c  # kiln's own kernels on each side of the library call
+    return c
+
+
+def _check(fn, make, calls=3, **compile_kw):
+    compiled = kiln.compile(fn, fullgraph=True, **compile_kw)
+    for _ in range(calls):  # fresh inputs every call, compared with eager
+        args = make()
+        got, want = compiled(*args), fn(*args)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert_close(g, w)
+
+
+def _between(x):
+    y = x * 2 + 1            # a kiln kernel before the op
+    z = mysin(y)             # the opaque node
+    return z.cos() + y       # a kiln kernel after it
+
+
+# ------------------------------------------------------------------ forward
+@pytest.mark.parametrize("device", DEVICES)
+def test_custom_op_between_fused_pointwise_ops_is_one_graph(device):
+    x = torch.randn(8, 16, device=device)
+    c = _one_graph(_between, x)
+    assert "custom_op" in c.graph.python() and "kiln_test.mysin" in c.graph.python()
+    assert_close(c.graph.as_function()(x)[0], _between(x))  # the printed graph runs
+    _check(_between, lambda: (torch.randn(8, 16, device=device),))
+
+
+@pytest.mark.parametrize("spelling", ["packet", "overload"])
+def test_torch_ops_spellings_of_a_custom_op(spelling):
+    op = torch.ops.kiln_test.mysin if spelling == "packet" else torch.ops.kiln_test.mysin.default
+
+    def fn(x):
+        return op(x.exp()).neg() * 3
+    _one_graph(fn, torch.randn(5, 3))
+    _check(fn, lambda: (torch.randn(5, 3),))
+
+
+def test_library_define_op_with_register_fake():
+    def fn(x):
+        return torch.ops.kiln_test_def.shift(x.abs(), 0.5).sqrt() - 1
+    _one_graph(fn, torch.randn(6, 7))
+    _check(fn, lambda: (torch.randn(6, 7),))
+
+
+def test_keyword_only_argument_and_broadcasting_fake():
+    def fn(x, y):
+        return scaled_mul(x + 1, y, alpha=0.25).sum(-1)
+    _one_graph(fn, torch.randn(4, 5), torch.randn(5), kernels=1)
+    _check(fn, lambda: (torch.randn(4, 5), torch.randn(5)))
+
+
+def test_several_results():
+    def fn(x):
+        m, e = split_stats(x * 3)
+        return m + 1, e.sum(-1)
+    _one_graph(fn, torch.randn(3, 8))
+    _check(fn, lambda: (torch.randn(3, 8),))
+
+
+def test_fp16_input():
+    def fn(x):
+        return mysin(x * 2).to(torch.float32) + 1
+    x = torch.randn(4, 32).half()
+    _one_graph(fn, x)
+    _check(fn, lambda: (torch.randn(4, 32).half(),))
+
+
+def test_non_contiguous_inputs_and_intermediates():
+    def fn(x):
+        t = x.t()                       # a transposed view into the op
+        return mysin(t) + doubled_cols(t)[:, : t.shape[1]] + mysin(x * 2).t()
+    make = lambda: (torch.randn(6, 5),)  # noqa: E731
+    e = kiln.explain(fn)(*make())
+    assert e.graph_count == 1 and e.graph_break_count == 0, e.break_reasons
+    _check(fn, make)
+    _check(fn, lambda: (torch.randn(10, 6)[::2],))  # a strided graph input
+
+
+def test_under_no_grad_no_break():
+    def fn(x):
+        with torch.no_grad():
+            return nograd(x * 2) + 1
+    x = torch.randn(4, 4, requires_grad=True)
+    _one_graph(fn, x, kernels=1)
+    _check(fn, lambda: (torch.randn(4, 4, requires_grad=True),))
+
+
+@torch.library.custom_op("kiln_test::mm_inside", mutates_args=())
+def mm_inside(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (x @ y).float()
+
+
+@mm_inside.register_fake
+def _(x, y):
+    return x.new_empty(x.shape[0], y.shape[1], dtype=torch.float32)
+
+
+def test_under_autocast_is_a_break_and_matches_eager():
+    """Eager runs a custom op's implementation with autocast on (its matmul casts); kiln runs
+    compiled code with autocast off, so the op is a break there, not a silently fp32 matmul."""
+    def fn(x, y):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return mm_inside(x + 1, y)
+    x, y = torch.randn(4, 8), torch.randn(8, 3)
+    e = kiln.explain(fn)(x, y)
+    assert any("autocast" in b.reason and "kiln_test.mm_inside" in b.reason for b in e.break_reasons)
+    assert torch.equal(kiln.compile(fn)(x, y), fn(x, y))
+
+
+# ------------------------------------------------------------------ dynamic shapes
+def test_dynamic_shapes_one_compile():
+    def fn(x):
+        return doubled_cols(x.sin()).cos() * 2
+    kiln.reset()
+    compiled = kiln.compile(fn, fullgraph=True, dynamic=True)
+    before = kiln.stats()["graphs_compiled"]
+    for n, m in [(3, 5), (4, 7), (9, 2), (6, 11)]:
+        x = torch.randn(n, m)
+        assert_close(compiled(x), fn(x))
+    assert kiln.stats()["graphs_compiled"] - before == 1
+
+
+def test_dynamic_shapes_several_results_and_reduced_dim():
+    def fn(x):
+        m, e = split_stats(x + 1)
+        return m * 2, e
+    kiln.reset()
+    compiled = kiln.compile(fn, fullgraph=True, dynamic=True)
+    before = kiln.stats()["graphs_compiled"]
+    for n in (3, 5, 8):
+        x = torch.randn(n, n + 2)
+        for g, w in zip(compiled(x), fn(x)):
+            assert_close(g, w)
+    assert kiln.stats()["graphs_compiled"] - before == 1
+
+
+def test_a_fake_impl_that_lies_is_an_error_naming_the_op():
+    def fn(x):
+        return liar(x + 1) * 2
+    with pytest.raises(RuntimeError, match="kiln_test.liar"):
+        kiln.compile(fn)(torch.randn(4, 3))
+
+
+# ------------------------------------------------------------------ autograd
+def _grads(fn, *inputs):
+    out = fn(*inputs)
+    (out if isinstance(out, torch.Tensor) else sum(o.sum() for o in out)).sum().backward()
+    return [t.grad for t in inputs]
+
+
+def _compare_training(fn, make):
+    compiled = kiln.compile(fn, fullgraph=True)
+    for _ in range(2):
+        inputs = make()
+        copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+        got, want = _grads(compiled, *inputs), _grads(fn, *copies)
+        for g, w in zip(got, want):
+            assert_close(g, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_register_autograd_gradients_match_eager(device):
+    make = lambda: (torch.randn(6, 8, device=device, requires_grad=True),)  # noqa: E731
+    _compare_training(_between, make)
+
+
+def test_register_autograd_with_keyword_context_and_two_inputs():
+    def fn(x, w):
+        return (scaled_mul(x.tanh(), w, alpha=1.5) * x).sum(-1)
+    _compare_training(fn, lambda: (torch.randn(3, 4, requires_grad=True), torch.randn(4, requires_grad=True)))
+
+
+def test_only_some_inputs_need_a_gradient():
+    def fn(x, w):
+        return scaled_mul(x, w * 2, alpha=3.0).exp()
+    _compare_training(fn, lambda: (torch.randn(3, 4), torch.randn(3, 4, requires_grad=True)))
+
+
+def test_no_autograd_formula_raises_as_eager_does():
+    def fn(x):
+        return nograd(x * 2).sum()
+    x = torch.randn(5, requires_grad=True)
+    e = kiln.explain(fn)(x)
+    assert e.graph_break_count >= 1
+    assert "no autograd formula" in e.break_reasons[0].reason, e.break_reasons
+    with pytest.raises(kiln.GraphBreakError, match="register_autograd"):
+        kiln.compile(fn, fullgraph=True)(x)
+    out = kiln.compile(fn)(x)  # eager runs the op: its backward raises, as eager's does
+    with pytest.raises(RuntimeError, match="no autograd formula was registered"):
+        out.backward()
+    with pytest.raises(RuntimeError, match="no autograd formula was registered"):
+        fn(x).backward()
+
+
+# ------------------------------------------------------------------ what stays a break
+def test_no_fake_impl_is_a_break_with_the_reason():
+    def fn(x):
+        return nofake(x + 1) * 2
+    x = torch.randn(4)
+    e = kiln.explain(fn)(x)
+    assert e.graph_break_count == 1, e.break_reasons
+    reason = e.break_reasons[0].reason
+    assert "kiln_test.nofake" in reason and "register_fake" in reason, reason
+    assert_close(kiln.compile(fn)(x), fn(x))
+
+
+def test_mutating_op_is_a_break_with_the_reason():
+    def fn(x, out):
+        add_into(x * 2, out)
+        return out + 1
+    x, out = torch.randn(4), torch.zeros(4)
+    e = kiln.explain(fn)(x, out.clone())
+    assert e.graph_break_count >= 1
+    assert "mutates" in e.break_reasons[0].reason, e.break_reasons
+    o1, o2 = out.clone(), out.clone()
+    assert_close(kiln.compile(fn)(x, o1), fn(x, o2))
+    assert_close(o1, o2)
