@@ -10,6 +10,8 @@ arguments in the schema's order. Any other op becomes a ``core.fallback`` node r
 overload itself (kiln/capture/fallback.py; a result that may be a view of an argument is tracked
 as an uncertain view there), as do all ``prims`` ops (their semantics are not the torch
 functions' of the same name). Ops that mutate or draw random numbers stay graph breaks.
+Ops of other namespaces (``torch.library.custom_op`` functions, ``Library.define`` ops) are
+opaque ``core.custom_op`` nodes (kiln/capture/custom_ops.py).
 """
 from __future__ import annotations
 

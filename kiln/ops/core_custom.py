@@ -15,9 +15,13 @@ prim checks each result's shape and dtype against the promised ones at run time 
 naming the op (``CustomOpShapeError``) rather than let kernels read a wrong layout.
 
 Autograd (``custom_op_vjp``): the gradient is torch's own for the op. The backward graph holds
-``core.custom_op_backward``, which runs the op again on the saved inputs with grad enabled and
-calls ``torch.autograd.grad``, so the formula registered with ``register_autograd`` (its
-``setup_context`` included) is what runs, as in eager. Capture only emits a differentiable node
+``core.custom_op_backward``. For a ``custom_op`` it calls the formula registered with
+``register_autograd`` as torch's generated autograd.Function does: ``setup_context`` on the
+saved inputs and outputs, then ``backward`` (the op does not run again, so an op that draws
+random numbers keeps its draw). For an op whose formula is an Autograd kernel on a ``Library``
+(``register_autograd`` of a ``Library.define`` op, or a CompositeImplicitAutograd op), whose
+formula torch does not expose, it runs the op again on the saved inputs with grad enabled and
+calls ``torch.autograd.grad`` (a random op there would draw again). Capture only emits a differentiable node
 when an autograd formula is registered (capture/custom_ops.py); otherwise it is a graph break
 and eager decides (torch raises for a ``custom_op`` without one).
 """
@@ -248,10 +252,64 @@ def _differentiable(a) -> bool:
     return isinstance(a, TensorMeta) and a.requires_grad and a.dtype.is_floating_point
 
 
-def _backward_eager(target, n, need, given, *rest, **kwargs):
-    """The gradients of the op's inputs that ``need`` marks, by torch's autograd of the op
-    (run again on the saved inputs): the registered ``backward``/``setup_context`` run."""
-    args, grads = rest[:n], rest[n:]
+def _opdef_formula(target):
+    """(setup_context, backward) of a ``torch.library.custom_op`` with a registered formula."""
+    from torch._library.custom_ops import OPDEFS
+    op = _resolve(target)
+    opdef = OPDEFS.get(op._schema.name) if isinstance(op, torch._ops.OpOverload) else None
+    if opdef is None or opdef._backward_fn is None:
+        return None
+    return opdef._setup_context_fn, opdef._backward_fn
+
+
+class _Ctx:
+    """What a custom op's ``setup_context`` and ``backward`` use of ``torch.autograd.Function``'s
+    ctx, for calling them outside an autograd.Function."""
+
+    def __init__(self, needs_input_grad):
+        self.needs_input_grad = needs_input_grad
+        self.saved_tensors = ()
+        self.materialize_grads = True
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+    def set_materialize_grads(self, value):
+        self.materialize_grads = value
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+
+def _direct_backward(target, args, need, outs, given, grads, kwargs):
+    """The registered formula called as torch's autograd.Function would: ``setup_context`` on
+    the saved inputs and outputs, then ``backward`` (no second run of the op)."""
+    setup, backward = _opdef_formula(target)
+    op = _resolve(target)
+    schema = op._schema
+    full_args, full_kwargs = torch._library.utils.fill_defaults(schema, tuple(args), dict(kwargs))
+    ctx = _Ctx(tuple(need) + (False,) * (len(full_args) - len(need)))
+    returns = schema.returns  # the output as the op returned it: a Tensor, a tuple or a list
+    if len(returns) == 1 and isinstance(returns[0].type, torch._C.ListType):
+        output = list(outs)
+    else:
+        output = outs[0] if len(returns) == 1 else tuple(outs)
+    if setup is not None:
+        if any(a.kwarg_only for a in schema.arguments):
+            setup(ctx=ctx, inputs=full_args, keyword_only_inputs=full_kwargs, output=output)
+        else:
+            setup(ctx=ctx, inputs=full_args, output=output)
+    it = iter(grads)
+    gs = [next(it) if w else (torch.zeros_like(o) if ctx.materialize_grads else None)
+          for o, w in zip(outs, given)]
+    res = backward(ctx, *gs)
+    res = res if isinstance(res, (tuple, list)) else (res,)
+    return [r for r, w in zip(res, need) if w]
+
+
+def _replay_backward(target, args, need, given, grads, kwargs):
+    """Torch's autograd of the op, run again on the saved inputs (an op whose formula is an
+    Autograd kernel registered on a ``Library``, or a CompositeImplicitAutograd op)."""
     with torch.enable_grad():
         inputs = [a.detach().requires_grad_() if w else a for a, w in zip(args, need)]
         out = _resolve(target)(*inputs, **kwargs)
@@ -259,12 +317,39 @@ def _backward_eager(target, n, need, given, *rest, **kwargs):
     chosen = [o for o, w in zip(outs, given) if w]
     pairs = [(o, g) for o, g in zip(chosen, grads) if isinstance(o, torch.Tensor) and o.requires_grad]
     diff = [x for x, w in zip(inputs, need) if w]
-    res = torch.autograd.grad([o for o, _ in pairs], diff, [g for _, g in pairs], allow_unused=True) \
-        if pairs else [None] * len(diff)
-    return tuple(r if r is not None else torch.zeros_like(x) for r, x in zip(res, diff))
+    if not pairs:
+        return [None] * len(diff)
+    return torch.autograd.grad([o for o, _ in pairs], diff, [g for _, g in pairs], allow_unused=True)
 
 
-def _backward_meta(target, n, need, given, *rest, **kwargs):
+def _backward_eager(target, n, n_out, need, given, *rest, **kwargs):
+    """The gradients of the inputs that ``need`` marks (zeros where the formula gives None).
+    ``rest``: the n inputs, then the n_out outputs (direct formula) or none (replay), then
+    the gradients of the outputs that ``given`` marks."""
+    args, outs, grads = rest[:n], rest[n:n + n_out], rest[n + n_out:]
+    if n_out:
+        res = _direct_backward(target, args, need, outs, given, grads, kwargs)
+    else:
+        res = _replay_backward(target, args, need, given, grads, kwargs)
+    diff = [x for x, w in zip(args, need) if w]
+    return tuple(_as_grad_of(r, x, target) for r, x in zip(res, diff))
+
+
+def _as_grad_of(r, x, target):
+    """A formula's result as torch's autograd hands it on: zeros for None, summed down to the
+    input's shape where it was broadcast, in the input's dtype."""
+    if r is None:
+        return torch.zeros_like(x)
+    if r.shape != x.shape:
+        try:
+            r = r.sum_to_size(x.shape)
+        except RuntimeError:
+            raise RuntimeError(f"kiln: the backward of {target} returned a gradient of shape "
+                               f"{list(r.shape)} for an input of shape {list(x.shape)}") from None
+    return r.to(x.dtype) if r.dtype != x.dtype else r
+
+
+def _backward_meta(target, n, n_out, need, given, *rest, **kwargs):
     return tuple(TensorMeta.contiguous(a.shape, a.dtype, a.device) for a, w in zip(rest[:n], need) if w)
 
 
@@ -273,19 +358,23 @@ META_RULES[custom_op_backward] = _backward_meta
 
 
 @DECOMPOSITIONS.register(custom_op_backward)
-def _decompose_backward(target, n, need, given, *rest, **kwargs):
-    meta = _backward_meta(target, n, need, given, *_metas_of(rest))
-    return prim_custom_op("core.custom_op_backward", _spec(meta), target, n, need, given, *rest, **kwargs)
+def _decompose_backward(target, n, n_out, need, given, *rest, **kwargs):
+    meta = _backward_meta(target, n, n_out, need, given, *_metas_of(rest))
+    return prim_custom_op("core.custom_op_backward", _spec(meta), target, n, n_out, need, given, *rest, **kwargs)
 
 
 @VJP_RULES.register(custom_op)
 def custom_op_vjp(g, out, target, *args, **kwargs):
+    """A ``custom_op``'s registered formula is called directly on the saved inputs and outputs;
+    any other op's autograd runs again in the backward (``_replay_backward``)."""
     from kiln.graph.proxy import Proxy
     gs = g if isinstance(g, tuple) else (g,)
+    outs = out if isinstance(out, tuple) else (out,)
     given = tuple(x is not None for x in gs)
     need = tuple(isinstance(a, Proxy) and _differentiable(a.meta) for a in args)
     if not any(need) or not any(given):
         return (None,) * (len(args) + 1)
-    grads = iter(custom_op_backward(target, len(args), need, given, *args,
+    saved = outs if _opdef_formula(target) is not None else ()
+    grads = iter(custom_op_backward(target, len(args), len(saved), need, given, *args, *saved,
                                     *[x for x in gs if x is not None], **kwargs))
     return (None,) + tuple(next(grads) if w else None for w in need)

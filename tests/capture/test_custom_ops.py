@@ -3,6 +3,8 @@
 implementation, run by the wrapper between kiln's kernels), with symbolic sizes where the fake
 implementation allows, and torch's registered autograd formula in the backward. What kiln cannot
 keep (no fake impl, a mutating op, a gradient with no formula) is a graph break with a reason."""
+import warnings
+
 import pytest
 import torch
 
@@ -121,6 +123,17 @@ _LIB.impl("shift", lambda x, by: x + by, "CompositeExplicitAutograd")
 @torch.library.register_fake("kiln_test_def::shift")
 def _(x, by):
     return torch.empty_like(x)
+
+
+_LIB2 = torch.library.Library("kiln_test_def2", "DEF")
+_LIB2.define("cube(Tensor x) -> Tensor")
+_LIB2.impl("cube", lambda x: x * x * x, "CompositeExplicitAutograd")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", FutureWarning)  # impl_abstract: register_fake's old name
+    torch.library.impl_abstract("kiln_test_def2::cube", lambda x: torch.empty_like(x), lib=_LIB2)
+torch.library.register_autograd(
+    "kiln_test_def2::cube", lambda ctx, g: g * 3 * ctx.saved_tensors[0] ** 2,
+    setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]), lib=_LIB2)
 
 
 # ------------------------------------------------------------------ helpers
@@ -307,6 +320,62 @@ def test_only_some_inputs_need_a_gradient():
     def fn(x, w):
         return scaled_mul(x, w * 2, alpha=3.0).exp()
     _compare_training(fn, lambda: (torch.randn(3, 4), torch.randn(3, 4, requires_grad=True)))
+
+
+@torch.library.custom_op("kiln_test::rand_drop", mutates_args=())
+def rand_drop(x: torch.Tensor) -> torch.Tensor:
+    return x * (torch.rand_like(x) > 0.5).to(x.dtype) * 2
+
+
+@rand_drop.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+rand_drop.register_autograd(lambda ctx, g: g * (ctx.saved_tensors[0] != 0).to(g.dtype) * 2,
+                            setup_context=lambda ctx, inputs, output: ctx.save_for_backward(output))
+
+
+def test_formula_sees_the_forward_outputs_not_a_second_draw():
+    """setup_context gets the forward's own output: a custom op that draws random numbers is
+    not run again for its backward (a second draw would be a silently wrong gradient)."""
+    def fn(x):
+        return rand_drop(x.exp()) * x
+    compiled = kiln.compile(fn, fullgraph=True)
+    for seed in (0, 1):
+        x = torch.randn(64, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        torch.manual_seed(seed)
+        out = compiled(x)
+        out.sum().backward()
+        torch.manual_seed(seed)
+        want = fn(x2)
+        want.sum().backward()
+        assert_close(out, want)
+        assert_close(x.grad, x2.grad)
+
+
+def test_library_define_op_with_impl_abstract_and_register_autograd():
+    def fn(x):
+        return torch.ops.kiln_test_def2.cube(x * 0.5).sin()
+    _one_graph(fn, torch.randn(4, 3))
+    _compare_training(fn, lambda: (torch.randn(4, 3, requires_grad=True),))
+
+
+def test_library_op_without_autograd_trains_as_eager():
+    """No Autograd kernel: eager backprops through the Python impl (with torch's warning); kiln
+    breaks there and lets eager do exactly that."""
+    def fn(x):
+        return torch.ops.kiln_test_def.shift(x * 2, 1.0).exp()
+    x = torch.randn(5, requires_grad=True)
+    e = kiln.explain(fn)(x)
+    assert "no autograd formula" in e.break_reasons[0].reason, e.break_reasons
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        inputs = (torch.randn(5, requires_grad=True),)
+        copies = [t.detach().clone().requires_grad_() for t in inputs]
+        for g, w in zip(_grads(kiln.compile(fn), *inputs), _grads(fn, *copies)):
+            assert_close(g, w)
 
 
 def test_no_autograd_formula_raises_as_eager_does():
