@@ -6,8 +6,11 @@ and ``torch.ops.ns.f`` / ``torch.ops.ns.f.default``) and ops made with
 What stays a graph break, with the reason:
 * no fake (meta) implementation (``register_fake`` / ``impl_abstract``), or one that fails on
   meta tensors (a data-dependent output size);
-* a schema that mutates (``mutates_args``) or returns a view of an input (alias annotations):
-  kiln does not functionalize through an opaque op;
+* a schema that returns a view of an input, or mutates something other than a plain Tensor
+  argument; a mutating op that a gradient flows through, or whose written argument shares
+  memory with another argument. Other mutating ops (``mutates_args``, ``Tensor(a!)``) are
+  functionalized: ``core.custom_op_mutating`` runs the op on copies of what it writes and
+  capture writes the copies back (``Writes``), so views and graph inputs see the write;
 * a gradient needed through it while no autograd formula is registered (no
   ``register_autograd``, no Autograd or CompositeImplicitAutograd kernel): eager then does
   what torch does (a ``custom_op`` raises at backward), never a silent zero gradient;
@@ -21,7 +24,7 @@ import torch
 from kiln import log
 from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
-from kiln.ops.core_custom import CustomOpMetaError, custom_op
+from kiln.ops.core_custom import CustomOpMetaError, custom_op, custom_op_mutating
 from kiln.ops.core_fallback import register_fallback_target
 
 _BUILTIN_NAMESPACES = ("aten", "prims", "prim", "quantized", "_quantized", "rngprims", "higher_order")
@@ -59,11 +62,56 @@ def _autograd_missing(overload) -> str | None:
 
 def _refusal(overload) -> str | None:
     schema = overload._schema
-    if schema.is_mutable:
-        return "it mutates its arguments (mutates_args / a (a!) schema); kiln does not functionalize opaque ops"
-    if any(r.alias_info is not None for r in schema.returns):
-        return "it returns a view of an input (an alias annotation in its schema)"
+    written = {a.alias_info.before_set and frozenset(a.alias_info.before_set)
+               for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    for a in schema.arguments:
+        info = a.alias_info
+        if info is not None and info.is_write and a.type.kind() != "TensorType":
+            return f"it mutates {a.name}, a {a.type} (only plain Tensor arguments are functionalized)"
+    for r in schema.returns:
+        if r.alias_info is not None and not (r.alias_info.is_write and
+                                             frozenset(r.alias_info.before_set) in written):
+            return "it returns a view of an input (an alias annotation in its schema)"
+    if len(schema.returns) > 1 and any(r.alias_info is not None for r in schema.returns):
+        return "it returns a mutated argument among several results"
     return None
+
+
+def mutated_arguments(schema) -> tuple:
+    """Where the arguments the op writes are in the call form capture builds (torch_ops
+    ``_call_form``): a position among the positional parameters, or a keyword-only name."""
+    where, i = [], 0
+    for a in schema.arguments:
+        if a.alias_info is not None and a.alias_info.is_write:
+            where.append(a.name if a.kwarg_only else i)
+        if not a.kwarg_only:
+            i += 1
+    return tuple(where)
+
+
+def _functionalized(overload, target, label, where, args, kwargs):
+    """The mutating op as ``core.custom_op_mutating``: its results, with the new values of the
+    arguments it writes as ``Writes`` (capture/mutation.py writes them back)."""
+    from kiln.capture.torch_api_inplace import Writes
+    written = []
+    for w in where:
+        a = args[w] if isinstance(w, int) and w < len(args) else kwargs.get(w) if isinstance(w, str) else None
+        if not isinstance(a, Proxy):
+            raise Unsupported(f"{label}: the argument it mutates is not a tensor")
+        written.append(a)
+    outs = custom_op_mutating(target, where, *args, **kwargs)
+    results, news = list(outs[:len(outs) - len(where)]), outs[len(outs) - len(where):]
+    returns = overload._schema.returns
+    if not returns:
+        result = None
+    elif returns[0].alias_info is not None:  # `-> Tensor(a!)`: the mutated argument itself
+        target_set = frozenset(returns[0].alias_info.before_set)
+        result = next(p for p, a in zip(written, (a for a in overload._schema.arguments
+                                                 if a.alias_info is not None and a.alias_info.is_write))
+                      if frozenset(a.alias_info.before_set) == target_set)
+    else:
+        result = results[0] if len(returns) == 1 else tuple(results)
+    return Writes(list(zip(written, news)), result)
 
 
 def custom_op_adapter(overload, label: str):
@@ -72,6 +120,7 @@ def custom_op_adapter(overload, label: str):
     if why is not None:
         return None, why
     target = register_fallback_target(label, overload)
+    where = mutated_arguments(overload._schema)
 
     def adapter(*args, **kwargs):
         proxies = [a for a in _flat(args) + _flat(kwargs) if isinstance(a, Proxy)]
@@ -85,7 +134,13 @@ def custom_op_adapter(overload, label: str):
                    if isinstance(p, Proxy)):
                 raise Unsupported(f"{label}: a tensor needing a gradient is passed by keyword or in a list")
         try:
-            out = custom_op(target, *args, **kwargs)
+            if where:
+                if any(_needs_grad(p) for p in proxies):
+                    raise Unsupported(f"{label}: it mutates its arguments and a gradient is involved "
+                                      "(kiln has no autograd for mutating custom ops)")
+                out = _functionalized(overload, target, label, where, args, kwargs)
+            else:
+                out = custom_op(target, *args, **kwargs)
         except Unsupported:
             raise
         except CustomOpMetaError as e:
@@ -105,3 +160,22 @@ def _needs_grad(p) -> bool:
 def _flat(obj) -> list:
     from kiln.graph.node import flatten_args
     return list(flatten_args(obj))
+
+
+def check_written_memory(tx, overload, pos, kw, label: str):
+    """A mutating op's written argument must not share memory with another tensor argument:
+    eager's answer would depend on the order the op reads and writes in; the copy it gets
+    here reads the old values."""
+    from kiln.capture import mutation
+    from kiln.capture.values import TensorVariable
+    where = mutated_arguments(overload._schema)
+    if not where:
+        return
+    tensors = [(i, v) for i, v in list(enumerate(pos)) + list(kw.items()) if isinstance(v, TensorVariable)]
+    for w in where:
+        var = dict(tensors).get(w)
+        if var is None:
+            continue
+        st = mutation.storage_of(tx, var).storage
+        if any(k != w and mutation.storage_of(tx, o).storage is st for k, o in tensors):
+            raise Unsupported(f"{label}: the tensor it mutates shares memory with another argument")

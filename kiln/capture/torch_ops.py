@@ -298,4 +298,5 @@ def _route_user_op(tx, overload, pos, kw):
     adapter, why = custom_ops.custom_op_adapter(overload, label)
     if adapter is None:
         raise Unsupported(f"{label} is not captured: {why}")
+    custom_ops.check_written_memory(tx, overload, pos, kw, label)
     return tx.call_adapter(adapter, pos, kw, label)

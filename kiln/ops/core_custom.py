@@ -14,6 +14,11 @@ otherwise the sizes are specialized, as a fallback node's are. Because a fit is 
 prim checks each result's shape and dtype against the promised ones at run time and raises
 naming the op (``CustomOpShapeError``) rather than let kernels read a wrong layout.
 
+An op that mutates arguments (``mutates_args``, ``Tensor(a!)``) is ``core.custom_op_mutating``:
+the op runs on copies of the arguments it writes and returns their new values after its own
+results, and capture writes those back into the arguments (kiln's functionalization: views
+and graph inputs see the write). It has no VJP: capture breaks where a gradient is needed.
+
 Autograd (``custom_op_vjp``): the gradient is torch's own for the op. The backward graph holds
 ``core.custom_op_backward``. For a ``custom_op`` it calls the formula registered with
 ``register_autograd`` as torch's generated autograd.Function does: ``setup_context`` on the
@@ -34,7 +39,7 @@ from kiln.meta.symbolic import SymInt, concretize, shape_env_of, to_sympy
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, VJP_RULES, define
 
-__all__ = ["custom_op", "custom_op_backward"]  # prims.custom_op is re-exported by prims.py
+__all__ = ["custom_op", "custom_op_backward", "custom_op_mutating"]  # prims.custom_op is re-exported by prims.py
 
 
 class CustomOpShapeError(RuntimeError):
@@ -61,8 +66,9 @@ def _map(obj, fn):
 
 
 # ------------------------------------------------------------------ meta
-def _run_fake(target, args, kwargs, values):
-    """Outputs of the fake implementation at symbol ``values``: a list of (shape, stride, dtype)."""
+def _run_fake(target, args, kwargs, values, drop=()):
+    """Outputs of the fake implementation at symbol ``values`` (without the results ``drop``
+    lists: those an op returns as its mutated arguments): [(shape, stride, dtype)], several?"""
     def fake(a):
         if isinstance(a, TensorMeta):
             return torch.empty_strided(concretize(a.shape, values), concretize(a.stride, values),
@@ -72,11 +78,12 @@ def _run_fake(target, args, kwargs, values):
         return a
     f_args, f_kwargs = _map((args, kwargs), fake)
     out = _resolve(target)(*f_args, **f_kwargs)
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    if not outs or not all(isinstance(t, torch.Tensor) for t in outs):
-        kinds = ", ".join(type(t).__name__ for t in outs) or "nothing"
-        raise CustomOpMetaError(f"[meta] core.custom_op({target}): returns {kinds}, not tensors")
-    return [(tuple(t.shape), tuple(t.stride()), t.dtype) for t in outs], isinstance(out, (tuple, list))
+    outs = () if out is None else out if isinstance(out, (tuple, list)) else (out,)
+    outs = [t for i, t in enumerate(outs) if i not in drop]
+    if not all(isinstance(t, torch.Tensor) for t in outs):
+        kinds = ", ".join(type(t).__name__ for t in outs)
+        raise CustomOpMetaError(f"[meta] core.custom_op({target}): returns {kinds}, not only tensors")
+    return [(tuple(t.shape), tuple(t.stride()), t.dtype) for t in outs], not isinstance(out, torch.Tensor)
 
 
 def _candidates(args, kwargs):
@@ -127,13 +134,13 @@ def _probes(env, symbols):
     return points
 
 
-def _symbolic_outputs(target, args, kwargs, env):
+def _symbolic_outputs(target, args, kwargs, env, drop):
     symbols = sorted({s for a in flatten_args((args, kwargs)) for s in _symbols_of(a)}, key=str)
     points = _probes(env, symbols)
     if points is None:
         return None
     try:
-        runs = [_run_fake(target, args, kwargs, p) for p in points]
+        runs = [_run_fake(target, args, kwargs, p, drop) for p in points]
     except Exception:  # noqa: BLE001 - the fake impl refuses other sizes: specialize instead
         return None
     if any(len(r[0]) != len(runs[0][0]) for r in runs):
@@ -162,25 +169,32 @@ def _symbols_of(a):
     return ()
 
 
-def custom_meta(target, *args, **kwargs):
-    """The op's outputs as TensorMetas: the fake implementation's, on the inputs' device,
-    requiring grad when a floating output has an input that does."""
+def _outputs_meta(target, args, kwargs, drop=()):
+    """The fake implementation's outputs as TensorMetas on the inputs' device (requiring grad
+    when floating and an input does), and whether the op returns a sequence."""
     metas = [a for a in flatten_args((args, kwargs)) if isinstance(a, TensorMeta)]
     if not metas:
         raise CustomOpMetaError(f"[meta] core.custom_op({target}): needs a tensor argument")
     device = next((m.device for m in metas if m.device.type != "cpu"), metas[0].device)
     grad = any(m.requires_grad for m in metas)
     env = shape_env_of(metas) or next((a.env for a in flatten_args((args, kwargs)) if isinstance(a, SymInt)), None)
-    fitted = _symbolic_outputs(target, args, kwargs, env) if env is not None else None
+    fitted = _symbolic_outputs(target, args, kwargs, env, drop) if env is not None else None
     if fitted is None:  # static, or no fit: specialize the sizes the inputs have
         specialized = _map((args, kwargs), lambda a: a.with_(shape=tuple(int(s) for s in a.shape),
                                                              stride=tuple(int(s) for s in a.stride))
                            if isinstance(a, TensorMeta) else int(a) if isinstance(a, SymInt) else a)
-        fitted = _run_fake(target, specialized[0], specialized[1], {})
+        fitted = _run_fake(target, specialized[0], specialized[1], {}, drop)
     outs, several = fitted
-    result = tuple(TensorMeta(shape, stride, dtype, device, grad and dtype.is_floating_point)
-                   for shape, stride, dtype in outs)
-    return result if several else result[0]
+    return [TensorMeta(shape, stride, dtype, device, grad and dtype.is_floating_point)
+            for shape, stride, dtype in outs], several
+
+
+def custom_meta(target, *args, **kwargs):
+    """The op's outputs: one TensorMeta, or a tuple of them for an op returning several."""
+    outs, several = _outputs_meta(target, args, kwargs)
+    if not outs:
+        raise CustomOpMetaError(f"[meta] core.custom_op({target}): returns no tensor")
+    return tuple(outs) if several else outs[0]
 
 
 # ------------------------------------------------------------------ the library prim
@@ -245,6 +259,44 @@ META_RULES[custom_op] = custom_meta
 def _decompose(target, *args, **kwargs):
     meta = custom_meta(target, *_metas_of(args), **_metas_of(kwargs))
     return prim_custom_op(target, _spec(meta), *args, **kwargs)
+
+
+# ------------------------------------------------------------------ mutating ops, functionalized
+def aliased_returns(schema) -> tuple:
+    """Indices of the results that are the op's mutated arguments (``Tensor(a!)`` returned)."""
+    return tuple(i for i, r in enumerate(schema.returns) if r.alias_info is not None)
+
+
+def _mutating_eager(target, where, *args, **kwargs):
+    """Run an op that writes into the arguments ``where`` names (positions, or keyword names)
+    on fresh copies of them; return its other results, then the copies (their new values)."""
+    args, kwargs = list(args), dict(kwargs)
+    fresh = []
+    for w in where:
+        holder, key = (args, w) if isinstance(w, int) else (kwargs, w)
+        holder[key] = holder[key].clone(memory_format=torch.contiguous_format)
+        fresh.append(holder[key])
+    op = _resolve(target)
+    out = op(*args, **kwargs)
+    outs = () if out is None else out if isinstance(out, (tuple, list)) else (out,)
+    drop = aliased_returns(op._schema)
+    return tuple(t for i, t in enumerate(outs) if i not in drop) + tuple(fresh)
+
+
+def _mutating_meta(target, where, *args, **kwargs):
+    outs, _ = _outputs_meta(target, args, kwargs, aliased_returns(_resolve(target)._schema))
+    written = [args[w] if isinstance(w, int) else kwargs[w] for w in where]
+    return tuple(outs) + tuple(TensorMeta.contiguous(m.shape, m.dtype, m.device) for m in written)
+
+
+custom_op_mutating = define("core", "custom_op_mutating", _mutating_eager)
+META_RULES[custom_op_mutating] = _mutating_meta
+
+
+@DECOMPOSITIONS.register(custom_op_mutating)
+def _decompose_mutating(target, where, *args, **kwargs):
+    meta = _mutating_meta(target, where, *_metas_of(args), **_metas_of(kwargs))
+    return prim_custom_op("core.custom_op_mutating", _spec(meta), target, where, *args, **kwargs)
 
 
 # ------------------------------------------------------------------ autograd
