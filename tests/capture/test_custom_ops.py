@@ -477,4 +477,4 @@ def test_mutating_op_with_a_gradient_is_a_break_with_the_reason():
     x = torch.randn(4, requires_grad=True)
     e = kiln.explain(fn)(x, torch.zeros(4))
     assert e.graph_break_count >= 1
-    assert "mutates its arguments and a gradient" in e.break_reasons[0].reason, e.break_reasons
+    assert "gradient" in e.break_reasons[0].reason, e.break_reasons
