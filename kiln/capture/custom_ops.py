@@ -27,7 +27,15 @@ from kiln.graph import Proxy
 from kiln.ops.core_custom import CustomOpMetaError, custom_op, custom_op_mutating
 from kiln.ops.core_fallback import register_fallback_target
 
-_BUILTIN_NAMESPACES = ("aten", "prims", "prim", "quantized", "_quantized", "rngprims", "higher_order")
+# torch's own namespaces (torch 2.13 with torch.distributed loaded): their ops keep the aten
+# path (capture/torch_ops.py: torch-level rules or fallback nodes). Collectives and FSDP's
+# copy ops must never be functionalized by copying (a wait on a copy waits on nothing).
+_BUILTIN_NAMESPACES = frozenset((
+    "aten", "prims", "prim", "rngprims", "higher_order", "debugprims", "inductor", "inductor_prims",
+    "quantized", "_quantized", "quantization", "mkl", "mkldnn", "mkldnn_prepacked", "onednn",
+    "sparse", "c10d", "c10d_functional", "_c10d_functional", "_c10d_functional_autograd",
+    "_dtensor", "fsdp", "symm_mem", "profiler", "export", "static_runtime", "debug_mode_ops",
+    "_native", "_test", "streams"))
 _AUTOGRAD_KEYS = ("Autograd", "AutogradCPU", "AutogradCUDA", "CompositeImplicitAutograd")
 
 

@@ -478,3 +478,13 @@ def test_mutating_op_with_a_gradient_is_a_break_with_the_reason():
     e = kiln.explain(fn)(x, torch.zeros(4))
     assert e.graph_break_count >= 1
     assert "gradient" in e.break_reasons[0].reason, e.break_reasons
+
+
+def test_torch_own_namespaces_keep_the_aten_path():
+    """Collectives and FSDP's copy ops are torch's, not user ops: never copied to functionalize
+    them (a wait on a copy would wait on nothing)."""
+    from kiln.capture.custom_ops import is_user_op
+    pytest.importorskip("torch.distributed._functional_collectives")
+    assert not is_user_op(torch.ops._c10d_functional.wait_tensor.default)
+    assert not is_user_op(torch.ops.aten.add.Tensor)
+    assert is_user_op(torch.ops.kiln_test.mysin.default)
