@@ -14,8 +14,8 @@ What stays a graph break, with the reason:
 * a gradient needed through it while no autograd formula is registered (no
   ``register_autograd``, no Autograd or CompositeImplicitAutograd kernel): eager then does
   what torch does (a ``custom_op`` raises at backward), never a silent zero gradient;
-* a tensor needing a gradient passed by keyword or inside a list (the VJP takes tensors
-  positionally, one gradient each).
+* a tensor needing a gradient passed by keyword-only parameter (VJP rules take tensors
+  positionally; ``register_autograd`` refuses kwarg-only tensors too).
 """
 from __future__ import annotations
 
@@ -138,9 +138,8 @@ def custom_op_adapter(overload, label: str):
             missing = _autograd_missing(overload)
             if missing is not None:
                 raise Unsupported(f"{label}: a gradient is needed through it and {missing}")
-            if any(_needs_grad(p) for p in _flat(kwargs) + _flat([a for a in args if not isinstance(a, Proxy)])
-                   if isinstance(p, Proxy)):
-                raise Unsupported(f"{label}: a tensor needing a gradient is passed by keyword or in a list")
+            if any(_needs_grad(p) for p in _flat(kwargs) if isinstance(p, Proxy)):
+                raise Unsupported(f"{label}: a tensor needing a gradient is passed by keyword")
         try:
             if where:
                 if any(_needs_grad(p) for p in proxies):

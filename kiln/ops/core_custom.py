@@ -340,7 +340,8 @@ def _direct_backward(target, args, need, outs, given, grads, kwargs):
     op = _resolve(target)
     schema = op._schema
     full_args, full_kwargs = torch._library.utils.fill_defaults(schema, tuple(args), dict(kwargs))
-    ctx = _Ctx(tuple(need) + (False,) * (len(full_args) - len(need)))
+    needs = tuple(list(w) if isinstance(w, tuple) else w for w in need)  # a list per Tensor[]
+    ctx = _Ctx(needs + (False,) * (len(full_args) - len(need)))
     returns = schema.returns  # the output as the op returned it: a Tensor, a tuple or a list
     if len(returns) == 1 and isinstance(returns[0].type, torch._C.ListType):
         output = list(outs)
@@ -355,20 +356,24 @@ def _direct_backward(target, args, need, outs, given, grads, kwargs):
     gs = [next(it) if w else (torch.zeros_like(o) if ctx.materialize_grads else None)
           for o, w in zip(outs, given)]
     res = backward(ctx, *gs)
-    res = res if isinstance(res, (tuple, list)) else (res,)
-    return [r for r, w in zip(res, need) if w]
+    res = res if isinstance(res, tuple) or (isinstance(res, list) and len(need) > 1) else (res,)
+    return list(_needed(res, need))
 
 
 def _replay_backward(target, args, need, given, grads, kwargs):
     """Torch's autograd of the op, run again on the saved inputs (an op whose formula is an
     Autograd kernel registered on a ``Library``, or a CompositeImplicitAutograd op)."""
+    def leaf(a, w):
+        if isinstance(w, tuple):  # a Tensor[] argument
+            return [x.detach().requires_grad_() if wi else x for x, wi in zip(a, w)]
+        return a.detach().requires_grad_() if w else a
     with torch.enable_grad():
-        inputs = [a.detach().requires_grad_() if w else a for a, w in zip(args, need)]
+        inputs = [leaf(a, w) for a, w in zip(args, need)]
         out = _resolve(target)(*inputs, **kwargs)
     outs = out if isinstance(out, (tuple, list)) else (out,)
     chosen = [o for o, w in zip(outs, given) if w]
     pairs = [(o, g) for o, g in zip(chosen, grads) if isinstance(o, torch.Tensor) and o.requires_grad]
-    diff = [x for x, w in zip(inputs, need) if w]
+    diff = list(_needed(inputs, need))
     if not pairs:
         return [None] * len(diff)
     return torch.autograd.grad([o for o, _ in pairs], diff, [g for _, g in pairs], allow_unused=True)
@@ -383,8 +388,18 @@ def _backward_eager(target, n, n_out, need, given, *rest, **kwargs):
         res = _direct_backward(target, args, need, outs, given, grads, kwargs)
     else:
         res = _replay_backward(target, args, need, given, grads, kwargs)
-    diff = [x for x, w in zip(args, need) if w]
+    diff = list(_needed(args, need))
     return tuple(_as_grad_of(r, x, target) for r, x in zip(res, diff))
+
+
+def _needed(values, need):
+    """The entries of values (one per argument; a list for a Tensor[] argument) that need
+    marks, flat, in argument order."""
+    for v, w in zip(values, need):
+        if isinstance(w, tuple):
+            yield from (x for x, wi in zip(v if v is not None else [None] * len(w), w) if wi)
+        elif w:
+            yield v
 
 
 def _as_grad_of(r, x, target):
@@ -402,7 +417,7 @@ def _as_grad_of(r, x, target):
 
 
 def _backward_meta(target, n, n_out, need, given, *rest, **kwargs):
-    return tuple(TensorMeta.contiguous(a.shape, a.dtype, a.device) for a, w in zip(rest[:n], need) if w)
+    return tuple(TensorMeta.contiguous(a.shape, a.dtype, a.device) for a in _needed(rest[:n], need))
 
 
 custom_op_backward = define("core", "custom_op_backward", _backward_eager)
@@ -423,10 +438,15 @@ def custom_op_vjp(g, out, target, *args, **kwargs):
     gs = g if isinstance(g, tuple) else (g,)
     outs = out if isinstance(out, tuple) else (out,)
     given = tuple(x is not None for x in gs)
-    need = tuple(isinstance(a, Proxy) and _differentiable(a.meta) for a in args)
-    if not any(need) or not any(given):
+    def needs(a):
+        if isinstance(a, (list, tuple)) and any(isinstance(x, Proxy) for x in a):
+            return tuple(isinstance(x, Proxy) and _differentiable(x.meta) for x in a)
+        return isinstance(a, Proxy) and _differentiable(a.meta)
+    need = tuple(needs(a) for a in args)
+    if not any(any(w) if isinstance(w, tuple) else w for w in need) or not any(given):
         return (None,) * (len(args) + 1)
     saved = outs if _opdef_formula(target) is not None else ()
     grads = iter(custom_op_backward(target, len(args), len(saved), need, given, *args, *saved,
                                     *[x for x in gs if x is not None], **kwargs))
-    return (None,) + tuple(next(grads) if w else None for w in need)
+    return (None,) + tuple([next(grads) if wi else None for wi in w] if isinstance(w, tuple)
+                           else next(grads) if w else None for w in need)
