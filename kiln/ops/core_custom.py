@@ -26,9 +26,9 @@ saved inputs and outputs, then ``backward`` (the op does not run again, so an op
 random numbers keeps its draw). For an op whose formula is an Autograd kernel on a ``Library``
 (``register_autograd`` of a ``Library.define`` op, or a CompositeImplicitAutograd op), whose
 formula torch does not expose, it runs the op again on the saved inputs with grad enabled and
-calls ``torch.autograd.grad`` (a random op there would draw again). Capture only emits a differentiable node
-when an autograd formula is registered (capture/custom_ops.py); otherwise it is a graph break
-and eager decides (torch raises for a ``custom_op`` without one).
+calls ``torch.autograd.grad`` (a random op there would draw again). Capture only emits a
+differentiable node when an autograd formula is registered (capture/custom_ops.py); otherwise
+it is a graph break and eager decides (torch raises for a ``custom_op`` without one).
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ from kiln.meta.symbolic import SymInt, concretize, shape_env_of, to_sympy
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, VJP_RULES, define
 
-__all__ = ["custom_op", "custom_op_backward", "custom_op_mutating"]  # prims.custom_op is re-exported by prims.py
+# core.* names (kiln/ops/core.py imports them); prims.custom_op is re-exported by prims.py
+__all__ = ["custom_op", "custom_op_backward", "custom_op_mutating"]
 
 
 class CustomOpShapeError(RuntimeError):
@@ -157,7 +158,8 @@ def _symbolic_outputs(target, args, kwargs, env, drop):
         stride = [_fit([r[0][i][1][d] for r in runs], own + cands, points) for d in range(len(shape0))]
         if any(s is None for s in stride):
             return None
-        outs.append((tuple(SymInt.make(s, env) for s in shape), tuple(SymInt.make(s, env) for s in stride), dtype))
+        outs.append((tuple(SymInt.make(s, env) for s in shape),
+                     tuple(SymInt.make(s, env) for s in stride), dtype))
     return outs, runs[0][1]
 
 
@@ -177,7 +179,8 @@ def _outputs_meta(target, args, kwargs, drop=()):
         raise CustomOpMetaError(f"[meta] core.custom_op({target}): needs a tensor argument")
     device = next((m.device for m in metas if m.device.type != "cpu"), metas[0].device)
     grad = any(m.requires_grad for m in metas)
-    env = shape_env_of(metas) or next((a.env for a in flatten_args((args, kwargs)) if isinstance(a, SymInt)), None)
+    env = shape_env_of(metas) or next(
+        (a.env for a in flatten_args((args, kwargs)) if isinstance(a, SymInt)), None)
     fitted = _symbolic_outputs(target, args, kwargs, env, drop) if env is not None else None
     if fitted is None:  # static, or no fit: specialize the sizes the inputs have
         specialized = _map((args, kwargs), lambda a: a.with_(shape=tuple(int(s) for s in a.shape),
@@ -427,7 +430,8 @@ META_RULES[custom_op_backward] = _backward_meta
 @DECOMPOSITIONS.register(custom_op_backward)
 def _decompose_backward(target, n, n_out, need, given, *rest, **kwargs):
     meta = _backward_meta(target, n, n_out, need, given, *_metas_of(rest))
-    return prim_custom_op("core.custom_op_backward", _spec(meta), target, n, n_out, need, given, *rest, **kwargs)
+    return prim_custom_op("core.custom_op_backward", _spec(meta), target, n, n_out, need, given,
+                          *rest, **kwargs)
 
 
 @VJP_RULES.register(custom_op)
