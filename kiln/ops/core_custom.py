@@ -130,7 +130,11 @@ def _probes(env, symbols):
         points.append({s: hints[s] * mul + add + 7 * i * (k + 1) for i, s in enumerate(symbols)})
     for g, _ in env.guards:
         for p in points[1:]:
-            if not bool(g.xreplace({s: p.get(s, env.hints[s]) for s in g.free_symbols})):
+            try:
+                holds = bool(g.xreplace({s: p.get(s, env.hints.get(s, 0)) for s in g.free_symbols}))
+            except TypeError:  # not decided at the probe: do not fit
+                return None
+            if not holds:
                 return None
     return points
 

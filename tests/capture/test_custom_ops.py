@@ -280,6 +280,49 @@ def test_dynamic_shapes_several_results_and_reduced_dim():
     assert kiln.stats()["graphs_compiled"] - before == 1
 
 
+@torch.library.custom_op("kiln_test::halve", mutates_args=())
+def halve(x: torch.Tensor) -> torch.Tensor:
+    return x[: x.shape[0] // 2] * 2
+
+
+@halve.register_fake
+def _(x):
+    return x.new_empty(x.shape[0] // 2, *x.shape[1:])
+
+
+@torch.library.custom_op("kiln_test::branchy", mutates_args=())
+def branchy(x: torch.Tensor) -> torch.Tensor:
+    return x[:50].clone() if x.shape[0] > 60 else x * 2
+
+
+@branchy.register_fake
+def _(x):
+    return x.new_empty(50) if x.shape[0] > 60 else torch.empty_like(x)
+
+
+def test_dynamic_size_the_fit_cannot_express_is_specialized():
+    """``n // 2`` is no ``a * e + b`` of an input size: the sizes are specialized (a guard),
+    so another size recompiles and stays right."""
+    def fn(x):
+        return halve(x + 1).sum(-1)
+    compiled = kiln.compile(fn, fullgraph=True, dynamic=True)
+    for n in (6, 9, 14):
+        x = torch.randn(n, 3)
+        assert_close(compiled(x), fn(x))
+
+
+def test_a_fit_the_fake_impl_breaks_at_run_time_is_an_error_not_a_wrong_answer():
+    """A fake impl that branches on a size no probe reached: the fitted size is checked at run
+    time, and the mismatch raises naming the op (never kernels over a wrong shape)."""
+    def fn(x):
+        return branchy(x.cos()) + 1
+    compiled = kiln.compile(fn, fullgraph=True, dynamic=True)
+    x = torch.randn(4)
+    assert_close(compiled(x), fn(x))
+    with pytest.raises(RuntimeError, match="kiln_test.branchy"):
+        compiled(torch.randn(100))
+
+
 def test_a_fake_impl_that_lies_is_an_error_naming_the_op():
     def fn(x):
         return liar(x + 1) * 2
