@@ -581,3 +581,30 @@ def test_torch_own_namespaces_keep_the_aten_path():
     assert not is_user_op(torch.ops._c10d_functional.wait_tensor.default)
     assert not is_user_op(torch.ops.aten.add.Tensor)
     assert is_user_op(torch.ops.kiln_test.mysin.default)
+
+
+def test_module_training_steps_match_eager():
+    """Linear -> custom op (register_autograd) -> LayerNorm -> Linear, three SGD steps: the
+    parameters stay equal to eager's."""
+    import copy
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.ln, self.b = torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.b(self.ln(mysin(self.a(x))))
+    torch.manual_seed(0)
+    m = M()
+    ref = copy.deepcopy(m)
+    compiled = kiln.compile(m, fullgraph=True)
+    opt, opt_ref = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(3):
+        x = torch.randn(8, 16)
+        for model, o in ((compiled, opt), (ref, opt_ref)):
+            model(x).pow(2).mean().backward()
+            o.step()
+            o.zero_grad()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        assert_close(p, q)
