@@ -243,7 +243,9 @@ def _prim_lowering(ctx, meta, *args, **kwargs):
     return L.extern_rule(ctx, meta, *args, **kwargs)
 
 
-prim_custom_op = define("prims", "custom_op", _prim_eager, library=True)
+# random=True: an opaque op may draw random numbers (or have effects): never merged by CSE,
+# never recomputed by the partitioner
+prim_custom_op = define("prims", "custom_op", _prim_eager, library=True, random=True)
 META_RULES[prim_custom_op] = _prim_meta
 LOWERINGS[prim_custom_op] = _prim_lowering
 
@@ -258,7 +260,7 @@ def _custom_eager(target, *args, **kwargs):
     return _resolve(target)(*args, **kwargs)
 
 
-custom_op = define("core", "custom_op", _custom_eager)
+custom_op = define("core", "custom_op", _custom_eager, random=True)
 META_RULES[custom_op] = custom_meta
 
 
@@ -296,7 +298,7 @@ def _mutating_meta(target, where, *args, **kwargs):
     return tuple(outs) + tuple(TensorMeta.contiguous(m.shape, m.dtype, m.device) for m in written)
 
 
-custom_op_mutating = define("core", "custom_op_mutating", _mutating_eager)
+custom_op_mutating = define("core", "custom_op_mutating", _mutating_eager, random=True)
 META_RULES[custom_op_mutating] = _mutating_meta
 
 
@@ -427,7 +429,7 @@ def _backward_meta(target, n, n_out, need, given, *rest, **kwargs):
     return tuple(TensorMeta.contiguous(a.shape, a.dtype, a.device) for a in _needed(rest[:n], need))
 
 
-custom_op_backward = define("core", "custom_op_backward", _backward_eager)
+custom_op_backward = define("core", "custom_op_backward", _backward_eager, random=True)
 META_RULES[custom_op_backward] = _backward_meta
 
 

@@ -448,6 +448,19 @@ def test_tensor_list_arguments_get_their_gradients():
     _compare_training(lambda a, b, w: torch.ops.kiln_test_def.wsum([a.exp(), b], w).sum(), make)
 
 
+def test_two_calls_of_a_random_op_are_not_merged():
+    def fn(x):
+        return rand_drop(x), rand_drop(x)
+    x = torch.randn(256)
+    torch.manual_seed(3)
+    a, b = kiln.compile(fn, fullgraph=True)(x)
+    torch.manual_seed(3)
+    want_a, want_b = fn(x)
+    assert not torch.equal(a, b)  # two draws, as in eager
+    assert_close(a, want_a)
+    assert_close(b, want_b)
+
+
 def test_library_define_op_with_impl_abstract_and_register_autograd():
     def fn(x):
         return torch.ops.kiln_test_def2.cube(x * 0.5).sin()
