@@ -103,7 +103,7 @@ def _functionalized(overload, target, label, where, args, kwargs):
     from kiln.capture.torch_api_inplace import Writes
     written = []
     for w in where:
-        a = args[w] if isinstance(w, int) and w < len(args) else kwargs.get(w) if isinstance(w, str) else None
+        a = kwargs.get(w) if isinstance(w, str) else args[w] if w < len(args) else None
         if not isinstance(a, Proxy):
             raise Unsupported(f"{label}: the argument it mutates is not a tensor")
         written.append(a)
@@ -142,7 +142,7 @@ def custom_op_adapter(overload, label: str):
                 raise Unsupported(f"{label}: a tensor needing a gradient is passed by keyword")
         try:
             if where:
-                if any(_needs_grad(p) for p in proxies):
+                if torch.is_grad_enabled() and any(_needs_grad(p) for p in proxies):
                     raise Unsupported(f"{label}: it mutates its arguments and a gradient is involved "
                                       "(kiln has no autograd for mutating custom ops)")
                 out = _functionalized(overload, target, label, where, args, kwargs)
@@ -153,8 +153,9 @@ def custom_op_adapter(overload, label: str):
         except CustomOpMetaError as e:
             raise Unsupported(f"{label}: {e}") from None
         except Exception as e:  # noqa: BLE001 - the fake impl's own error names the problem
-            raise Unsupported(f"{label}: its fake (meta) implementation failed (register one with "
-                              f"torch.library.register_fake): {type(e).__name__}: {e}") from None
+            raise Unsupported(f"{label}: its fake (meta) implementation failed on meta tensors (none "
+                              f"registered with torch.library.register_fake, or a data-dependent "
+                              f"output size): {type(e).__name__}: {e}") from None
         log.log("graph", "custom op node: %s runs as a library call inside the compiled graph", label)
         return out
     return adapter, None

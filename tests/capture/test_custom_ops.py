@@ -621,3 +621,17 @@ def test_module_training_steps_match_eager():
             o.zero_grad()
     for p, q in zip(m.parameters(), ref.parameters()):
         assert_close(p, q)
+
+
+def test_mutating_op_under_no_grad_on_tensors_that_require_grad():
+    def fn(x, out):
+        with torch.no_grad():
+            add_into(x * 2, out)
+        return out * 3
+    make = lambda: (torch.randn(4, requires_grad=True), torch.randn(4))  # noqa: E731
+    e = kiln.explain(fn)(*make())
+    assert e.graph_break_count == 0, e.break_reasons
+    args = make()
+    copies = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+    assert_close(kiln.compile(fn, fullgraph=True)(*args), fn(*copies))
+    assert_close(args[1], copies[1])
