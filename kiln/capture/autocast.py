@@ -138,6 +138,9 @@ class AutocastState:
         enabled, dtype = self.current(device)
         if not enabled:
             return args, kwargs
+        if target.name == "custom_op":  # a torch.library op: torch autocasts inside its Python
+            raise Unsupported(f"{args[0]} under torch.autocast({device!r}): a custom op's "
+                              "implementation runs with autocast on in eager (its inner ops cast)")
         name = op_name(target, args)
         kind = policy_table.policy(device, name)
         if target is core.fallback and kind is None:

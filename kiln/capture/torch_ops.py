@@ -10,6 +10,8 @@ arguments in the schema's order. Any other op becomes a ``core.fallback`` node r
 overload itself (kiln/capture/fallback.py; a result that may be a view of an argument is tracked
 as an uncertain view there), as do all ``prims`` ops (their semantics are not the torch
 functions' of the same name). Ops that mutate or draw random numbers stay graph breaks.
+Ops of other namespaces (``torch.library.custom_op`` functions, ``Library.define`` ops) are
+opaque ``core.custom_op`` nodes (kiln/capture/custom_ops.py).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import types
 
 import torch
 
-from kiln.capture import torch_api
+from kiln.capture import custom_ops, torch_api
 from kiln.capture.errors import Unsupported
 from kiln.capture.fallback import fallback_adapter
 from kiln.capture.values import ConstantVariable, TensorVariable, Variable
@@ -28,18 +30,21 @@ _OVERLOAD_ORDER = ("default", "Tensor", "Scalar")  # tried first, in this order,
 
 
 def is_op(value) -> bool:
-    return isinstance(value, (torch._ops.OpOverloadPacket, torch._ops.OpOverload))
+    return isinstance(value, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)) \
+        or custom_ops.custom_op_def(value) is not None
 
 
 class TorchOpVariable(Variable):
-    """An ``OpOverloadPacket`` or ``OpOverload`` of torch's op registry."""
+    """An ``OpOverloadPacket`` or ``OpOverload`` of torch's op registry (a
+    ``torch.library.custom_op`` function stands for its ``OpOverload``)."""
 
     def __init__(self, op, source=None):
-        self.op = op
+        self.value = op
+        self.op = custom_ops.custom_op_def(op) or op
         self.source = source
 
     def as_python(self):
-        return self.op
+        return self.value
 
     def truth(self, tx):
         return True
@@ -63,6 +68,8 @@ class TorchOpVariable(Variable):
         if overload is None:
             raise Unsupported(f"{what}: no overload's schema accepts these arguments")
         schema = overload._schema
+        if custom_ops.is_user_op(overload):  # torch.library ops: opaque nodes (capture/custom_ops.py)
+            return _route_user_op(tx, overload, *_call_form(schema, bound, args, kwargs))
         op_name = schema.name.split("::", 1)[-1]
         if schema.is_mutable and not (op_name.endswith("_") and op_name in torch_api.TENSOR_METHODS):
             raise Unsupported(f"{what}: the op mutates its arguments (not captured)")
@@ -282,3 +289,14 @@ def _route(tx, overload, schema, pos, kw):
         if first_error is not None:
             raise first_error from None
         raise
+
+
+def _route_user_op(tx, overload, pos, kw):
+    label = f"torch.ops.{_op_name(overload)}"
+    if torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ()):
+        raise Unsupported(f"{label}: a random op (not captured)")
+    adapter, why = custom_ops.custom_op_adapter(overload, label)
+    if adapter is None:
+        raise Unsupported(f"{label} is not captured: {why}")
+    custom_ops.check_written_memory(tx, overload, pos, kw, label)
+    return tx.call_adapter(adapter, pos, kw, label)

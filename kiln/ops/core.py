@@ -199,3 +199,4 @@ from kiln.ops.core_pool import *  # noqa: E402,F401,F403
 from kiln.ops.core_mutation import *  # noqa: E402,F401,F403
 from kiln.ops.core_einsum import *  # noqa: E402,F401,F403
 from kiln.ops.core_view_dtype import *  # noqa: E402,F401,F403
+from kiln.ops.core_custom import *  # noqa: E402,F401,F403

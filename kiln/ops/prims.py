@@ -242,3 +242,4 @@ LOWERINGS[addmm] = _pad_gemm.gemm_rule
 from kiln.ops.prims_reductions import *  # noqa: E402,F401,F403
 from kiln.ops.prims_more import *  # noqa: E402,F401,F403
 from kiln.ops.prims_nn import *  # noqa: E402,F401,F403
+from kiln.ops.core_custom import prim_custom_op as custom_op  # noqa: E402,F401
