@@ -6,6 +6,7 @@ import re
 import threading
 import time
 import types
+from typing import Any, Callable
 
 import torch
 
@@ -609,9 +610,11 @@ class CompiledModule(torch.nn.Module):
 MODES = api_args.MODES
 
 
-def compile(model=None, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
-            options=None, name=None, disable=False, recompile_limit=None, isolate_recompiles=False,
-            shapes_spec=None):
+def compile(model: Callable[..., Any] | torch.nn.Module | None = None, *, fullgraph: bool = False,
+            dynamic: bool | None = None, backend: str = "kiln", mode: str | None = None,
+            options: dict[str, Any] | None = None, name: str | None = None, disable: bool = False,
+            recompile_limit: int | None = None, isolate_recompiles: bool = False,
+            shapes_spec: None = None) -> Any:
     """Compile a function or nn.Module; usable as ``@kiln.compile`` or ``@kiln.compile(...)``.
     torch.compile's signature: ``disable=True`` returns ``model`` itself; ``name`` names it in
     logs and warnings; ``recompile_limit`` overrides ``config.recompile_limit`` for it;
