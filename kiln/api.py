@@ -19,6 +19,9 @@ from kiln.code_caches import CodeCaches
 from kiln.config import config
 from kiln.observe import logs
 from kiln.pipeline import StageError, compile_graph
+from kiln.runtime import profiler_regions
+
+_profiling = profiler_regions.enabled  # one C call per compiled call (kiln/runtime/profiler_regions.py)
 
 class _Local(threading.local):
     """Per-thread call-path flags, with class defaults: reading a missing attribute through
@@ -292,10 +295,14 @@ class CompiledFunction:
         for entry in cache.entries:
             if entry.grad_enabled == grad and entry.guard_fn(L, G):
                 _COUNTS["cache_hits"] += 1
+                if _profiling():  # a torch.profiler is on: the call is a named region in its trace
+                    return profiler_regions.run(self.name, entry, L)
                 return entry.run(L)
         entry = self._compile_once(cache, L, args, kwargs, grad)
         if entry is None:
             return self._run_eagerly(cache, args, kwargs)
+        if _profiling():
+            return profiler_regions.run(self.name, entry, L)
         return entry.run(L)
 
     def _compile_once(self, cache, L, args, kwargs, grad):
