@@ -10,9 +10,10 @@ from kiln.config import config
 from kiln.runtime import profiler_regions
 from testing import assert_close
 
-from conftest import has_triton
+from conftest import CUDA, has_triton
 
-BACKENDS = ["cpp"] + (["triton"] if has_triton() else [])
+# (device, CPU backend): C++ kernels, Triton's interpreter, and Triton on the GPU
+CASES = [("cpu", "cpp")] + ([("cpu", "triton")] if has_triton() else []) + ([("cuda", "cpp")] if CUDA else [])
 
 
 def mixed(x, y):
@@ -33,15 +34,18 @@ def _children(events, parent_name):
     return [e.name for e in events if e.cpu_parent is not None and e.cpu_parent.name == parent_name]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_compiled_call_is_a_named_region_with_its_kernels_under_it(backend):
+@pytest.mark.parametrize("device,backend", CASES)
+def test_compiled_call_is_a_named_region_with_its_kernels_under_it(device, backend):
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device == "cuda" else [])
     with config.patch(cpu_backend=backend):
         c = kiln.compile(mixed)
-        x, y = torch.randn(8, 8), torch.randn(8, 8)
+        x, y = torch.randn(8, 8, device=device), torch.randn(8, 8, device=device)
         c(x, y)  # compiled outside the profiler: the region must not depend on compiling under it
-        x, y = torch.randn(8, 8), torch.randn(8, 8)
-        with torch.profiler.profile() as prof:
+        x, y = torch.randn(8, 8, device=device), torch.randn(8, 8, device=device)
+        with torch.profiler.profile(activities=acts) as prof:
             out = c(x, y)
+            if device == "cuda":
+                torch.cuda.synchronize()
         assert_close(out, mixed(x, y))
     entry = c.cache.entries[0]
     region = f"kiln: mixed [{entry.compile_id}]"
@@ -52,6 +56,9 @@ def test_compiled_call_is_a_named_region_with_its_kernels_under_it(backend):
     assert "aten::mm" in under  # the eager op the wrapper calls
     kernels = [n for n in under if n.startswith("kiln kernel: ")]
     assert len(kernels) == entry.compiled.kernel_count >= 1, under
+    if device == "cuda":  # the Triton kernels ran on the device, launched inside their ranges
+        gpu = {e.name for e in events if e.device_type == torch.autograd.DeviceType.CUDA}
+        assert any(k.split(": ", 1)[1] in g for k in kernels for g in gpu), (kernels, gpu)
 
 
 def test_after_profiling_the_kernels_are_plain_again():
