@@ -6,17 +6,20 @@ Each subcommand parses its own arguments with argparse (its module's ``main(argv
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
 from kiln._version import __version__
 
+# name -> (help, the module whose main(argv) runs it); bench is the repository's (_bench)
 COMMANDS = {
-    "demo": "compile the seed example and print every stage, then time it",
-    "explain": "run a script with compilation observed and print the explain summary",
-    "report": "turn a KILN_DEBUG dump into one HTML page and a Perfetto trace "
-              "(--profile script.py: time it first)",
-    "bench": "run the benchmark suite (benchmarks/run.py; needs the kiln repository checkout)",
+    "demo": ("compile the seed example and print every stage, then time it", "kiln.observe.demo"),
+    "explain": ("run a script with compilation observed and print the explain summary",
+                "kiln.observe.explain_script"),
+    "report": ("turn a KILN_DEBUG dump into one HTML page and a Perfetto trace "
+               "(--profile script.py: time it first)", "kiln.observe.report"),
+    "bench": ("run the benchmark suite (benchmarks/run.py; needs the kiln repository checkout)", None),
 }
 
 
@@ -25,7 +28,7 @@ def parser() -> argparse.ArgumentParser:
                                 epilog="kiln COMMAND --help shows a command's own arguments.")
     p.add_argument("--version", action="version", version=f"kiln {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
-    for name, text in COMMANDS.items():
+    for name, (text, _) in COMMANDS.items():
         # the command's own arguments are parsed by its main(); add_help=False leaves -h to it
         sub.add_parser(name, help=text, add_help=False)
     return p
@@ -66,15 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         p.print_help()
         return 0 if not argv else 2
-    if args.command == "demo":
-        from kiln.observe.demo import main as demo
-        return demo(rest) or 0
-    if args.command == "explain":
-        from kiln.observe.explain_script import main as explain
-        return explain(rest)
-    if args.command == "report":
-        from kiln.observe.report import main as report
-        return report(rest)
+    module = COMMANDS[args.command][1]
+    if module is not None:
+        return importlib.import_module(module).main(rest) or 0
     return _bench(rest)
 
 
