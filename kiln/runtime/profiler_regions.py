@@ -25,6 +25,7 @@ _record = torch.autograd.profiler.record_function
 _wrappers: list = []  # (weakref to a generated wrapper function, its kernel names)
 _lock = threading.Lock()
 _installed = [False]  # every registered wrapper's kernels are shims (until one is called unprofiled)
+_live = [64]  # live registrations at the last prune (at least 64): pruning is amortized
 
 
 def region_name(fn_name: str, compile_id) -> str:
@@ -46,20 +47,26 @@ def register(call, kernel_names) -> None:
         return
     with _lock:
         _wrappers.append((weakref.ref(call), names))
+        if len(_wrappers) > 2 * _live[0]:  # graphs dropped (kiln.reset, recompiles) leave dead refs
+            _prune()
         if _installed[0]:  # built under the profiler (a compile inside the profiled run)
             _install_one(call.__globals__, names)
 
 
 def install() -> None:
     with _lock:
-        live = []
-        for ref, names in _wrappers:
-            call = ref()
-            if call is not None:
-                _install_one(call.__globals__, names)
-                live.append((ref, names))
-        _wrappers[:] = live
+        for call, names in _prune():
+            _install_one(call.__globals__, names)
         _installed[0] = True
+
+
+def _prune() -> list:
+    """Drops dead registrations; returns the live wrappers (strong references) with their kernels."""
+    live = [(ref(), ref, names) for ref, names in _wrappers]
+    live = [(call, ref, names) for call, ref, names in live if call is not None]
+    _wrappers[:] = [(ref, names) for _, ref, names in live]
+    _live[0] = max(64, len(_wrappers))
+    return [(call, names) for call, _, names in live]
 
 
 def _install_one(namespace: dict, names) -> None:

@@ -114,3 +114,19 @@ def test_graph_break_and_module_regions():
     assert any(r.startswith("kiln: test_graph_break_and_module_regions.<locals>.with_break [") for r in regions)
     assert any("<resume" in r for r in regions), regions
     assert any("forward [" in r for r in regions), regions
+
+
+def test_registrations_of_dropped_graphs_do_not_pile_up():
+    def make():
+        ns = {"k0": lambda: None}
+        exec("def call():\n    k0()\n", ns)
+        return ns["call"]
+    for _ in range(1000):
+        profiler_regions.register(make(), ["k0"])  # dropped at once: dead weak references
+    assert len(profiler_regions._wrappers) <= 2 * max(64, profiler_regions._live[0]) + 1
+    keep = make()
+    profiler_regions.register(keep, ["k0"])
+    with torch.profiler.profile() as prof:
+        profiler_regions.install()
+        keep()
+    assert "kiln kernel: k0" in [e.name for e in prof.events()]
