@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import math
 import os
@@ -54,10 +53,7 @@ def environment(device: str) -> dict:
         triton_version = triton.__version__
     except Exception:  # noqa: BLE001 - absent or broken: either way not usable
         triton_version = None
-    try:
-        kiln_version = importlib.metadata.version("kiln")
-    except importlib.metadata.PackageNotFoundError:
-        kiln_version = None
+    kiln_version = kiln.__version__  # the kiln imported, not whichever one pip installed
     # KILN_COMMIT names the commit of a copied tree (git would answer for the tree around it)
     try:
         commit = os.environ.get("KILN_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

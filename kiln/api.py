@@ -6,6 +6,7 @@ import re
 import threading
 import time
 import types
+from typing import Any, Callable
 
 import torch
 
@@ -20,6 +21,9 @@ from kiln.code_caches import CodeCaches
 from kiln.config import config
 from kiln.observe import logs
 from kiln.pipeline import StageError, compile_graph
+from kiln.runtime import profiler_regions
+
+_profiling = profiler_regions.enabled  # one C call per compiled call (kiln/runtime/profiler_regions.py)
 
 class _Local(threading.local):
     """Per-thread call-path flags, with class defaults: reading a missing attribute through
@@ -300,6 +304,8 @@ class CompiledFunction:
         for entry in cache.entries:
             if entry.grad_enabled == grad and entry.guard_fn(L, G):
                 _COUNTS["cache_hits"] += 1
+                if _profiling():  # a torch.profiler is on: the call is a named region in its trace
+                    return profiler_regions.run(self.name, entry, L)
                 return entry.run(L)
         if stance != "default":
             out = compiler_controls.miss_under_stance(self, stance, cache, L, args, kwargs, grad)
@@ -308,6 +314,8 @@ class CompiledFunction:
         entry = self._compile_once(cache, L, args, kwargs, grad)
         if entry is None:
             return self._run_eagerly(cache, args, kwargs)
+        if _profiling():
+            return profiler_regions.run(self.name, entry, L)
         return entry.run(L)
 
     def _compile_once(self, cache, L, args, kwargs, grad):
@@ -624,9 +632,11 @@ class CompiledModule(ModuleWrapper, torch.nn.Module):
 MODES = api_args.MODES
 
 
-def compile(model=None, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
-            options=None, name=None, disable=False, recompile_limit=None, isolate_recompiles=False,
-            shapes_spec=None):
+def compile(model: Callable[..., Any] | torch.nn.Module | None = None, *, fullgraph: bool = False,
+            dynamic: bool | None = None, backend: str = "kiln", mode: str | None = None,
+            options: dict[str, Any] | None = None, name: str | None = None, disable: bool = False,
+            recompile_limit: int | None = None, isolate_recompiles: bool = False,
+            shapes_spec: None = None) -> Any:
     """Compile a function or nn.Module; usable as ``@kiln.compile`` or ``@kiln.compile(...)``.
     torch.compile's signature: ``disable=True`` returns ``model`` itself; ``name`` names it in
     logs and warnings; ``recompile_limit`` overrides ``config.recompile_limit`` for it;

@@ -334,4 +334,6 @@ def build(wrapper, generated: dict, target: str, launches=None):
         op = getattr(ext, "op", ext)  # an Extern step, or (from the graph cache) the op itself
         namespace[f"extern_{op.name}"] = op.eager
     exec(compile(wrapper.source, "<kiln wrapper>", "exec"), namespace)
+    from kiln.runtime import profiler_regions
+    profiler_regions.register(namespace["call"], [k.name for k in kernels])  # named in torch.profiler traces
     return namespace["call"]

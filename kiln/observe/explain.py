@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
+
+import torch
 
 from kiln import api, context, eager_runs
 
@@ -105,7 +108,8 @@ class ExplainOutput:
         return "\n".join(lines)
 
 
-def explain(fn, backend="kiln", dynamic=None):
+def explain(fn: Callable[..., Any] | torch.nn.Module, backend: str = "kiln",
+            dynamic: bool | None = None) -> Callable[..., ExplainOutput]:
     """``kiln.explain(fn)(*args, **kwargs)`` -> ExplainOutput (compiles afresh, caches nothing).
     ``dynamic`` as for ``kiln.compile``; the guards listed include the shape guards on symbolic
     sizes (``L['x'].size(0) >= 2``)."""

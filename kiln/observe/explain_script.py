@@ -2,6 +2,7 @@
 then print the explain summary (graphs, breaks with source lines, guards, kernels, compile time)."""
 from __future__ import annotations
 
+import argparse
 import runpy
 import sys
 
@@ -9,11 +10,20 @@ from kiln import api
 from kiln.observe.explain import summarize
 
 
-def main(argv) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m kiln explain SCRIPT.py [ARGS...]")
-        return 0 if argv else 2
-    script, rest = argv[0], argv[1:]
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kiln explain", description=__doc__.split("\n\n")[0])
+    p.add_argument("script", metavar="SCRIPT.py", nargs="?")
+    # the script's own arguments, flags included: everything after SCRIPT.py is the script's
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.script is None:
+        p.error("give the script to run: kiln explain SCRIPT.py [ARGS...]")
+    script, rest = args.script, args.args
     recorder: list = []
     api._RECORDERS.append(recorder)
     old_argv = sys.argv

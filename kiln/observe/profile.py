@@ -98,6 +98,7 @@ class _TimedKernel:
     """Stands in for one kernel in a wrapper's namespace; times each launch, however the wrapper
     spells it: ``k(...)`` (C++ through ctypes, a Triton launch line), ``k[grid](...)`` or
     ``k.run(...)`` (Triton)."""
+    kiln_records_range = True  # runtime/profiler_regions.py: no second range around it
 
     def __init__(self, fn, label: str, times: list, obs: "Observer", on_cuda: bool, key=None):
         self.fn, self.label, self.times, self.obs = fn, label, times, obs
@@ -257,6 +258,10 @@ def _timeline(prof, limit=4000, matched=None) -> list:
                 continue
             lane = "device"
             name = labels.get((name, e.time_range.start), name)
+        elif name.startswith("kiln: "):
+            lane = "call"  # a compiled call's region (runtime/profiler_regions.py)
+        elif name.startswith("kiln kernel: "):
+            continue  # profiler_regions' kernel range: the Observer's own range times it
         elif name.startswith("kiln "):
             lane = name.split(" ")[1]  # run | graph | kernel
         elif name.startswith("aten::"):

@@ -16,6 +16,7 @@ counted, so this is the kernel's minimum traffic: a lower bound on what the memo
 """
 from __future__ import annotations
 
+import argparse
 import html
 import json
 import linecache
@@ -25,6 +26,7 @@ import re
 import sys
 
 from kiln.observe.profile import SYNC_CALLS, profile, profile_script  # noqa: F401 (public API)
+from kiln.observe.trace import trace_path, write_trace
 
 STAGE_OF_FILE = [("00_", "capture: bytecode"), ("01a_", "capture: symbolic sizes"), ("01_", "capture: guards"),
                  ("02a_", "autograd: forward graph"), ("02b_", "autograd: backward graph"),
@@ -44,7 +46,7 @@ SYNC_BREAKS = [(re.compile(r"\bitem\b"), "Tensor.item()"),
                (re.compile(r"call to (int|float|bool|complex) on non-constant"),
                 "tensor converted to a Python number"),
                (re.compile(r"iterating over a tensor"), "iterating over a tensor")]
-LANES = ["run", "graph", "kernel", "torch op", "sync", "device"]
+LANES = ["run", "call", "graph", "kernel", "torch op", "sync", "device"]
 
 
 # ------------------------------------------------------------------ reading a run folder
@@ -212,7 +214,7 @@ overflow:auto;max-height:480px;margin:4px 0;border-radius:4px}.from{background:#
 .lane{position:relative;height:22px;background:#f3f5f7;margin:2px 0 2px 90px;border-radius:3px}
 .lane .label{position:absolute;left:-90px;width:84px;text-align:right;font-size:12px;top:3px}
 .bar{position:absolute;top:2px;height:18px;min-width:2px;border-radius:2px;opacity:.85;display:block}
-.l-run{background:#9aa5b1}.l-graph{background:#2e7d5b}.l-kernel{background:#3d7ae8}
+.l-run{background:#9aa5b1}.l-call{background:#5b6b7a}.l-graph{background:#2e7d5b}.l-kernel{background:#3d7ae8}
 .l-torchop{background:#e8a33d}.l-sync{background:#8e44ad}.l-device{background:#d64545}
 .muted{color:#6b7785}button{margin-right:6px}
 """
@@ -485,49 +487,65 @@ def render(path: str) -> str:
 
 
 def write_report(path: str, out: str | None = None) -> str:
+    """The page (``out``, by default ``report.html`` in the run folder); with a profile, also
+    its Chrome/Perfetto trace beside it (kiln.observe.trace). Returns the page's path."""
+    return write_files(path, out)[0]
+
+
+def write_files(path: str, out: str | None = None, trace_out: str | None = None):
+    """(page, trace or None): the trace is written when the run folder holds a profile."""
     run = find_run(path)
     out = out or os.path.join(run, "report.html")
-    page = render(run)
+    data = load_run(run)
     with open(out, "w") as f:
-        f.write(page)
-    return out
+        f.write(Page(data).render())
+    if not data["profile"]:
+        return out, None
+    return out, write_trace(data["profile"], trace_out or trace_path(out))
 
 
-USAGE = """usage: python -m kiln report DIR [-o OUT.html]
-       python -m kiln report [-o OUT.html] --profile SCRIPT.py [ARGS...]
+USAGE = """usage: python -m kiln report DIR [-o OUT.html] [--trace OUT.json]
+       python -m kiln report [-o OUT.html] [--trace OUT.json] --profile SCRIPT.py [ARGS...]
 
 DIR is a KILN_DEBUG run folder (kiln_debug/run_*) or its parent (the newest run is taken).
---profile runs SCRIPT under torch.profiler with KILN_DEBUG on, then reports that run."""
+--profile runs SCRIPT under torch.profiler with KILN_DEBUG on, then reports that run.
+With a profile, a Chrome/Perfetto trace (traceEvents JSON) is written beside the page:
+trace.json next to report.html, NAME.trace.json next to NAME.html (ui.perfetto.dev loads it)."""
 
 
-def main(argv) -> int:
-    argv = list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if argv else 2
-    out, script, script_args = None, None, []
-    if "--profile" in argv:
-        i = argv.index("--profile")
-        if i + 1 >= len(argv):
-            print(USAGE, file=sys.stderr)
-            return 2
-        script, script_args, argv = argv[i + 1], argv[i + 2:], argv[:i]
-    if "-o" in argv:
-        i = argv.index("-o")
-        out = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
-    if script is not None:
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kiln report", usage=USAGE.split("\n\n")[0].replace("usage: ", ""),
+                                description=USAGE.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", nargs="?", help="a KILN_DEBUG run folder, or its parent")
+    p.add_argument("-o", "--output", metavar="OUT.html", help="where the page goes (default: DIR/report.html)")
+    p.add_argument("--trace", metavar="OUT.json", help="where the Perfetto trace goes")
+    p.add_argument("--profile", nargs=argparse.REMAINDER, metavar="SCRIPT.py [ARGS...]",
+                   help="run SCRIPT (with ARGS) under the profiler first, then report that run")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.profile is not None:
+        if not args.profile:
+            p.error("--profile needs a script")
+        if args.dir is not None:
+            p.error("give DIR or --profile SCRIPT.py, not both")
+        script, script_args = args.profile[0], args.profile[1:]
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
         target = profile_script(script, script_args)
-    elif len(argv) == 1:
-        target = argv[0]
+    elif args.dir is not None:
+        target = args.dir
     else:
-        print(USAGE, file=sys.stderr)
-        return 2
+        p.error("give a run folder (DIR) or --profile SCRIPT.py")
     try:
-        path = write_report(target, out)
+        page, trace = write_files(target, args.output, args.trace)
     except FileNotFoundError as e:
-        print(f"python -m kiln report: {e}", file=sys.stderr)
+        print(f"kiln report: {e}", file=sys.stderr)
         return 2
-    print(f"kiln report: {path}", file=sys.stderr)
+    print(f"kiln report: {page}", file=sys.stderr)
+    if trace:
+        print(f"kiln report: trace {trace} (open in ui.perfetto.dev)", file=sys.stderr)
     return 0

@@ -16,7 +16,7 @@ afresh in the same call (``pipeline.compile_prims_graph``).
 A second, smaller record under ``<cache>/partitions`` keeps the min-cut partitioner's answer
 (the names of the saved nodes) for a joint graph, keyed by the joint graph's text, every node's
 meta, its primal/output/tangent/grad nodes and the strategy (``partition_key``): a warm start
-then builds the forward and backward graphs without the max-flow (nor importing networkx).
+then builds the forward and backward graphs without the max-flow.
 
 The cache is skipped while something watches the compile's artifacts (``KILN_DEBUG`` dumps,
 ``kiln.explain``): a hit has no loop IR or schedule to show.

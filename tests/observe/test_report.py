@@ -86,6 +86,28 @@ def test_dump_records_breaks_and_recompiles(profiled_run):
     assert by_line[14]["breaks"] == [] and by_line[14]["count"] == 3
 
 
+def test_report_writes_a_perfetto_trace(profiled_run):
+    tmp, _, page = profiled_run
+    with open(tmp / "trace.json") as f:  # beside report.html
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert spans and all({"name", "ph", "ts", "dur", "pid", "tid"} <= set(e) for e in spans)
+    assert all(isinstance(e["ts"], float) and e["dur"] >= 0 for e in spans)
+    lanes = {e["args"]["name"]: e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"call", "graph", "kernel"} <= set(lanes), lanes
+    # every compiled call is a region on the call lane (runtime/profiler_regions.py), and each
+    # kernel launch carries its measured figures
+    calls = [e for e in spans if e["tid"] == lanes["call"]]
+    assert any(re.fullmatch(r"kiln: step \[\d+\]", e["name"]) for e in calls), calls
+    assert any(e["name"].startswith("kiln: step.<resume at") for e in calls)
+    kernels = [e for e in spans if e["tid"] == lanes["kernel"]]
+    assert kernels and all(e["args"]["median_us"] > 0 and e["args"]["calls"] >= 1 for e in kernels)
+    # the kernel ranges nest inside the call regions, as in torch.profiler's own trace
+    assert all(any(c["ts"] <= k["ts"] and k["ts"] + k["dur"] <= c["ts"] + c["dur"] + 1 for c in calls)
+               for k in kernels)
+
+
 def test_report_model():
     loop_ir = "arg0 = Input(float32[64, 128], stride=[128, 1])\nbuf1 = Pointwise(float16[64], stride=[1])\n"
     sizes = report.buffer_bytes(loop_ir)
