@@ -1,4 +1,4 @@
-"""python -m kiln {demo, explain, report, bench}"""
+"""python -m kiln {demo, explain, report, bench, config}"""
 from __future__ import annotations
 
 import sys
@@ -10,6 +10,7 @@ commands:
   explain  run a script with compilation observed and print the explain summary
   report   turn a KILN_DEBUG dump into one HTML page (--profile script.py: time it first)
   bench    run the benchmark suite (python -m benchmarks.run)
+  config   print every setting, its value and where the value came from
 """
 
 
@@ -28,6 +29,9 @@ def main(argv=None) -> int:
     if cmd == "report":
         from kiln.observe.report import main as report
         return report(rest)
+    if cmd == "config":
+        from kiln.config import main as config_main
+        return config_main(rest)
     if cmd == "bench":
         from benchmarks.run import main as bench
         return bench(rest)
