@@ -143,8 +143,8 @@ def _int_literal(text: str):
 
 
 def _zero_division_value(a: str, dtype) -> str:
-    """What CUDA eager's integer division and remainder give for a zero divisor (measured on
-    the H200, torch 2.11: tests/inductor/test_int_division.py CUDA_EAGER_BY_ZERO): all ones,
+    """What CUDA eager's integer division and remainder give for a zero divisor (measured with
+    torch 2.11: tests/inductor/test_int_division.py CUDA_EAGER_BY_ZERO): all ones,
     except that int64's emulated divide gives 2**32 - 1 for a dividend in [0, 2**32)."""
     if dtype == torch.int64:
         literal = _int_literal(a)
