@@ -173,13 +173,6 @@ def _scatter_python(step) -> PythonKernel:
     return PythonKernel(step.name, HEADER + "\n\n" + source, args, sizes, node.origins)
 
 
-def run_namespace() -> dict:
-    """Globals in which a kernel's source (or a whole program's) runs."""
-    ns: dict = {}
-    exec(compile(HEADER, "<loop_python header>", "exec"), ns)
-    return ns
-
-
 # ------------------------------------------------------------------ what the printout calls
 class _Prims:
     """``prims.<name>``: the eager rule of the prim of that name."""
