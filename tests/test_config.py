@@ -126,3 +126,8 @@ def test_at_most_ten_public_variables_each_in_the_readme():
     assert not set(RETIRED_ENV) & public
     readme = open(os.path.join(ROOT, "README.md")).read()
     assert all(f"`{v}" in readme for v in public), [v for v in public if f"`{v}" not in readme]
+
+
+def test_every_setting_can_be_set_from_kiln_config():
+    from kiln.config import _FIELDS, _PARSERS
+    assert [n for n, f in _FIELDS.items() if f.type not in _PARSERS] == []
