@@ -243,7 +243,7 @@ def sum_all(device: str, quick: bool) -> list[Setup]:
 @case("transpose")
 def transpose(device: str, quick: bool) -> list[Setup]:
     """A transposed add, out[i, j] = x[j, i] + y[i, j]: one input read across its rows, so a
-    1-D block reads it one element per sector. kiln's 2D tiles (on by default; KILN_TILE_2D=0 for an A/B) read both
+    1-D block reads it one element per sector. kiln's 2D tiles (on by default; KILN_CONFIG=triton_tile_2d=0 for an A/B) read both
     inputs along their contiguous dims."""
     n = 64 if quick else (8192 if device == "cuda" else 2048)
     return [Setup(fn=lambda x, y: x.t() + y, dtype=dt, rtol=2e-2 if dt == torch.bfloat16 else 1e-5,

@@ -5,7 +5,7 @@
     python -m benchmarks.compile_time --out results/compile_time.jsonl
     python -m benchmarks.compile_time --phases inference --skip-overhead   # one part at a time
     python -m benchmarks.compile_time --phases train --skip-overhead --no-torch-compile \
-        --var '' --var 'KILN_SPECULATIVE_BACKWARD=1' --rounds 2      # an A/B of kiln settings
+        --var '' --var 'speculative_backward=1' --rounds 2      # an A/B of kiln settings
 
 **Cold compile**: a new process with empty caches (``KILN_CACHE_DIR``, ``TRITON_CACHE_DIR``,
 ``TORCHINDUCTOR_CACHE_DIR`` in a fresh temporary directory) builds the model and times its

@@ -1,5 +1,5 @@
 """Memory and time of ``mode="reduce-overhead"`` under each CUDA-graph pool policy
-(``KILN_CUDAGRAPH_SHARE``: 0, auto, 1; kiln/runtime/cudagraphs.py), next to eager and
+(``config.cudagraph_share``: 0, auto, 1; kiln/runtime/cudagraphs.py), next to eager and
 torch.compile(mode="reduce-overhead"), one fresh process per row.
 
 The program is a model split into separately compiled parts, as graph breaks or pipeline stages
@@ -23,8 +23,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROWS = [("eager", {}), ("kiln share=0", {"KILN_CUDAGRAPH_SHARE": "0"}),
-        ("kiln share=auto", {"KILN_CUDAGRAPH_SHARE": "auto"}), ("kiln share=1", {"KILN_CUDAGRAPH_SHARE": "1"}),
+ROWS = [("eager", {}), ("kiln share=0", {"KILN_CONFIG": "cudagraph_share=0"}),
+        ("kiln share=auto", {"KILN_CONFIG": "cudagraph_share=auto"}), ("kiln share=1", {"KILN_CONFIG": "cudagraph_share=1"}),
         ("torch.compile", {})]
 
 

@@ -1,13 +1,13 @@
-"""An A/B of kiln settings read from the environment (KILN_TILE_2D, KILN_LOOPED_RBLOCK,
-KILN_AOT_LAUNCHERS, KILN_GUARDED_LOADS, ...): each variant runs ``benchmarks.run`` in a fresh
-process (settings are read at import), kiln only, the variants interleaved round by round so
-drift on a shared machine hits them alike. Prints kiln's median time per case and variant and
-each variant's ratio to the first.
+"""An A/B of kiln settings (``kiln.config`` fields such as triton_tile_2d, triton_looped_rblock,
+aot_launchers, triton_guarded_loads, passed through KILN_CONFIG; or public KILN_* variables):
+each variant runs ``benchmarks.run`` in a fresh process (settings are read at import), kiln
+only, the variants interleaved round by round so drift on a shared machine hits them alike.
+Prints kiln's median time per case and variant and each variant's ratio to the first.
 
     python -m benchmarks.env_ab --cases cross_entropy,gpt2_forward \\
-        --var KILN_LOOPED_RBLOCK=1024 --var KILN_LOOPED_RBLOCK=4096 [--rounds 2] [--device cuda]
+        --var triton_looped_rblock=1024 --var triton_looped_rblock=4096 [--rounds 2] [--device cuda]
 
-A variant may set several variables: ``--var "KILN_TILE_2D=0 KILN_AOT_LAUNCHERS=0"``.
+A variant may set several: ``--var "triton_tile_2d=0 aot_launchers=0"``.
 """
 from __future__ import annotations
 
@@ -22,12 +22,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_variant(text: str) -> dict:
-    env = {}
+    """``"name=value KILN_X=value ..."`` -> the environment the variant adds: settings by their
+    ``kiln.config`` name go into KILN_CONFIG (after the inherited entries, so they win)."""
+    from kiln.config import _FIELDS, PUBLIC_ENV, RETIRED_ENV
+
+    env, settings = {}, []
+    public = set(PUBLIC_ENV.values()) | {"KILN_LOGS"}
     for item in text.split():
         name, sep, value = item.partition("=")
-        if not sep or not name.startswith("KILN_"):
-            raise SystemExit(f"env_ab: a variant is KILN_NAME=value pairs, got {item!r}")
-        env[name] = value
+        if sep and name in _FIELDS:
+            settings.append(f"{name}={value}")
+        elif sep and name in public:
+            env[name] = value
+        elif name in RETIRED_ENV:
+            raise SystemExit(f"env_ab: {name} is no longer read; write {RETIRED_ENV[name]}={value}")
+        else:
+            raise SystemExit(f"env_ab: a variant is setting=value or public KILN_NAME=value pairs, got {item!r}")
+    if settings:
+        env["KILN_CONFIG"] = ",".join(filter(None, [os.environ.get("KILN_CONFIG", "")] + settings))
     return env
 
 
@@ -51,13 +63,13 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks.env_ab", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", required=True)
-    p.add_argument("--var", action="append", required=True, help="KILN_NAME=value [...] (repeat)")
+    p.add_argument("--var", action="append", required=True, help="setting=value [...] (repeat)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--device", choices=("cuda", "cpu"))
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     variants = [parse_variant(v) for v in args.var]
-    names = [" ".join(f"{k}={v}" for k, v in env.items()) for env in variants]
+    names = [v.strip() or "default" for v in args.var]
     times: dict = {}  # case key -> variant index -> [kiln seconds per round]
     wrong = []
     for _ in range(args.rounds):

@@ -1,7 +1,7 @@
 """kiln's host-side compile stages for GPT-2 small's graph, measured without a GPU.
 
     python -m benchmarks.host_stages                                  # inference and train, 3 runs
-    python -m benchmarks.host_stages --phases train --var '' --var 'KILN_COMPILE_GC=on'
+    python -m benchmarks.host_stages --phases train --var '' --var 'compile_gc=on'
     python -m benchmarks.host_stages --phases train --profile /tmp/host.prof.txt
     python -m benchmarks.host_stages --autotune --shape 1,1024,50304 --repeats 1   # tuned configs
 
@@ -10,7 +10,7 @@ stages run on the host, in Python; only the build stage and the first run need t
 This runs the same graph (``examples/gpt.py``'s GPT2_SMALL: 12 layers, 12 heads, width 768,
 under bf16 autocast, with a short sequence and a small vocabulary, which change sizes but not
 the graph) through the same stages, generating Triton code, in a child process with
-``TRITON_INTERPRET=1`` and ``KILN_CPU_BACKEND=triton``. The generated kernels are loaded but not
+``TRITON_INTERPRET=1`` and ``KILN_CONFIG=cpu_backend=triton``. The generated kernels are loaded but not
 run: the interpreter's grid executor is replaced by a no-op, so the first call's time is the
 compile. Its outputs are therefore meaningless, and nothing checks them. The kernels' correctness
 is what the test suite checks.
@@ -111,7 +111,9 @@ def run_one(phase: str, layers: int, env: dict, profile: str | None = None, auto
             shape=(1, 32, 512)) -> dict:
     with tempfile.TemporaryDirectory(prefix="kiln-host-") as cache:
         child_env = dict(os.environ, **env, KILN_CACHE_DIR=cache, TRITON_INTERPRET="1",
-                         KILN_CPU_BACKEND="triton", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+                         PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        # the variant's settings after cpu_backend (KILN_CONFIG applies its entries in order)
+        child_env["KILN_CONFIG"] = ",".join(filter(None, ["cpu_backend=triton", env.get("KILN_CONFIG", "")]))
         cmd = [sys.executable, "-m", "benchmarks.host_stages", "--child", phase, str(layers)]
         if profile:
             cmd += ["--profile", profile]

@@ -20,6 +20,7 @@ COMMANDS = {
     "report": ("turn a KILN_DEBUG dump into one HTML page and a Perfetto trace "
                "(--profile script.py: time it first)", "kiln.observe.report"),
     "bench": ("run the benchmark suite (benchmarks/run.py; needs the kiln repository checkout)", None),
+    "config": ("print every setting, its value and where the value came from", "kiln.config"),
 }
 
 

@@ -10,7 +10,8 @@ import pytest
 os.environ.setdefault("KILN_CACHE_DIR", os.path.join(tempfile.gettempdir(), "kiln-test-cache"))
 # Tests watch every stage run (artifacts, generated code): the whole-graph cache stays off
 # except in the tests of that cache (tests/runtime), which turn it on themselves.
-os.environ.setdefault("KILN_GRAPH_CACHE", "0")
+# (first in KILN_CONFIG, so a graph_cache entry already there wins; child processes inherit it)
+os.environ["KILN_CONFIG"] = ",".join(filter(None, ["graph_cache=0", os.environ.get("KILN_CONFIG", "")]))
 
 
 def _has_cuda():

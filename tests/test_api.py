@@ -250,6 +250,10 @@ def test_debug_dump_writes_one_file_per_stage(tmp_path):
     # graph files are runnable
     import runpy
     runpy.run_path(str(tmp_path / run / comp / "03_prims_graph.py"), run_name="__main__")
+    # so is the fused loop IR as Python: its call() computes the function
+    x, b = torch.randn(4, 4), torch.randn(4)
+    (out,) = runpy.run_path(str(tmp_path / run / comp / "05a_loop_ir.py"))["call"](x, b)
+    assert_close(out, transform(x, b))
 
 
 def test_warnings_are_not_raised_on_the_happy_path():

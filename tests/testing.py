@@ -68,3 +68,14 @@ def _rand(shape, dtype, device):
 
 def compiled_kernel_count(fn, *args):
     return kiln.explain(fn)(*args).kernel_count
+
+
+def config_env(env=None, **settings) -> dict:
+    """A copy of ``env`` (default: os.environ) whose ``KILN_CONFIG`` also sets ``settings``, for a
+    child process. The child applies the entries in order, so these win over inherited ones
+    (conftest's ``graph_cache=0``) while the inherited rest still holds."""
+    out = dict(os.environ if env is None else env)
+    items = [out["KILN_CONFIG"]] if out.get("KILN_CONFIG") else []
+    items += [f"{k}={'1' if v is True else '0' if v is False else v}" for k, v in settings.items()]
+    out["KILN_CONFIG"] = ",".join(items)
+    return out

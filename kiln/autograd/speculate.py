@@ -6,7 +6,7 @@ about 1.5 s for GPT-2 small) then start only after the forward has been built an
 the forward's build stage spends most of its time waiting on build workers and gcc with the
 GIL released.
 
-With ``config.speculative_backward`` (by default for CUDA graphs; ``KILN_SPECULATIVE_BACKWARD=1``
+With ``config.speculative_backward`` (by default for CUDA graphs; ``KILN_CONFIG=speculative_backward=1``
 or ``0`` forces it), the forward's build
 stage starts a thread that compiles the backward from the metas the partition predicts (the
 backward graph's placeholders). At the first ``backward()``, when the real metas equal the

@@ -650,9 +650,6 @@ class Glue:
         self.emit(Instr("STORE_FAST", name), Instr("LOAD_FAST", name))
         self.temps[id(v)] = name
 
-    def call_const(self, fn, args_emitted: int):
-        self.emit(*_call(args_emitted))
-
 
 def _store_slots(glue: Glue, values) -> list:
     """Rebuild ``values`` (stack slots, bottom first) into temporaries; NULLs are skipped."""

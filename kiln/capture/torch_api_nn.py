@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 
 from kiln.capture.errors import Unsupported
-from kiln.graph import Proxy
 from kiln.ops import core
 
 
@@ -198,12 +197,6 @@ def gather(input, dim, index, *, sparse_grad=False, out=None):
 
 def index_select(input, dim, index, *, out=None):
     return core.index_select(input, dim, index)
-
-
-def _require_tensor(x, what):
-    if not isinstance(x, Proxy):
-        raise Unsupported(f"{what} expects a tensor")
-    return x
 
 
 FUNCTIONS = {

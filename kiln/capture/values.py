@@ -53,13 +53,6 @@ class Variable:
         """The Python value, for values capture can compute with (constants, containers of them)."""
         raise Unsupported(f"{self} is not a Python constant")
 
-    def is_python_constant(self) -> bool:
-        try:
-            self.as_python()
-            return True
-        except Unsupported:
-            return False
-
     def getattr(self, tx, name):
         raise Unsupported(f"attribute {name!r} of {self} is not supported")
 

@@ -296,10 +296,6 @@ def _fmt_meta(val) -> str:
     return repr(val)
 
 
-def iter_nodes_in(obj):
-    return [a for a in flatten_args(obj) if isinstance(a, Node)]
-
-
 def _is_number(a) -> bool:
     return type(a) is Node and type(a.meta.get("val")) is WrappedNumberMeta
 

@@ -4,8 +4,8 @@ kiln's metas give pointwise results contiguous strides, but eager's elementwise 
 (TensorIterator) lay their result out in the order of their operands' strides: ``g * r + x``
 over channels-last ``r`` and ``x`` is channels-last. Libraries choose their kernels by the
 layout they are handed: cuDNN runs a depthwise 7x7 convolution over a channels-last input with
-its NHWC kernel, and over a contiguous one torch's generic depthwise kernel, 3.5x slower on the
-H200 (ConvNeXt-T: 2.46 ms against 0.69 ms over its 18 such convolutions). So lowering tracks,
+its NHWC kernel, and over a contiguous one torch's generic depthwise kernel, several times
+slower (ConvNeXt-T: docs/notes/measurements.md). So lowering tracks,
 for each value not yet in memory, the strides eager would give it (``TValue.layout``), and
 ``LoweringContext.realize`` writes it in that order (``config.eager_layouts``).
 

@@ -288,7 +288,7 @@ def _column_split(shape, dims, rows, rnumel):
     """A reduction over the leading dims with the kept dims contiguous after them (bias and
     norm-weight gradients) tiles 64 kept elements per program, so few kept elements mean few
     programs each walking every reduced row. Cut the outermost reduced dim into S chunks, so
-    about 2048 programs run (enough loads in flight to fill an H100/H200's memory system; each
+    about 2048 programs run (enough loads in flight to fill a Hopper GPU's memory system; each
     chunk keeps at least 128 rows); the partial results go to an [S, kept...] buffer
     ("column": chunk id outermost, so the kept dims stay contiguous in both stages)."""
     if dims != tuple(range(len(dims))) or len(dims) == len(shape) or rnumel < 1024:

@@ -2,9 +2,9 @@
 
 cuBLAS picks its kernel by the operands' alignment: a 16-bit GEMM whose leading dimensions
 are not multiples of 8 elements (16 bytes) cannot use vector loads and stores, and runs on an
-old ``align1`` kernel. On the H200, GPT-2's LM head (4096 x 768 by 768 x 50257, bf16, the vocab
-odd) took 3.36 ms that way, eager and kiln alike; padded to 50264 columns, cuBLAS runs a Hopper
-kernel in 0.45 ms (torch.compile pads it the same way).
+old ``align1`` kernel: GPT-2's LM head (768 x 50257, bf16, the vocab odd) ran 7x slower that
+way, eager and kiln alike, than padded to 50264 columns (docs/notes/measurements.md;
+torch.compile pads it the same way).
 
 So where a GEMM is large and K or N is not a multiple of the alignment (8 elements for 16-bit
 types, 4 for fp32 where cuBLAS may use tf32), kiln pads with zeros: K on both operands (the
@@ -16,8 +16,7 @@ dimension, and padding it would copy the activations on every call.
 
 A padded operand is a kiln kernel over the operand's own layout (a transposed weight stays
 transposed), so it fuses with whatever produces the operand. A padded graph input (a weight) is
-copied once per call: 2 x 77 MB of traffic for GPT-2's LM head weight, about 40 us on the H200,
-against the 2.9 ms it saves. Small GEMMs (``config.pad_gemm_min_mnk``) are left alone: there
+copied once per call, a small fraction of what the aligned kernel saves. Small GEMMs (``config.pad_gemm_min_mnk``) are left alone: there
 the copy's launch costs more than the alignment gains; so are GEMMs bound by memory
 (``compute_bound``).
 
@@ -80,7 +79,7 @@ def compute_bound(m, n, k) -> bool:
     """Multiply-adds per element moved (M*N*K over M*K + K*N + M*N) above
     ``config.pad_gemm_min_intensity``. Below it the GEMM is bound by memory, where alignment
     matters less and the pad's copy of an operand (a weight, for a matrix-vector-like shape) can
-    cost as much as the product itself. The default, 100, is the H200's bf16 rate over its
+    cost as much as the product itself. The default, 100, is a Hopper GPU's bf16 rate over its
     bandwidth (about 206 flop per byte by the datasheet), halved: torch.compile's rule."""
     return m * n * k > config.pad_gemm_min_intensity * (m * k + k * n + m * n)
 

@@ -27,7 +27,7 @@ import sympy
 
 from kiln import log
 from kiln.config import config
-from kiln.inductor import ir
+from kiln.inductor import ir, loop_python
 
 
 class Kernel:
@@ -112,6 +112,10 @@ class Kernel:
         if self._reads is None:
             self._reads = frozenset(b for n in self.nodes for b in n.reads()) - self.buffer_names()
         return self._reads
+
+    def python(self) -> str:
+        """This kernel's loop IR as runnable Python over torch tensors (``loop_python``)."""
+        return loop_python.kernel_python(self).source
 
     def __repr__(self):
         names = ", ".join(f"{n.name}:{self.levels[n.name]}" for n in self.nodes)
@@ -294,6 +298,10 @@ class ScatterStep:
 
     def reads(self) -> set[str]:
         return self.node.reads()
+
+    def python(self) -> str:
+        """This kernel's loop IR as runnable Python over torch tensors (``loop_python``)."""
+        return loop_python.kernel_python(self).source
 
     def __repr__(self):
         return f"{self.name}: {self.node!r}"

@@ -4,11 +4,13 @@
         00_bytecode.txt  01_guards.py  01a_shape_env.txt (symbolic sizes)  02_captured_graph.py
         02a_forward_graph.py
         02b_backward_graph.py (training only)  03_prims_graph.py
-        04_loop_ir.txt  05_loop_ir_fused.txt  06_kernel_<name>.{py,cpp}  07_wrapper.py
-        metrics.json
+        04_loop_ir.txt  05_loop_ir_fused.txt  05a_loop_ir.py  06_kernel_<name>.{py,cpp}
+        07_wrapper.py  metrics.json
 
 Graph files are runnable: ``python 02_captured_graph.py`` runs the graph on random inputs of
-the recorded shapes (symbolic sizes at the values they were traced at).
+the recorded shapes (symbolic sizes at the values they were traced at). ``05a_loop_ir.py`` is
+the fused loop IR as Python over torch tensors (``inductor/loop_python.py``): its ``call`` takes
+what the compiled wrapper in ``07_wrapper.py`` takes.
 
 A function with a graph break has one folder per graph: the function's own compile (the graph
 up to the break) and one per resume function (``001_f_resume_at_24``). A backward graph is
@@ -25,6 +27,7 @@ import re
 
 from kiln.config import config
 from kiln.graph.node import PLACEHOLDER
+from kiln.inductor.loop_python_program import program_python
 
 _run_dir = None
 
@@ -132,8 +135,17 @@ _FILES = [
     ("decomp", "cse", "03_prims_graph.py", runnable_graph_source),
     ("lowering", "lower", "04_loop_ir.txt", str),
     ("scheduling", "schedule", "05_loop_ir_fused.txt", str),
+    ("scheduling", "schedule", "05a_loop_ir.py", lambda sched: _loop_python(sched)),
     ("codegen", "generate_wrapper", "07_wrapper.py", str),
 ]
+
+
+def _loop_python(sched) -> str:
+    """The schedule as Python; a kernel it cannot print leaves a note, not a failed dump."""
+    try:
+        return program_python(sched)
+    except Exception as e:  # noqa: BLE001 - a debugging aid must not break the dump
+        return f"# the loop IR could not be printed as Python: {type(e).__name__}: {e}\n"
 
 
 def end_run():

@@ -9,8 +9,8 @@ Why not the decomposed form (``config.conv_library_backward=False``, kept for an
 input's gradient as a transposed convolution has to spread the output gradient with zeros for
 a stride above 1 (4x the memory and the work at stride 2), and the weight's gradient as a
 convolution with batch and channels swapped has a "kernel" the size of the output image, which
-no library tunes for. On the H200, torchvision's ResNet-18 training step took 23.5 ms that way
-against eager's 10.5 ms.
+no library tunes for: a ResNet-18 training step took twice eager's time that way
+(docs/notes/measurements.md).
 
 Like fused attention, the op exists as a core op (the joint graph holds it) and as a library
 prim of the same name, lowered to one wrapper call with one buffer per result

@@ -24,10 +24,6 @@ __all__ = ["slice", "select", "cat", "flip", "roll", "tril", "triu", "repeat", "
            "slice_range"]
 
 
-class ShapeError(ValueError):
-    pass
-
-
 def _core(name, eager):
     return define("core", name, eager)
 

@@ -18,8 +18,8 @@ and answers one JSON line on stdout:
         backend and its cache key too, so the first build pays only its own compile)
 
 The worker keeps torch out: Triton's argument specializer imports it when it can (to recognize
-``torch.Tensor``), and importing torch costs a fresh process seconds (4.5 s of a 5 s first build
-on the H200 host), while the stand-in pointers here are not tensors anyway. An import of torch
+``torch.Tensor``), and importing torch costs a fresh process seconds (most of a first build;
+docs/notes/measurements.md), while the stand-in pointers here are not tensors anyway. An import of torch
 fails in the worker (``_NoTorch``); a build that fails for want of torch
 lifts the block and runs again with it.
 
@@ -146,7 +146,7 @@ class _NoTorch:
 
 
 def _block_torch():
-    if os.environ.get("KILN_WORKER_TORCH", "0") != "1" and "torch" not in sys.modules:
+    if os.environ.get("_KILN_WORKER_TORCH", "0") != "1" and "torch" not in sys.modules:
         sys.meta_path.insert(0, _NoTorch)
 
 
@@ -236,14 +236,13 @@ _early: dict = {}
 
 def _early_launchers():
     """Build each kernel's C launcher while the kernel itself compiles, not after it (Tritons
-    with per-signature launchers: 0.2-0.6 s of gcc per kernel on the H200 host, a third of a
-    build). The launcher's source follows from the kernel's signature and constants, which are
+    with per-signature launchers spend about a third of a build in gcc on it). The launcher's source follows from the kernel's signature and constants, which are
     known when Triton's JIT calls ``triton.compiler.compile``: a wrapper there starts a thread
     that builds ``CudaLauncher(src, stand-in metadata)``; gcc runs as a subprocess beside the
     compile. Triton caches a launcher under a digest of its C source, so the real launcher
     after the compile (``_build_launcher``) finds this one when the stand-in metadata gave the
     same source, and builds its own when not: a guess costs time, never a wrong launcher."""
-    if _early.get("installed") or os.environ.get("KILN_AOT_LAUNCHERS", "1") == "0":
+    if _early.get("installed") or os.environ.get("_KILN_AOT_LAUNCHERS", "1") == "0":
         return
     _early["installed"] = True
     try:
@@ -284,11 +283,11 @@ def _launcher_for(nvidia, src):
 
 def _build_launcher(kernel):
     """Put the kernel's C launcher in Triton's cache too. Tritons that generate a launcher per
-    signature (3.6 on the H200) build it with gcc at the first launch, in the parent, one after
-    another: 17 builds, 4.5 s of GPT-2's cold training step. Built here, the parent's first
+    signature (3.6) build it with gcc at the first launch, in the parent, one after another (a
+    large share of a cold training step: docs/notes/measurements.md). Built here, the parent's first
     launch finds it. Best effort: a Triton without per-signature launchers, or one whose
     launcher wants a live driver, leaves it to the first launch."""
-    if kernel is None or os.environ.get("KILN_AOT_LAUNCHERS", "1") == "0":  # "0": an A/B
+    if kernel is None or os.environ.get("_KILN_AOT_LAUNCHERS", "1") == "0":  # config.aot_launchers
         return
     try:
         from triton.backends.nvidia import driver as nvidia
@@ -300,13 +299,12 @@ def _build_launcher(kernel):
 
 
 def _lower_priority():
-    """Run this worker (and the compilers it starts) ``KILN_WORKER_NICE`` (default 10) steps
+    """Run this worker (and the compilers it starts) ``config.worker_nice`` (default 10) steps
     nicer than the compiling process, whose own Python stages (lowering and codegen while the
     workers start, the backward's while the forward's kernels build) are on the compile's
-    critical path; 0 keeps the parent's priority. H200, GPT-2 small cold training step: 4.15 s
-    at 0, 3.55 s at 10 (lowering 0.77 -> 0.32 s); inference 2.11 / 2.18 s (one pair each)."""
+    critical path; 0 keeps the parent's priority (measured: docs/notes/measurements.md)."""
     try:
-        n = int(os.environ.get("KILN_WORKER_NICE", "10"))
+        n = int(os.environ.get("_KILN_WORKER_NICE", "10"))  # set by pool._worker_env
         if n > 0:
             os.nice(n)
     except (ValueError, OSError):
@@ -358,8 +356,8 @@ def zygote(sock_path):
     (Triton's compiler, when a fork request asks for it) and then forks a worker per request
     line on stdin (``{"token": t, "triton": bool}``); each child connects to the parent's Unix
     socket at ``sock_path``, says ``{"token": t, "pid": p}`` and serves requests there. Sixteen
-    workers then cost one import instead of sixteen at once (0.7-1.0 s each on the H200 host
-    while the parent lowers and generates code). Single-threaded, so forking is safe."""
+    workers then cost one import instead of sixteen at once, each competing with the parent
+    while it lowers and generates code. Single-threaded, so forking is safe."""
     import signal
     import socket
     os.umask(0o077)  # inherited by every forked worker

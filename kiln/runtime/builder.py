@@ -88,8 +88,8 @@ def warm_triton(key: bool = True):
     path of a compile:
 
     - the driver: Triton's CUDA driver object builds its C helper module (``cuda_utils``) with
-      the C compiler when the Triton cache lacks it (0.8 s of a cold compile on the H200 host,
-      between codegen and the first build request), else loads it. gcc is a subprocess, so the
+      the C compiler when the Triton cache lacks it (most of a second, between codegen and the
+      first build request), else loads it. gcc is a subprocess, so the
       thread runs beside capture, lowering and codegen. ``wait_triton_driver`` joins it before
       the parent touches the driver itself (two threads would both create one);
     - with ``key``, Triton's own cache key, which hashes its sources and libraries (0.36-0.6 s)

@@ -13,7 +13,7 @@ the integers with the C API and calls the address as ``void (*)(int64_t, ...)`` 
 The extension is built once per Python, compiler and machine into ``<cache>/cpp_call`` (a
 digest-checked entry, like kernels). Without Python's headers, on another architecture, or if
 the build fails, kernels keep their ctypes functions (logged on ``cache``).
-``KILN_CPP_CALL=0`` turns it off.
+``KILN_CONFIG=cpp_call=0`` turns it off.
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def c_source() -> str:
 
 def _why_not() -> str | None:
     if not config.cpp_call:
-        return "KILN_CPP_CALL=0"
+        return "KILN_CONFIG=cpp_call=0"
     if platform.machine().lower() not in _ARCHES:
         return f"not tested on {platform.machine()}"
     include = sysconfig.get_paths().get("include")

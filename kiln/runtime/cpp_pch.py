@@ -16,7 +16,7 @@ wins), with a digest checked once per process.
 A kernel whose source holds the codegen prelude is then built with ``-include <header>`` and
 the prelude removed; its binary is the same code, and its cache key is its unchanged source.
 If gcc fails with the precompiled header, the header is given up for the process (logged on
-``cache``) and the kernel is built from its plain source. ``KILN_CPP_PCH=0`` turns this off.
+``cache``) and the kernel is built from its plain source. ``KILN_CONFIG=cpp_pch=0`` turns this off.
 """
 from __future__ import annotations
 

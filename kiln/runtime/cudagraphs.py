@@ -10,8 +10,7 @@ moving inputs in (only where the data pointer differs from the static buffer) an
 **Outputs without copies, and never overwritten under the caller.** A replay writes its outputs
 to the same (static) memory every time, so handing them out as they are would let the next
 replay change a result the caller still holds, unlike eager. Cloning each output costs a
-device copy per call: GPT-2 small's logits (8 x 1024 x 50257 bf16, 823 MB) took 0.42 ms of a
-5.7 ms forward on the H200. Instead the runner keeps up to two recordings of the graph (slots),
+device copy per call (GPT-2 small's logits: 7% of its forward; docs/notes/measurements.md). Instead the runner keeps up to two recordings of the graph (slots),
 each with its own outputs, and hands out aliases of them. Before a replay it asks, for each
 slot, whether anything still refers to that slot's output memory: the storage's use count
 (which counts every tensor on it, views and detached aliases included) against its count when
@@ -29,7 +28,7 @@ later recording place its outputs in memory an earlier recording uses for interm
 when that capture ended); replaying the earlier one would then overwrite outputs the caller
 holds. So sharing is safe only for recordings whose outputs never leave the pool: those that
 hand out clones, made right after their replay on the recording's stream, before any other
-replay of the pool can run. ``config.cudagraph_share`` (``KILN_CUDAGRAPH_SHARE``) chooses:
+replay of the pool can run. ``config.cudagraph_share`` chooses:
 
 - ``"0"``: a private pool per recording, outputs handed out as they are (above);
 - ``"auto"`` (default): the first recording is made in a private pool and measured; when its
@@ -74,7 +73,7 @@ def refusal(compiled, graph, dynamic=False) -> str | None:
         return "the graph draws random numbers (a replay would repeat them)"
     if compiled.kernel_count + compiled.extern_count <= 1:
         # a replay plus the clone of each output costs more host time than the one launch it
-        # replaces (H200: 18.1 us a call against 15.2 us, the seed example at 1024x1024)
+        # replaces (measured on the seed example: docs/notes/measurements.md)
         return "the graph is a single launch; a replay and its output copies cost more than the launch"
     return None
 
@@ -302,7 +301,7 @@ class CudaGraphRunner:
         static = self.static_inputs
         for i, ptr in self.in_place:
             if inputs[i].data_ptr() != ptr:
-                # a parameter was replaced. Recording again was tried and, on the H200, a later
+                # a parameter was replaced. Recording again was tried and, on a GPU, a later
                 # capture could leave torch's CUDA generator in capture mode; until that is
                 # understood the function runs without CUDA graphs from here on
                 self._refuse("an input read in place moved (a parameter was replaced)")

@@ -15,7 +15,7 @@ integers the value 1, divisibility by 16 and the 32-bit range. Each call checks 
 (one ``data_ptr()`` per pointer, a comparison per integer); a call that differs, or runs on
 another device, takes the slow path, which picks the right binary. Launch hooks (profilers) or
 a Triton whose kernel lacks the launcher fields keep the JIT path.
-``config.triton_fast_launch`` (``KILN_FAST_LAUNCH=0``) turns this off.
+``config.triton_fast_launch`` (``KILN_CONFIG=triton_fast_launch=0``) turns this off.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def _call_digest(cls) -> str | None:
 
 def _direct(run):
     """(launch, (cooperative, pdl, None, None)) for a launcher of a known kind that needs no
-    scratch memory, else None. ``KILN_DIRECT_LAUNCH=0`` turns it off."""
+    scratch memory, else None. ``KILN_CONFIG=triton_direct_launch=0`` turns it off."""
     from kiln.config import config
     if not config.triton_direct_launch:
         return None
@@ -116,7 +116,7 @@ class FastLauncher:
             import torch
             if get_device is torch.cuda.current_device and hasattr(torch._C, "_cuda_getDevice"):
                 # the same answer without current_device's lazy-init check: the device is only
-                # asked after a launch, so CUDA is up (about 1 us of a 16 us call on the H200)
+                # asked after a launch, so CUDA is up (a measurable share of a launch)
                 get_device = torch._C._cuda_getDevice
         self._get_device, self._get_stream = get_device, get_stream
         self._hooks = hooks if hooks is not None else _launch_hooks

@@ -9,14 +9,12 @@ default: the CPU count, capped at 32); 1 means every build runs in-process, one 
 Every worker gets the parent's environment, so Triton's cache-key settings and
 ``TRITON_CACHE_DIR`` (kiln's ``<cache>/triton_bin``) are the same on both sides.
 
-On Linux, with ``config.worker_fork`` (``KILN_WORKER_FORK=1``; off by default until the whole
-suite has run with it on the H200), workers are forked by
+On Linux, with ``config.worker_fork`` (``KILN_CONFIG=worker_fork=1``; off by default until the whole
+suite has run with it on a GPU host), workers are forked by
 one *zygote* process (``build_worker.py --zygote``) that imports Triton once, instead of each
 importing it, and talk over a private Unix socket; should the zygote fail, workers start as
-processes of their own again. On the H200 host, GPT-2 small (one sample each): cold inference
-compile 2.73-3.08 s -> 2.37 s (lowering 0.26-0.44 -> 0.18 s: sixteen imports no longer compete
-with the parent), warm start 0.76 -> 0.47 s (the four workers started before capture imported
-Triton beside it), cold training step 5.57 -> 5.23 s.
+processes of their own again. Sixteen imports then no longer compete with the parent's lowering,
+and workers started early import Triton beside capture (measured: docs/notes/measurements.md).
 """
 from __future__ import annotations
 
@@ -74,8 +72,14 @@ def pool_size() -> int:
 
 
 def _worker_env() -> dict:
+    """The parent's environment, plus the worker settings of ``config`` as private variables:
+    a worker imports no kiln (build_worker.py reads them), and a ``config.patch`` in the parent
+    holds for the workers it starts."""
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)  # workers compile for the real target
+    env["_KILN_WORKER_NICE"] = str(int(config.worker_nice))
+    env["_KILN_WORKER_TORCH"] = "1" if config.worker_torch else "0"
+    env["_KILN_AOT_LAUNCHERS"] = "1" if config.aot_launchers else "0"
     return env
 
 

@@ -1,8 +1,8 @@
 """Triton binaries loaded without Triton's JIT: kiln's own record of each compiled kernel.
 
 A launch through Triton's JIT binds and specializes the arguments, then computes the compile's
-cache key, and the first key of a process hashes Triton's own sources and libraries (0.6 s on
-the H200 host, in the parent's first launch of a warm start). Only then does it find the
+cache key, and the first key of a process hashes Triton's own sources and libraries (most of
+the parent's first launch of a warm start). Only then does it find the
 binary in Triton's disk cache.
 
 kiln writes a small record per compiled kernel instead, in its own disk cache, keyed by what

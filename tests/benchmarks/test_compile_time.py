@@ -20,18 +20,18 @@ def test_variants_interleave_and_label_rows(monkeypatch):
         calls.append((backend, phase, dict(extra_env or {})))
         return {"first_result_s": 1.0, "process_s": 2.0}
     monkeypatch.setattr(compile_time, "_spawn", fake_spawn)
-    variants = {"default": {}, "KILN_COMPILE_GC=on": {"KILN_COMPILE_GC": "on"}}
+    variants = {"default": {}, "compile_gc=on": {"KILN_CONFIG": "compile_gc=on"}}
     rows = list(compile_time.compile_rows("cpu", ["kiln", "torch.compile"], ("train",), variants, rounds=2))
     kiln_rows = [r for r in rows if r["backend"] == "kiln"]
     assert [(r["variant"], r["round"]) for r in kiln_rows] == [
-        ("default", 0), ("KILN_COMPILE_GC=on", 0), ("default", 1), ("KILN_COMPILE_GC=on", 1)]
+        ("default", 0), ("compile_gc=on", 0), ("default", 1), ("compile_gc=on", 1)]
     assert sum(r["backend"] == "torch.compile" for r in rows) == 2 and all(
         "variant" not in r for r in rows if r["backend"] == "torch.compile")
     # one unmeasured prime child first, then cold and warm, each with the variant's
     # environment; torch.compile's children get none
     assert calls[0] == ("prime", "train", {})
     calls = calls[1:]
-    assert calls[2:4] == [("kiln", "train", {"KILN_COMPILE_GC": "on"})] * 2
+    assert calls[2:4] == [("kiln", "train", {"KILN_CONFIG": "compile_gc=on"})] * 2
     assert all(env == {} for b, _, env in calls if b == "torch.compile")
 
 
@@ -45,9 +45,9 @@ def test_spawn_puts_the_variant_in_the_child_environment(monkeypatch, tmp_path):
         seen.update(env)
         return Done()
     monkeypatch.setattr(compile_time.subprocess, "run", fake_run)
-    res = compile_time._spawn("kiln", "inference", "cpu", str(tmp_path), {"KILN_SPECULATIVE_BACKWARD": "1"})
+    res = compile_time._spawn("kiln", "inference", "cpu", str(tmp_path), {"KILN_CONFIG": "speculative_backward=1"})
     assert res["first_result_s"] == 0.5
-    assert seen["KILN_SPECULATIVE_BACKWARD"] == "1"
+    assert seen["KILN_CONFIG"] == "speculative_backward=1"
     assert seen["KILN_CACHE_DIR"].startswith(str(tmp_path))
 
 

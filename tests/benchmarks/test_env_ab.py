@@ -16,7 +16,7 @@ from benchmarks import env_ab  # noqa: E402
 
 def test_each_variant_times_each_case():
     out = env_ab.main(["--device", "cpu", "--quick", "--cases", "seed",
-                       "--var", "KILN_CPP_TILE_2D=1", "--var", "KILN_CPP_TILE_2D=0 KILN_LOOPED_RBLOCK=512"])
+                       "--var", "cpp_tile_2d=1", "--var", "cpp_tile_2d=0 triton_looped_rblock=512"])
     assert not out["wrong"], out["wrong"]
     assert out["times"]
     for per in out["times"].values():
@@ -25,6 +25,9 @@ def test_each_variant_times_each_case():
 
 
 def test_a_variant_is_kiln_settings_only():
-    assert env_ab.parse_variant("KILN_TILE_2D=0 KILN_LOOPED_RBLOCK=4096") == {"KILN_TILE_2D": "0", "KILN_LOOPED_RBLOCK": "4096"}
+    env = env_ab.parse_variant("triton_tile_2d=0 triton_looped_rblock=4096 KILN_STRICT=1")
+    assert env["KILN_STRICT"] == "1" and env["KILN_CONFIG"].endswith("triton_tile_2d=0,triton_looped_rblock=4096")
     with pytest.raises(SystemExit):
         env_ab.parse_variant("PATH=/tmp")
+    with pytest.raises(SystemExit, match="triton_tile_2d=0"):  # a retired variable names its setting
+        env_ab.parse_variant("KILN_TILE_2D=0")

@@ -17,10 +17,10 @@ from benchmarks import host_stages  # noqa: E402
 def test_rows_carry_every_host_stage_per_variant():
     pytest.importorskip("triton")
     rows = host_stages.main(["--layers", "1", "--repeats", "1", "--phases", "inference,train",
-                             "--var", "", "--var", "KILN_COMPILE_GC=on"])
+                             "--var", "", "--var", "compile_gc=on"])
     assert [(r["phase"], r["variant"]) for r in rows] == [
-        ("inference", "default"), ("inference", "KILN_COMPILE_GC=on"),
-        ("train", "default"), ("train", "KILN_COMPILE_GC=on")]
+        ("inference", "default"), ("inference", "compile_gc=on"),
+        ("train", "default"), ("train", "compile_gc=on")]
     for r in rows:
         assert "error" not in r, r.get("error")
         assert r["kernels"] > 0 and r["first_s"] > 0

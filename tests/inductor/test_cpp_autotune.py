@@ -12,6 +12,7 @@ import torch
 
 import kiln
 from kiln.runtime import autotune
+from tests.testing import config_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 POINTWISE = lambda x: torch.relu(x) * 2 + 1  # noqa: E731
@@ -93,8 +94,8 @@ def test_a_new_process_reads_the_cached_choice(tmp_path):
     script = ("import torch, kiln; x = torch.randn(512, 256); "
               "f = kiln.compile(lambda x: torch.relu(x) * 2 + 1); "
               "assert torch.equal(f(x), torch.relu(x) * 2 + 1)")
-    env = dict(os.environ, KILN_AUTOTUNE="1", KILN_CACHE_DIR=str(tmp_path), KILN_LOGS="autotune",
-               KILN_GRAPH_CACHE="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env = config_env(dict(os.environ, KILN_AUTOTUNE="1", KILN_CACHE_DIR=str(tmp_path), KILN_LOGS="autotune",
+                          PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])), graph_cache=False)
     first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=ROOT)
     assert first.returncode == 0, first.stderr
     assert "chose chunk" in first.stderr and "from the cache" not in first.stderr

@@ -3,12 +3,13 @@
 import os
 import subprocess
 import sys
+from tests.testing import config_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(*args):
-    env = dict(os.environ, KILN_CPU_BACKEND="cpp")
+    env = config_env(cpu_backend="cpp")
     proc = subprocess.run([sys.executable, "-m", "kiln", *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=300)
     return proc

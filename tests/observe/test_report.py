@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 from kiln.observe import report
+from tests.testing import config_env
 
 PROGRAM = textwrap.dedent("""\
     import torch
@@ -53,8 +54,8 @@ def profiled_run(tmp_path_factory):
     script = tmp / "two_graphs.py"
     script.write_text(PROGRAM)
     out = tmp / "report.html"
-    env = dict(os.environ, KILN_DEBUG_DIR=str(tmp / "kiln_debug"),
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env = config_env(dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])),
+                     debug_dir=str(tmp / "kiln_debug"))
     proc = subprocess.run([sys.executable, "-m", "kiln", "report", "-o", str(out), "--profile", str(script)],
                           cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -19,7 +19,7 @@ from tests.testing import assert_close
 
 @pytest.fixture(autouse=True, params=[True, False], ids=["forked", "own-process"])
 def _worker_kind(request):
-    """Every test with workers forked by the zygote (KILN_WORKER_FORK=1) and without."""
+    """Every test with workers forked by the zygote (KILN_CONFIG=worker_fork=1) and without."""
     with kiln.config.patch(worker_fork=request.param):
         yield
 
@@ -176,7 +176,7 @@ def test_prestart_starts_every_worker_at_once_and_never_more_than_the_size():
         # requests made while the workers are still starting wait for one of them
         replies = p.map(lambda i: p.in_worker({"kind": "ping"}), range(8))
         assert all(r["ok"] for r in replies)
-        _until_started(p, 3)  # forked workers (KILN_WORKER_FORK) can answer all 8 before the rest connect
+        _until_started(p, 3)  # forked workers (config.worker_fork) can answer all 8 before the rest connect
         assert len(p._all) == 3 and p._count == 3
         pids = {w.proc.pid for w in p._all}
         p.map(lambda i: p.in_worker({"kind": "ping"}), range(6))
@@ -221,13 +221,11 @@ def test_prestart_can_start_a_few_first_and_the_rest_later():
         p.shutdown()
 
 
-@pytest.mark.parametrize("env, step", [(None, 10), ("0", 0), ("3", 3)])
-def test_build_workers_run_nicer_than_the_compiler(monkeypatch, env, step):
-    """KILN_WORKER_NICE (default 10): a worker's priority against the compiling process's."""
-    if env is None:
-        monkeypatch.delenv("KILN_WORKER_NICE", raising=False)
-    else:
-        monkeypatch.setenv("KILN_WORKER_NICE", env)
+@pytest.mark.parametrize("nice, step", [(None, 10), (0, 0), (3, 3)])
+def test_build_workers_run_nicer_than_the_compiler(monkeypatch, nice, step):
+    """config.worker_nice (default 10): a worker's priority against the compiling process's."""
+    if nice is not None:
+        monkeypatch.setattr(kiln.config, "worker_nice", nice)
     w = pool.Worker()
     try:
         assert w.request({"kind": "ping"})["ok"]      # the worker is up (its nice call done)

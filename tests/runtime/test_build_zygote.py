@@ -1,4 +1,4 @@
-"""Build workers forked by one zygote process (``KILN_WORKER_FORK``; kiln/runtime/pool.py
+"""Build workers forked by one zygote process (``config.worker_fork``; kiln/runtime/pool.py
 Zygote, build_worker.py --zygote): one import of Triton for the whole pool instead of one per
 worker, the same protocol over a Unix socket, and a fallback to workers of their own."""
 import ctypes
@@ -50,7 +50,6 @@ def test_forked_workers_build_concurrently_and_keep_torch_out(forked, tmp_path):
 
 
 def test_a_forked_worker_runs_nicer_than_the_compiler(monkeypatch, forked):
-    monkeypatch.delenv("KILN_WORKER_NICE", raising=False)
     assert forked.in_worker({"kind": "ping"})["ok"]
     (w,) = forked._all
     mine = os.getpriority(os.PRIO_PROCESS, 0)

@@ -17,6 +17,7 @@ import torch
 
 import kiln
 from kiln.runtime import cache, graph_cache
+from tests.testing import config_env
 
 
 def _f(x, b):
@@ -65,8 +66,9 @@ SCRIPT = textwrap.dedent("""
 
 def _process(tmp_path):
     """_f's twin compiled in a new process (a shared object once mapped stays mapped)."""
-    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path), KILN_CPU_BACKEND="cpp", KILN_GRAPH_CACHE="0",
-               KILN_CPP_PCH="0", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = config_env(dict(os.environ, KILN_CACHE_DIR=str(tmp_path),
+                          PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")),
+                     cpu_backend="cpp", graph_cache=False, cpp_pch=False)
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -207,8 +209,9 @@ def test_short_processes_leave_no_header_build_folders(tmp_path):
     stale = pch / ".tmp-999999999-leftover"  # a process that was killed: no exit handler ran
     stale.mkdir()
     (stale / "kiln_prelude.h.gch").write_bytes(b"x" * 1000)
-    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path), KILN_CPU_BACKEND="cpp", KILN_GRAPH_CACHE="0",
-               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = config_env(dict(os.environ, KILN_CACHE_DIR=str(tmp_path),
+                          PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", "")),
+                     cpu_backend="cpp", graph_cache=False)
     for _ in range(2):
         proc = subprocess.run([sys.executable, "-c", SHORT], capture_output=True, text=True, env=env)
         assert proc.returncode == 0, proc.stderr

@@ -20,6 +20,7 @@ import torch
 
 import kiln
 from kiln.runtime import cache, cpp_pch
+from tests.testing import config_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOBODY = 65534
@@ -77,9 +78,9 @@ SCRIPT = textwrap.dedent("""
 
 def _run(cache_dir):
     from kiln.runtime.graph_cache import kiln_source_digest
-    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), KILN_CPU_BACKEND="cpp", KILN_GRAPH_CACHE="1",
-               KILN_CPP_PCH="0", _KILN_TEST_SOURCE_DIGEST=kiln_source_digest(),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = config_env(dict(os.environ, KILN_CACHE_DIR=str(cache_dir), _KILN_TEST_SOURCE_DIGEST=kiln_source_digest(),
+                          PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")),
+                     cpu_backend="cpp", graph_cache=True, cpp_pch=False)
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])

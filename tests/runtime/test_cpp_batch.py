@@ -16,7 +16,7 @@ import torch
 import kiln
 from kiln.inductor.codegen.cpp import PRELUDE
 from kiln.runtime import cpp_build, cpp_pch
-from tests.testing import assert_close
+from tests.testing import assert_close, config_env
 
 
 def _two_reductions(x, y):
@@ -101,7 +101,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def _run(cache_dir):
-    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), KILN_CPU_BACKEND="cpp", KILN_COMPILE_THREADS="1")
+    env = config_env(dict(os.environ, KILN_CACHE_DIR=str(cache_dir), KILN_COMPILE_THREADS="1"), cpu_backend="cpp")
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])

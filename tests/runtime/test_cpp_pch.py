@@ -1,6 +1,6 @@
 """The precompiled C++ prelude (runtime/cpp_pch.py): built after a build stage, then used by
 later builds (same results); a corrupt header is rebuilt; a failing build gives it up and
-builds from the plain source; KILN_CPP_PCH=0 never uses it."""
+builds from the plain source; KILN_CONFIG=cpp_pch=0 never uses it."""
 import glob
 import os
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from tests.testing import config_env
 
 SCRIPT = textwrap.dedent("""
     import json, torch, kiln
@@ -18,7 +19,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def _run(cache_dir, extra_env=None):
-    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), KILN_CPU_BACKEND="cpp", **(extra_env or {}))
+    env = config_env(dict(os.environ, KILN_CACHE_DIR=str(cache_dir), **(extra_env or {})), cpu_backend="cpp")
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr

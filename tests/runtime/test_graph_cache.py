@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+from tests.testing import config_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # a forward (two kernels and a library call) and its lazily compiled backward, both checked
@@ -33,9 +35,9 @@ SCRIPT = textwrap.dedent("""
 def _run(cache_dir, seed=0, extra_env=None):
     from kiln.runtime.graph_cache import kiln_source_digest
     # the subprocesses agree on kiln's source digest even while the tree is edited around them
-    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), KILN_CPU_BACKEND="cpp", KILN_GRAPH_CACHE="1",
-               _KILN_TEST_SOURCE_DIGEST=kiln_source_digest(),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra_env or {}))
+    env = config_env(dict(os.environ, KILN_CACHE_DIR=str(cache_dir), _KILN_TEST_SOURCE_DIGEST=kiln_source_digest(),
+                          PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra_env or {})),
+                     cpu_backend="cpp", graph_cache=True)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(seed)], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr

@@ -16,6 +16,7 @@ import torch
 import kiln
 from kiln.runtime import build_worker, triton_binary, triton_record
 from kiln.runtime.launch import FastLauncher
+from tests.testing import config_env
 
 KERNEL = textwrap.dedent("""
     import triton
@@ -255,8 +256,8 @@ def test_a_second_process_launches_from_records_without_the_jit(tmp_path):
     # both processes agree on kiln's source digest (the graph key) whatever happens to the tree
     # meanwhile; the pool stays small (under pytest -n 16 every process would start 16 workers);
     # the second run's log says which kernel went through the JIT and why, should one
-    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path), KILN_GRAPH_CACHE="1", KILN_COMPILE_THREADS="4",
-               _KILN_TEST_SOURCE_DIGEST=kiln_source_digest(), KILN_LOGS="kernels,cache")
+    env = config_env(dict(os.environ, KILN_CACHE_DIR=str(tmp_path), KILN_COMPILE_THREADS="4",
+                          _KILN_TEST_SOURCE_DIGEST=kiln_source_digest(), KILN_LOGS="kernels,cache"), graph_cache=True)
     env.pop("TRITON_CACHE_DIR", None)
 
     def run():

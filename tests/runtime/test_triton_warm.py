@@ -1,6 +1,6 @@
 """builder.warm_triton: the parent's Triton driver and cache key warmed in threads at a
 compile's start (once per process), joined before the parent touches the driver; off with
-KILN_TRITON_WARM=0. The GPU target of a build request comes from torch, not from the driver."""
+KILN_CONFIG=triton_warm=0. The GPU target of a build request comes from torch, not from the driver."""
 import sys
 import threading
 import types

@@ -52,7 +52,7 @@ def test_the_launcher_build_can_be_switched_off(fake_nvidia_driver, monkeypatch)
     built = []
     fake_nvidia_driver.make_launcher = lambda *a: "src"
     fake_nvidia_driver.CudaLauncher = lambda src, metadata: built.append(src)
-    monkeypatch.setenv("KILN_AOT_LAUNCHERS", "0")
+    monkeypatch.setenv("_KILN_AOT_LAUNCHERS", "0")  # pool._worker_env: config.aot_launchers
     build_worker._build_launcher(_Kernel())
     assert built == []
 

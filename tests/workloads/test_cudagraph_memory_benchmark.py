@@ -1,6 +1,6 @@
 """benchmarks/cudagraph_memory.py on the CPU: the staged program runs under kiln (each stage its
 own compiled function; reduce-overhead is refused on the CPU and runs normally) and matches
-eager. On CUDA the same rows measure the pool policies (``KILN_CUDAGRAPH_SHARE``)."""
+eager. On CUDA the same rows measure the pool policies (``config.cudagraph_share``)."""
 import os
 import sys
 

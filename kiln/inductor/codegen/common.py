@@ -84,7 +84,7 @@ def _guards_loads(cond) -> bool:
     that differs across a block's lanes (a scalar one would not broadcast as a mask) and reads no
     memory. Cats, pads and slice gradients select by index, which is where the reads are saved.
     A data-dependent mask saves little (both branches are read somewhere in most sectors), and on
-    the H200 (Triton 3.6) one gave wrong max_pool2d gradients that the interpreter got right."""
+    a GPU (Triton 3.6) one gave wrong max_pool2d gradients that the interpreter got right."""
     walked = list(ir.walk(cond))
     return not any(isinstance(e, ir.Load) for e in walked) and \
         any(isinstance(e, ir.IndexValue) and ir.loop_symbols(e.index) for e in walked)

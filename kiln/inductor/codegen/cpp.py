@@ -69,7 +69,7 @@ HELPERS = {
     # gcc 13 leaves those chains scalar ("no vectype" for the loads) but vectorizes them when the
     # NaN test is one unordered compare of both operands (NaN + x is NaN), which gcc 12 does not:
     # each compiler gets the form it vectorizes (both seen with -fopt-info-vec on the max-pool
-    # window chain: gcc 12.2 here, gcc 13.3 on the H200 host)
+    # window chain with gcc 12.2 and gcc 13.3)
     "kiln_maxc": _minmax_select("kiln_maxc", ">"),
     "kiln_minc": _minmax_select("kiln_minc", "<"),
 }

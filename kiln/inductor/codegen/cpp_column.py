@@ -135,33 +135,62 @@ class _BodiesMapped:
 
 
 def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
-    printer = IndexPrinter("/")
-    name = f"kiln_{kernel.name}"
-    ranges = ir.ranges_of(kernel.ranges)
-    nd = len(kernel.ranges)
-    last = nd - 1
-    kept_outer = [d for d in kernel.kept_dims if d != last]
-    outer_shape = [int(kernel.ranges[d]) for d in kept_outer]
-    width = int(kernel.ranges[last])
-    rshape = [int(s) for s in kernel.rshape]
-    xo_numel = math.prod(outer_shape)
-    tile = _tile_width(kernel, ranges, width, xo_numel)
-    tiles = -(-width // tile)
-    rnumel = math.prod(rshape)
-    in_names: dict[str, str] = {}
-    out_names: dict[str, str] = {}
+    return _ColumnWriter(kernel, buffers).generate()
 
-    def index_text(expr):
-        return printer.doprint(ir.simplify_index(expr, ranges))
 
-    kept_sym, kk_sym = ir.index_symbol(last), sympy.Symbol("kk", integer=True, nonnegative=True)
-    tile_bases: dict = {}  # (c, n) -> (name, declaration): Mod(k + c, n) at the tile's start
+_FLIP = {"gt": "lt", "le": "ge", "lt": "gt", "ge": "le"}
 
-    def tile_local(expr):
+
+class _ColumnWriter:
+    """One C++ column reduction being written: each thread task reduces a tile of ``tile`` kept
+    elements of the last dim over every reduced row, in ``tile`` partial accumulators that gcc
+    vectorizes along the tile; a concatenation's parts that tiles cannot straddle are read
+    through one pointer chosen per tile (``tile_local``, ``tile_uniform``, ``tile_select``)."""
+
+    def __init__(self, kernel, buffers: dict):
+        self.kernel, self.buffers = kernel, buffers
+        self.printer = IndexPrinter("/")
+        self.name = f"kiln_{kernel.name}"
+        self.ranges = ranges = ir.ranges_of(kernel.ranges)
+        nd = len(kernel.ranges)
+        self.last = last = nd - 1
+        self.kept_outer = [d for d in kernel.kept_dims if d != last]
+        self.outer_shape = [int(kernel.ranges[d]) for d in self.kept_outer]
+        self.width = int(kernel.ranges[last])
+        self.rshape = [int(s) for s in kernel.rshape]
+        self.xo_numel = math.prod(self.outer_shape)
+        self.tile = _tile_width(kernel, ranges, self.width, self.xo_numel)
+        self.tiles = -(-self.width // self.tile)
+        self.rnumel = math.prod(self.rshape)
+        self.in_names: dict[str, str] = {}
+        self.out_names: dict[str, str] = {}
+        self.kept_sym = ir.index_symbol(last)
+        self.kk_sym = sympy.Symbol("kk", integer=True, nonnegative=True)
+        self.k0_sym = sympy.Symbol("k0", integer=True, nonnegative=True)
+        self.loop_syms = {ir.index_symbol(d) for d in range(nd)} | {self.kk_sym}  # what varies inside a tile
+        self.tile_bases: dict = {}  # (c, n) -> (name, declaration): Mod(k + c, n) at the tile's start
+        self.selects: dict = {}  # (test, pointers, index forms) -> (name, declarations, index)
+        self.selects_by_name: dict = {}  # tsel name -> storage dtype
+        writer = KernelWriter(CppOps(), self.load, cpp_const, cpp_cast, cpp_declare)
+        writer.canon = ir.canonical_index_fn(ranges)
+        writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({self._index_text(e.index)})"
+        self.view = _BodiesMapped(kernel, self.tile_uniform)
+        writer.recompute_from(self.view)
+        writer.bounds_check = cpp_bounds_check
+        self.writer, self.lines = writer, writer.lines
+
+    def _index_text(self, expr):
+        return self.printer.doprint(ir.simplify_index(expr, self.ranges))
+
+    def _in_ptr(self, buf):
+        return self.in_names.setdefault(buf, f"in_ptr{len(self.in_names)}")
+
+    def tile_local(self, expr):
         """``Mod(k + c, n)`` as ``kbJ + kk`` when no part boundary can fall inside a tile (n and c
         multiples of the tile width, where tiles start): a concatenation's part is then a
         contiguous load that gcc vectorizes, instead of a modulo per element."""
-        expr = ir.simplify_index(expr, ranges)
+        expr = ir.simplify_index(expr, self.ranges)
+        kept_sym, tile, tile_bases = self.kept_sym, self.tile, self.tile_bases
 
         def local(m):
             arg, n = sympy.expand(m.args[0]), m.args[1]
@@ -172,181 +201,186 @@ def generate_cpp_column_reduction(kernel, buffers: dict) -> CppKernel:
             if key not in tile_bases:
                 name_ = f"kb{len(tile_bases)}"
                 tile_bases[key] = (name_, f"const int64_t {name_} = ((k0 + {key[0]}) % {key[1]} + {key[1]}) % {key[1]};")
-            return sympy.Symbol(tile_bases[key][0], integer=True, nonnegative=True) + kk_sym
+            return sympy.Symbol(tile_bases[key][0], integer=True, nonnegative=True) + self.kk_sym
         return expr.replace(lambda e: isinstance(e, sympy.Mod) and kept_sym in e.free_symbols, local)
 
-    k0_sym = sympy.Symbol("k0", integer=True, nonnegative=True)
-    loop_syms = {ir.index_symbol(d) for d in range(nd)} | {kk_sym}  # what varies inside a tile
-    flip = {"gt": "lt", "le": "ge", "lt": "gt", "ge": "le"}
-
-    def tile_uniform(expr):
+    def tile_uniform(self, expr):
         """Comparisons of the kept index with a part boundary that tiles cannot straddle
         (``k + c < B`` with B - c a multiple of the tile width) read the tile's start instead of the
         element's: the same truth value, but loop-invariant, so that tile_select can turn a
         ``where`` on it into a pointer chosen per tile."""
         if isinstance(expr, ir.Let):
-            return ir.Let(expr.symbol, tile_uniform(expr.value), expr.bound, tile_uniform(expr.body),
+            return ir.Let(expr.symbol, self.tile_uniform(expr.value), expr.bound, self.tile_uniform(expr.body),
                           wrap_negative=expr.wrap_negative)
         if not isinstance(expr, ir.Call):
             return expr
-        args = tuple(tile_uniform(a) for a in expr.args)
+        args = tuple(self.tile_uniform(a) for a in expr.args)
         if expr.op == "where":
-            picked = tile_select(*args)
+            picked = self.tile_select(*args)
             if picked is not None:
                 return picked
-        if expr.op in flip and len(args) == 2:
+        if expr.op in _FLIP and len(args) == 2:
             for pos in (0, 1):
                 iv, const = args[pos], args[1 - pos]
                 if not (isinstance(iv, ir.IndexValue) and isinstance(const, ir.Const) and type(const.value) is int):
                     continue
-                op = expr.op if pos == 0 else flip[expr.op]  # as "k + c <op> B"
-                index = sympy.expand(ir.simplify_index(iv.index, ranges))
-                c = index - kept_sym
-                if index.coeff(kept_sym) != 1 or not c.is_Integer:
+                op = expr.op if pos == 0 else _FLIP[expr.op]  # as "k + c <op> B"
+                index = sympy.expand(ir.simplify_index(iv.index, self.ranges))
+                c = index - self.kept_sym
+                if index.coeff(self.kept_sym) != 1 or not c.is_Integer:
                     continue
                 # k + c < B  <=>  k < t, with t = B - c (lt, ge) or B - c + 1 (le, gt)
                 t = const.value - int(c) + (1 if op in ("le", "gt") else 0)
-                if t % tile == 0:
+                if t % self.tile == 0:
                     new = list(args)
-                    new[pos] = ir.IndexValue(k0_sym + c, iv.dtype)
+                    new[pos] = ir.IndexValue(self.k0_sym + c, iv.dtype)
                     return ir.Call(expr.op, tuple(new), expr.dtype)
         return ir.Call(expr.op, args, expr.dtype)
 
-    selects: dict = {}  # (test, pointers, index forms) -> (name, declarations, index)
-
-    def tile_select(cond, a, b):
+    def tile_select(self, cond, a, b):
         """``where(c, A[i], B[j])`` with a tile-uniform c (see tile_uniform) loads from one
         pointer chosen per tile, at an index whose differing coefficients and base are chosen
         per tile too: a concatenation's tile reads only its own part, contiguously."""
-        if not (isinstance(cond, ir.Call) and cond.op in flip and isinstance(a, ir.Load) and isinstance(b, ir.Load)
+        if not (isinstance(cond, ir.Call) and cond.op in _FLIP and isinstance(a, ir.Load) and isinstance(b, ir.Load)
                 and a.dtype == b.dtype):
             return None
         values = [x for x in cond.args if isinstance(x, ir.IndexValue)]
         consts = [x for x in cond.args if isinstance(x, ir.Const)]
-        if len(values) != 1 or len(consts) != 1 or values[0].index.free_symbols != {k0_sym}:
+        if len(values) != 1 or len(consts) != 1 or values[0].index.free_symbols != {self.k0_sym}:
             return None
+        buffers, selects_by_name = self.buffers, self.selects_by_name
         storage = {buffers[x.buffer].dtype if x.buffer in buffers else selects_by_name.get(x.buffer) for x in (a, b)}
-        forms = [_linear_form(tile_local(x.index), loop_syms) for x in (a, b)]
+        forms = [_linear_form(self.tile_local(x.index), self.loop_syms) for x in (a, b)]
         if len(storage) != 1 or None in storage or None in forms or \
-                any(f[0].get(kk_sym) != 1 for f in forms):  # contiguous along the tile in both
+                any(f[0].get(self.kk_sym) != 1 for f in forms):  # contiguous along the tile in both
             return None
-        ptrs = [x.buffer if x.buffer in selects_by_name else in_names.setdefault(x.buffer, f"in_ptr{len(in_names)}")
-                for x in (a, b)]
+        ptrs = [x.buffer if x.buffer in selects_by_name else self._in_ptr(x.buffer) for x in (a, b)]
         symbol = {"lt": "<", "le": "<=", "gt": ">", "ge": ">="}[cond.op]
-        sides = [f"({printer.doprint(x.index)})" if isinstance(x, ir.IndexValue) else str(x.value) for x in cond.args]
+        sides = [f"({self.printer.doprint(x.index)})" if isinstance(x, ir.IndexValue) else str(x.value)
+                 for x in cond.args]
         test = f"{sides[0]} {symbol} {sides[1]}"
         key = (test, *ptrs, *(str(f) for f in forms))
-        if key not in selects:
+        if key not in self.selects:
             (dt,) = storage
-            name_ = f"tsel{len(selects)}"
-            decls = [f"const {C_MEM_TYPES[dt]}* __restrict__ {name_} = ({test}) ? {ptrs[0]} : {ptrs[1]};"]
-            (ca, ba), (cb, bb) = forms
-            index = sympy.Integer(0)
-            for k, sym in enumerate(sorted(set(ca) | set(cb), key=str)):
-                x, y = ca.get(sym, sympy.Integer(0)), cb.get(sym, sympy.Integer(0))
-                if x != y:
-                    var = sympy.Symbol(f"{name_}_c{k}", integer=True)
-                    decls.append(f"const int64_t {var} = ({test}) ? ({printer.doprint(x)}) : ({printer.doprint(y)});")
-                    x = var
-                index += x * sym
-            if ba != bb:
-                var = sympy.Symbol(f"{name_}_b", integer=True)
-                decls.append(f"const int64_t {var} = ({test}) ? ({printer.doprint(ba)}) : ({printer.doprint(bb)});")
-                ba = var
-            selects[key] = (name_, "\n".join(decls), index + ba)
-            selects_by_name[name_] = dt
-        name_, _, index = selects[key]
+            self.selects[key] = self._select_declarations(f"tsel{len(self.selects)}", test, ptrs, forms, dt)
+            selects_by_name[self.selects[key][0]] = dt
+        name_, _, index = self.selects[key]
         return ir.Load(name_, index, a.dtype)
 
-    selects_by_name: dict = {}  # tsel name -> storage dtype
+    def _select_declarations(self, name_, test, ptrs, forms, dt):
+        """(name, its declarations, the index it is read at) of one per-tile pointer choice."""
+        printer = self.printer
+        decls = [f"const {C_MEM_TYPES[dt]}* __restrict__ {name_} = ({test}) ? {ptrs[0]} : {ptrs[1]};"]
+        (ca, ba), (cb, bb) = forms
+        index = sympy.Integer(0)
+        for k, sym in enumerate(sorted(set(ca) | set(cb), key=str)):
+            x, y = ca.get(sym, sympy.Integer(0)), cb.get(sym, sympy.Integer(0))
+            if x != y:
+                var = sympy.Symbol(f"{name_}_c{k}", integer=True)
+                decls.append(f"const int64_t {var} = ({test}) ? ({printer.doprint(x)}) : ({printer.doprint(y)});")
+                x = var
+            index += x * sym
+        if ba != bb:
+            var = sympy.Symbol(f"{name_}_b", integer=True)
+            decls.append(f"const int64_t {var} = ({test}) ? ({printer.doprint(ba)}) : ({printer.doprint(bb)});")
+            ba = var
+        return name_, "\n".join(decls), index + ba
 
-    def load(ld: ir.Load):
-        ptr = ld.buffer if ld.buffer in selects_by_name else in_names.setdefault(ld.buffer, f"in_ptr{len(in_names)}")
-        return cpp_load(ptr, printer.doprint(tile_local(ld.index)), ld.dtype)
+    def load(self, ld: ir.Load):
+        ptr = ld.buffer if ld.buffer in self.selects_by_name else self._in_ptr(ld.buffer)
+        return cpp_load(ptr, self.printer.doprint(self.tile_local(ld.index)), ld.dtype)
 
-    writer = KernelWriter(CppOps(), load, cpp_const, cpp_cast, cpp_declare)
-    writer.canon = ir.canonical_index_fn(ranges)
-    writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({index_text(e.index)})"
-    view = _BodiesMapped(kernel, tile_uniform)
-    writer.recompute_from(view)
-    writer.bounds_check = cpp_bounds_check
-    lines = writer.lines
-
-    def store(node, value):
-        if node.name not in kernel.stores:
+    def store(self, node, value):
+        if node.name not in self.kernel.stores:
             return
-        out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
-        stored = cpp_store_value(writer, value, node.dtype)
-        lines.append(f"{out}[{index_text(kernel.store_index(node))}] = {stored};")
+        out = self.out_names.setdefault(node.name, f"out_ptr{len(self.out_names)}")
+        stored = cpp_store_value(self.writer, value, node.dtype)
+        self.lines.append(f"{out}[{self._index_text(self.kernel.store_index(node))}] = {stored};")
 
-    _, (phase,) = plan_phases(kernel)
-    lines.append(f"const int64_t xt = x0 % {tiles};")
-    if kept_outer:
-        lines += [f"const int64_t i{d} = {e};"
-                  for d, e in decompose_index(f"(x0 / {tiles})", outer_shape, kept_outer, "/")]
-    lines.append(f"const int64_t k0 = xt * {tile};")
-    lines.append(f"const int64_t kn = {width} - k0 < {tile} ? {width} - k0 : {tile};")
-    bases_at = len(lines)  # the tile's part bases (tile_local) go here
-    accs = {}
-    for k, node in enumerate(phase.reductions):
-        dt = compute_dtype(node.body.dtype)
-        acc = f"acc{k}"
-        ident = cpp_const(IDENTITY[node.reduction_type](dt), dt)
-        lines.append(f"{ctype(dt)} {acc}_v[{tile}];")
-        lines.append(f"for (int64_t kk = 0; kk < {tile}; ++kk) {acc}_v[kk] = {ident};")
-        accs[node.name] = (acc, dt)
-    lines.append(f"for (int64_t r0 = 0; r0 < {rnumel}; ++r0) {{")
-    lines += ["    " + f"const int64_t i{d} = {e};" for d, e in decompose_index("r0", rshape, kernel.reduced_dims, "/")]
-    lines.append("    #pragma omp simd")
-    lines.append("    for (int64_t kk = 0; kk < kn; ++kk) {")
-    writer.push_scope()
-    start = len(lines)
-    lines.append(f"const int64_t i{last} = k0 + kk;")
-    for node in phase.reductions:
-        acc, dt = accs[node.name]
-        value = writer.emit(view.body(node))
-        a = f"{acc}_v[kk]"
-        kind = node.reduction_type
-        if kind == "sum":
-            lines.append(f"{a} += {value};")
-        elif kind == "prod":
-            lines.append(f"{a} *= {value};")
-        else:
-            lines.append(f"{a} = kiln_{kind}<{ctype(dt)}>({a}, {value});")
-    for node in phase.stores:  # per-element values the graph needs (a bias gradient's input)
-        store(node, writer.emit_node(node))
-    lines[start:] = ["        " + ln for ln in lines[start:]]
-    writer.pop_scope()
-    lines += ["    }", "}"]
-    # the epilogue, once per kept element of the tile
-    lines.append("for (int64_t kk = 0; kk < kn; ++kk) {")
-    writer.push_scope()
-    start = len(lines)
-    lines.append(f"const int64_t i{last} = k0 + kk;")
-    for node in phase.reductions:
-        acc, dt = accs[node.name]
-        value = f"({acc}_v[kk] != 0)" if node.dtype == torch.bool else f"{acc}_v[kk]"
-        reg = writer._tmp(value, node.dtype)
-        writer.in_registers[(node.name, writer.canon(kernel.store_index(node)))] = reg
-        store(node, reg)
-    for node in phase.after:
-        store(node, writer.emit_node(node))
-    lines[start:] = ["    " + ln for ln in lines[start:]]
-    writer.pop_scope()
-    lines.append("}")
-    lines[bases_at:bases_at] = [decl for _, decl in tile_bases.values()] + \
-        [ln for _, decls, _ in selects.values() for ln in decls.split("\n")]
+    def generate(self) -> CppKernel:
+        kernel, lines, tile = self.kernel, self.lines, self.tile
+        _, (phase,) = plan_phases(kernel)
+        lines.append(f"const int64_t xt = x0 % {self.tiles};")
+        if self.kept_outer:
+            lines += [f"const int64_t i{d} = {e};"
+                      for d, e in decompose_index(f"(x0 / {self.tiles})", self.outer_shape, self.kept_outer, "/")]
+        lines.append(f"const int64_t k0 = xt * {tile};")
+        lines.append(f"const int64_t kn = {self.width} - k0 < {tile} ? {self.width} - k0 : {tile};")
+        bases_at = len(lines)  # the tile's part bases (tile_local) go here
+        accs = {}
+        for k, node in enumerate(phase.reductions):
+            dt = compute_dtype(node.body.dtype)
+            acc = f"acc{k}"
+            ident = cpp_const(IDENTITY[node.reduction_type](dt), dt)
+            lines.append(f"{ctype(dt)} {acc}_v[{tile}];")
+            lines.append(f"for (int64_t kk = 0; kk < {tile}; ++kk) {acc}_v[kk] = {ident};")
+            accs[node.name] = (acc, dt)
+        self._reduce_loop(phase, accs)
+        self._epilogue(phase, accs)
+        lines[bases_at:bases_at] = [decl for _, decl in self.tile_bases.values()] + \
+            [ln for _, decls, _ in self.selects.values() for ln in decls.split("\n")]
+        return self._kernel_object()
 
-    params = [f"const {C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
-    params += [f"{C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
-    parallel = xo_numel * tiles > 1 and xo_numel * width * max(rnumel, 1) >= 1 << 16
-    code = [f'extern "C" void {name}({", ".join(params)}) {{',
-            f"    #pragma omp parallel for{'' if parallel else ' if(0)'}",
-            f"    for (int64_t x0 = 0; x0 < {xo_numel * tiles}; ++x0) {{"]
-    code += ["        " + ln for ln in lines] + ["    }", "}"]
-    code_text = "\n".join(code)
-    header = "\n".join(f"// from: {o}" for o in kernel.origins)
-    source = (header + PRELUDE + _helpers_for(code_text) + "\n" + index_check_support(name, code_text) + "\n"
-              + code_text + "\n")
-    return CppKernel(name, source, list(in_names) + list(out_names), math.prod(kernel.xshape) * rnumel,
-                     list(kernel.origins))
+    def _reduce_loop(self, phase, accs):
+        """Over the reduced rows, each row's tile accumulated lane by lane."""
+        kernel, lines, writer = self.kernel, self.lines, self.writer
+        lines.append(f"for (int64_t r0 = 0; r0 < {self.rnumel}; ++r0) {{")
+        lines += ["    " + f"const int64_t i{d} = {e};"
+                  for d, e in decompose_index("r0", self.rshape, kernel.reduced_dims, "/")]
+        lines.append("    #pragma omp simd")
+        lines.append("    for (int64_t kk = 0; kk < kn; ++kk) {")
+        writer.push_scope()
+        start = len(lines)
+        lines.append(f"const int64_t i{self.last} = k0 + kk;")
+        for node in phase.reductions:
+            acc, dt = accs[node.name]
+            value = writer.emit(self.view.body(node))
+            a = f"{acc}_v[kk]"
+            kind = node.reduction_type
+            if kind == "sum":
+                lines.append(f"{a} += {value};")
+            elif kind == "prod":
+                lines.append(f"{a} *= {value};")
+            else:
+                lines.append(f"{a} = kiln_{kind}<{ctype(dt)}>({a}, {value});")
+        for node in phase.stores:  # per-element values the graph needs (a bias gradient's input)
+            self.store(node, writer.emit_node(node))
+        lines[start:] = ["        " + ln for ln in lines[start:]]
+        writer.pop_scope()
+        lines += ["    }", "}"]
+
+    def _epilogue(self, phase, accs):
+        """Once per kept element of the tile: the reduced values and what follows them."""
+        kernel, lines, writer = self.kernel, self.lines, self.writer
+        lines.append("for (int64_t kk = 0; kk < kn; ++kk) {")
+        writer.push_scope()
+        start = len(lines)
+        lines.append(f"const int64_t i{self.last} = k0 + kk;")
+        for node in phase.reductions:
+            acc, dt = accs[node.name]
+            value = f"({acc}_v[kk] != 0)" if node.dtype == torch.bool else f"{acc}_v[kk]"
+            reg = writer._tmp(value, node.dtype)
+            writer.in_registers[(node.name, writer.canon(kernel.store_index(node)))] = reg
+            self.store(node, reg)
+        for node in phase.after:
+            self.store(node, writer.emit_node(node))
+        lines[start:] = ["    " + ln for ln in lines[start:]]
+        writer.pop_scope()
+        lines.append("}")
+
+    def _kernel_object(self) -> CppKernel:
+        kernel, lines, buffers, name = self.kernel, self.lines, self.buffers, self.name
+        xo_numel, tiles, rnumel = self.xo_numel, self.tiles, self.rnumel
+        params = [f"const {C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in self.in_names.items()]
+        params += [f"{C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in self.out_names.items()]
+        parallel = xo_numel * tiles > 1 and xo_numel * self.width * max(rnumel, 1) >= 1 << 16
+        code = [f'extern "C" void {name}({", ".join(params)}) {{',
+                f"    #pragma omp parallel for{'' if parallel else ' if(0)'}",
+                f"    for (int64_t x0 = 0; x0 < {xo_numel * tiles}; ++x0) {{"]
+        code += ["        " + ln for ln in lines] + ["    }", "}"]
+        code_text = "\n".join(code)
+        header = "\n".join(f"// from: {o}" for o in kernel.origins)
+        source = (header + PRELUDE + _helpers_for(code_text) + "\n" + index_check_support(name, code_text) + "\n"
+                  + code_text + "\n")
+        return CppKernel(name, source, list(self.in_names) + list(self.out_names), math.prod(kernel.xshape) * rnumel,
+                         list(kernel.origins))

@@ -225,97 +225,119 @@ def next_row_prefetches(kernel, buffers: dict, phases, ranges, flat, printer) ->
 
 
 def _generate_rows(kernel, buffers: dict, plan) -> tuple:
-    printer = IndexPrinter("/")
-    name = f"kiln_{kernel.name}"
-    ranges = ir.ranges_of(kernel.ranges)
-    xshape, rshape = kernel.xshape, kernel.rshape
-    xnumel, rnumel = math.prod(xshape), math.prod(rshape)
-    in_names: dict[str, str] = {}
-    out_names: dict[str, str] = {}
+    return _RowsWriter(kernel, buffers, plan).generate()
 
-    def ptr(buf):
-        return in_names.setdefault(buf, f"in_ptr{len(in_names)}")
 
-    split = row_split(kernel, rshape, ranges) if config.cpp_row_split else None
-    if split is None:
-        flat = _flat_reduced_index(kernel, rshape)
-    else:
-        inner_dims, inner_shape = kernel.reduced_dims[split:], [int(s) for s in rshape[split:]]
-        outer_dims, outer_shape = kernel.reduced_dims[:split], [int(s) for s in rshape[:split]]
+class _RowsWriter:
+    """One C++ row-reduction kernel being written: an OpenMP loop over the kept rows, and in it
+    one loop over the reduced extent per phase (``plan_phases``), vectorized over ``LANES``
+    partial accumulators where every reduction of the phase allows it, or split into an outer
+    and a contiguous inner run (``row_split``)."""
 
-        def flat(e):
-            merged = _merge_inner(e, inner_dims, inner_shape, ranges)
-            return e if merged is None else merged
+    def __init__(self, kernel, buffers: dict, plan):
+        self.kernel, self.buffers = kernel, buffers
+        self.printer = printer = IndexPrinter("/")
+        self.name = f"kiln_{kernel.name}"
+        self.ranges = ranges = ir.ranges_of(kernel.ranges)
+        self.xnumel, self.rnumel = math.prod(kernel.xshape), math.prod(kernel.rshape)
+        self.in_names: dict[str, str] = {}
+        self.out_names: dict[str, str] = {}
+        rshape = kernel.rshape
+        self.split = split = row_split(kernel, rshape, ranges) if config.cpp_row_split else None
+        if split is None:
+            self.flat = _flat_reduced_index(kernel, rshape)
+        else:
+            self.inner_dims, self.inner_shape = kernel.reduced_dims[split:], [int(s) for s in rshape[split:]]
+            self.outer_dims, self.outer_shape = kernel.reduced_dims[:split], [int(s) for s in rshape[:split]]
+            self.flat = self._merged_inner
+        writer = RowScratchWriter(CppOps(), self.load, cpp_const, cpp_cast, cpp_declare,
+                                  reduced_syms=[ir.index_symbol(d) for d in kernel.reduced_dims], plan=plan)
+        for key, scr in writer.plan.items():
+            writer.lines.append(f"{ctype(key[1])} {scr}[{math.prod(kernel.rshape)}];")
+        writer.canon = ir.canonical_index_fn(ranges)
+        writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({printer.doprint(ir.simplify_index(e.index, ranges))})"
+        writer.recompute_from(kernel)
+        writer.bounds_check = cpp_bounds_check
+        self.writer, self.lines = writer, writer.lines
+        self.emit_value = writer.emit_node
+        self.runs = []  # this pass's bf16 row stores, written to a float row and rounded after it (cpp_runs.py)
+        self.row_runs = config.cpp_bf16_runs and isinstance(self.rnumel, int) and \
+            0 < self.rnumel <= cpp_runs.ROW_MAX and split is None
+        self.r_sym = ir.index_symbol(kernel.reduced_dims[0]) if len(kernel.reduced_dims) == 1 else R0
+        self.arg_dim = f"i{kernel.reduced_dims[0]}" if len(kernel.reduced_dims) == 1 else "r0"
+        self.counter = 0
 
-    def index_text(expr):
-        return printer.doprint(flat(ir.simplify_index(expr, ranges)))
+    def _merged_inner(self, e):
+        merged = _merge_inner(e, self.inner_dims, self.inner_shape, self.ranges)
+        return e if merged is None else merged
 
-    def load(ld: ir.Load):
-        return cpp_load(ptr(ld.buffer), index_text(ld.index), ld.dtype)
+    def _ptr(self, buf):
+        return self.in_names.setdefault(buf, f"in_ptr{len(self.in_names)}")
 
-    writer = RowScratchWriter(CppOps(), load, cpp_const, cpp_cast, cpp_declare,
-                              reduced_syms=[ir.index_symbol(d) for d in kernel.reduced_dims], plan=plan)
-    for key, scr in writer.plan.items():
-        writer.lines.append(f"{ctype(key[1])} {scr}[{math.prod(kernel.rshape)}];")
+    def _index_text(self, expr):
+        return self.printer.doprint(self.flat(ir.simplify_index(expr, self.ranges)))
 
-    writer.canon = ir.canonical_index_fn(ranges)
-    writer.index_value_fn = lambda e: f"static_cast<{ctype(e.dtype)}>({printer.doprint(ir.simplify_index(e.index, ranges))})"
-    writer.recompute_from(kernel)
-    writer.bounds_check = cpp_bounds_check
-    lines = writer.lines
+    def load(self, ld: ir.Load):
+        return cpp_load(self._ptr(ld.buffer), self._index_text(ld.index), ld.dtype)
 
-    emit_value = writer.emit_node
-
-    runs = []  # this pass's bf16 row stores, written to a float row and rounded after it (cpp_runs.py)
-    row_runs = config.cpp_bf16_runs and isinstance(rnumel, int) and 0 < rnumel <= cpp_runs.ROW_MAX \
-        and split is None
-    r_sym = ir.index_symbol(kernel.reduced_dims[0]) if len(kernel.reduced_dims) == 1 else R0
-
-    def store(node, value, in_row_pass=False):
+    def store(self, node, value, in_row_pass=False):
+        kernel = self.kernel
         if node.name not in kernel.stores:
             return
-        out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
-        index = index_text(kernel.store_index(node))
-        stored = cpp_store_value(writer, value, node.dtype)
+        out = self.out_names.setdefault(node.name, f"out_ptr{len(self.out_names)}")
+        index = self._index_text(kernel.store_index(node))
+        stored = cpp_store_value(self.writer, value, node.dtype)
         fv = cpp_runs.float_value(stored) if node.dtype == torch.bfloat16 else None
-        if in_row_pass and row_runs and fv is not None and cpp_runs.moves_by_one(
-                flat(ir.simplify_index(kernel.store_index(node), ranges)), r_sym):
-            arr = f"kiln_run{len(runs)}"
-            runs.append((arr, out, index))
-            lines.append(f"{arr}[r0] = {fv};")
+        if in_row_pass and self.row_runs and fv is not None and cpp_runs.moves_by_one(
+                self.flat(ir.simplify_index(kernel.store_index(node), self.ranges)), self.r_sym):
+            arr = f"kiln_run{len(self.runs)}"
+            self.runs.append((arr, out, index))
+            self.lines.append(f"{arr}[r0] = {fv};")
             return
-        lines.append(f"{out}[{index}] = {stored};")
+        self.lines.append(f"{out}[{index}] = {stored};")
 
-    def acc_type(node):
-        dt = compute_dtype(node.body.dtype)
-        return dt
+    def generate(self) -> tuple:
+        kernel, lines = self.kernel, self.lines
+        lines += [f"const int64_t i{d} = {e};" for d, e in decompose_index("x0", kernel.xshape, kernel.kept_dims, "/")]
+        if self.split is None:
+            self.rdecomp = [f"const int64_t i{d} = {e};"
+                            for d, e in decompose_index("r0", kernel.rshape, kernel.reduced_dims, "/")]
+        else:
+            self.rdecomp = [f"const int64_t i{d} = {e};"
+                            for d, e in decompose_index("ri", self.inner_shape, self.inner_dims, "/")]
+            self.odecomp = [f"const int64_t i{d} = {e};"
+                            for d, e in decompose_index("ro", self.outer_shape, self.outer_dims, "/")]
+        pre, phases = plan_phases(kernel)
+        for node in pre:
+            self.store(node, self.emit_value(node))
+        self.prefetches = next_row_prefetches(kernel, self.buffers, phases, self.ranges, self.flat,
+                                              self.printer) if self.split is None else []
+        self.last_lanes = max((p for p, ph in enumerate(phases) if ph.reductions and
+                               all(n.reduction_type in LANE_REDUCTIONS for n in ph.reductions)), default=0)
+        for pnum, phase in enumerate(phases):
+            # lanes: each reduction keeps LANES partial accumulators, one per position of a
+            # fixed-length inner loop that gcc vectorizes (a scalar loop-carried max or product
+            # stays serial); the rows' remainder runs on lane 0, and the lanes are combined after
+            lanes = bool(phase.reductions) and all(n.reduction_type in LANE_REDUCTIONS for n in phase.reductions)
+            accs = self._accumulators(phase, lanes)
+            body = self._phase_body(pnum, phase, accs, lanes)
+            if self.split is not None:
+                _emit_split_row(lines, body, phase, accs, lanes, self.odecomp, self.outer_dims,
+                                math.prod(self.outer_shape), math.prod(self.inner_shape))
+            else:
+                self._row_loops(pnum, phase, accs, lanes, body)
+            self._phase_results(phase, accs)
+            for node in phase.after:
+                self.store(node, self.emit_value(node))
+        return self._kernel_object(), self.writer.seen
 
-    arg_dim = f"i{kernel.reduced_dims[0]}" if len(kernel.reduced_dims) == 1 else "r0"
-    row = []
-    row += [f"const int64_t i{d} = {e};" for d, e in decompose_index("x0", xshape, kernel.kept_dims, "/")]
-    if split is None:
-        rdecomp = [f"const int64_t i{d} = {e};" for d, e in decompose_index("r0", rshape, kernel.reduced_dims, "/")]
-    else:
-        rdecomp = [f"const int64_t i{d} = {e};" for d, e in decompose_index("ri", inner_shape, inner_dims, "/")]
-        odecomp = [f"const int64_t i{d} = {e};" for d, e in decompose_index("ro", outer_shape, outer_dims, "/")]
-    lines += row
-    pre, phases = plan_phases(kernel)
-    for node in pre:
-        store(node, emit_value(node))
-    prefetches = next_row_prefetches(kernel, buffers, phases, ranges, flat, printer) if split is None else []
-    last_lanes = max((p for p, ph in enumerate(phases) if ph.reductions and
-                      all(n.reduction_type in LANE_REDUCTIONS for n in ph.reductions)), default=0)
-    counter = [0]
-    for pnum, phase in enumerate(phases):
-        accs = {}
-        # lanes: each reduction keeps LANES partial accumulators, one per position of a
-        # fixed-length inner loop that gcc vectorizes (a scalar loop-carried max or product
-        # stays serial); the rows' remainder runs on lane 0, and the lanes are combined after
-        lanes = bool(phase.reductions) and all(n.reduction_type in LANE_REDUCTIONS for n in phase.reductions)
+    def _accumulators(self, phase, lanes: bool) -> dict:
+        """node name -> (accumulator, index of an arg reduction, dtype), declared before the loop."""
+        accs, lines = {}, self.lines
         for node in phase.reductions:
-            dt = acc_type(node)
-            acc = f"acc{counter[0]}"
-            counter[0] += 1
+            dt = compute_dtype(node.body.dtype)
+            acc = f"acc{self.counter}"
+            self.counter += 1
             ident = cpp_const(IDENTITY[node.reduction_type](dt), dt)
             idx = None
             if lanes:
@@ -328,10 +350,15 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
                 lines.append(f"int64_t {idx} = 0;")
                 lines.append(f"bool {acc}_seen = false;")
             accs[node.name] = (acc, idx, dt)
+        return accs
+
+    def _phase_body(self, pnum, phase, accs, lanes: bool) -> list[str]:
+        """The lines of one element of the phase's loop over the reduced extent."""
+        writer, lines, kernel = self.writer, self.lines, self.kernel
         writer.push_scope()
         writer.phase = pnum
         body_start = len(lines)
-        lines += rdecomp
+        lines += self.rdecomp
         for node in phase.reductions:
             acc, idx, dt = accs[node.name]
             value = writer.emit(kernel.body(node))
@@ -346,79 +373,84 @@ def _generate_rows(kernel, buffers: dict, plan) -> tuple:
             else:
                 cmp = ">" if kind == "argmax" else "<"
                 lines.append(f"if (!{acc}_seen || {value} {cmp} {acc} || ({value} != {value} && {acc} == {acc})) "
-                             f"{{ {acc} = {value}; {idx} = {arg_dim}; {acc}_seen = true; }}")
-        runs.clear()
+                             f"{{ {acc} = {value}; {idx} = {self.arg_dim}; {acc}_seen = true; }}")
+        self.runs.clear()
         for node in phase.stores:
-            store(node, emit_value(node), in_row_pass=not phase.reductions)
+            self.store(node, self.emit_value(node), in_row_pass=not phase.reductions)
         body = lines[body_start:]
         del lines[body_start:]
         writer.pop_scope()
         writer.phase = None
-        rtext = size_text(rnumel, printer)
-        if split is not None:
-            _emit_split_row(lines, body, phase, accs, lanes, odecomp, outer_dims, math.prod(outer_shape),
-                            math.prod(inner_shape))
-        else:
-            hoisted, body = hoist_row_invariants(body)
-            lines += hoisted
-            if lanes:
-                rmain = f"rmain{pnum}"
-                lines.append(f"const int64_t {rmain} = ({rtext} / {LANES}) * {LANES};")
-                lines.append(f"for (int64_t rb = 0; rb < {rmain}; rb += {LANES}) {{")
-                if prefetches and pnum == last_lanes and pnum > 0:
-                    i_kept = f"i{kernel.kept_dims[0]}"
-                    lines.append(f"    if ({i_kept} + 1 < {int(kernel.ranges[kernel.kept_dims[0]])}) {{ "
-                                 + " ".join(t.replace("{ptr}", ptr(b)) for b, t in prefetches) + " }")
-                lines.append("    #pragma omp simd")
-                lines.append(f"    for (int64_t rl = 0; rl < {LANES}; ++rl) {{")
-                lines.append("        const int64_t r0 = rb + rl;")
-                lines += ["        " + ln for ln in body] + ["    }", "}"]
-                lines.append(f"for (int64_t r0 = {rmain}; r0 < {rtext}; ++r0) {{")
-                lines.append("    const int64_t rl = 0;")
-                lines += ["    " + ln for ln in body] + ["}"]
-                _combine_lanes(lines, phase, accs)
-            else:
-                lines += [f"float {arr}[{rtext}];" for arr, _, _ in runs]
-                if not phase.reductions:
-                    lines.append("#pragma omp simd")
-                lines.append(f"for (int64_t r0 = 0; r0 < {rtext}; ++r0) {{")
-                lines += ["    " + ln for ln in body] + ["}"]
-                if runs:  # each run's row starts where its index has r0 = 0
-                    lines += ["{", "    const int64_t r0 = 0;"] + ["    " + ln for ln in rdecomp]
-                    lines += [f"    kiln_store_bf16_run(&{ptr_}[{idx}], {arr}, {rtext});" for arr, ptr_, idx in runs]
-                    lines += ["}"]
+        return body
+
+    def _row_loops(self, pnum, phase, accs, lanes: bool, body: list[str]):
+        """The phase's loop over an unsplit row: LANES-wide blocks and a remainder, or one loop."""
+        kernel, lines, runs = self.kernel, self.lines, self.runs
+        rtext = size_text(self.rnumel, self.printer)
+        hoisted, body = hoist_row_invariants(body)
+        lines += hoisted
+        if lanes:
+            rmain = f"rmain{pnum}"
+            lines.append(f"const int64_t {rmain} = ({rtext} / {LANES}) * {LANES};")
+            lines.append(f"for (int64_t rb = 0; rb < {rmain}; rb += {LANES}) {{")
+            if self.prefetches and pnum == self.last_lanes and pnum > 0:
+                i_kept = f"i{kernel.kept_dims[0]}"
+                lines.append(f"    if ({i_kept} + 1 < {int(kernel.ranges[kernel.kept_dims[0]])}) {{ "
+                             + " ".join(t.replace("{ptr}", self._ptr(b)) for b, t in self.prefetches) + " }")
+            lines.append("    #pragma omp simd")
+            lines.append(f"    for (int64_t rl = 0; rl < {LANES}; ++rl) {{")
+            lines.append("        const int64_t r0 = rb + rl;")
+            lines += ["        " + ln for ln in body] + ["    }", "}"]
+            lines.append(f"for (int64_t r0 = {rmain}; r0 < {rtext}; ++r0) {{")
+            lines.append("    const int64_t rl = 0;")
+            lines += ["    " + ln for ln in body] + ["}"]
+            _combine_lanes(lines, phase, accs)
+            return
+        lines += [f"float {arr}[{rtext}];" for arr, _, _ in runs]
+        if not phase.reductions:
+            lines.append("#pragma omp simd")
+        lines.append(f"for (int64_t r0 = 0; r0 < {rtext}; ++r0) {{")
+        lines += ["    " + ln for ln in body] + ["}"]
+        if runs:  # each run's row starts where its index has r0 = 0
+            lines += ["{", "    const int64_t r0 = 0;"] + ["    " + ln for ln in self.rdecomp]
+            lines += [f"    kiln_store_bf16_run(&{ptr_}[{idx}], {arr}, {rtext});" for arr, ptr_, idx in runs]
+            lines += ["}"]
+
+    def _phase_results(self, phase, accs):
+        writer = self.writer
         for node in phase.reductions:
             acc, idx, dt = accs[node.name]
             value = idx if idx is not None else acc
             if node.dtype == torch.bool:
                 value = f"({value} != 0)"
             reg = writer._tmp(value, node.dtype if idx is None else torch.int64)
-            writer.in_registers[(node.name, writer.canon(kernel.store_index(node)))] = reg
-            store(node, reg)
-        for node in phase.after:
-            store(node, emit_value(node))
+            writer.in_registers[(node.name, writer.canon(self.kernel.store_index(node)))] = reg
+            self.store(node, reg)
 
-    params = [f"const {C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in in_names.items()]
-    params += [f"{C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in out_names.items()]
-    symbolic = is_symbolic(xnumel) or is_symbolic(rnumel)
-    xtext, rtext = size_text(xnumel, printer), size_text(rnumel, printer)
-    if symbolic:  # threads only where they pay, decided at run time
-        clause = f" if({xtext} * {rtext} >= 65536 && {xtext} > 1)"
-    else:  # threads pay for a row's work, which grows with the loads each element makes
-        loads = sum(ln.count("in_ptr") for ln in lines)
-        work = xnumel * max(rnumel, 1) * max(1, loads // 4)
-        clause = "" if work >= 1 << 16 and xnumel > 1 else " if(0)"
-    sizes = size_params(lines + [xtext, rtext])
-    params += [f"const int64_t {p}" for p in sizes]
-    code = [f'extern "C" void {name}({", ".join(params)}) {{',
-            f"    #pragma omp parallel for{clause}",
-            f"    for (int64_t x0 = 0; x0 < {xtext}; ++x0) {{"]
-    code += ["        " + ln for ln in lines] + ["    }", "}"]
-    code_text = "\n".join(code)
-    header = "\n".join(f"// from: {o}" for o in kernel.origins)
-    source = header + PRELUDE + _helpers_for(code_text) + "\n" + index_check_support(name, code_text) + "\n" + code_text + "\n"
-    return CppKernel(name, source, list(in_names) + list(out_names), xnumel * rnumel, list(kernel.origins),
-                     sizes), writer.seen
+    def _kernel_object(self) -> CppKernel:
+        kernel, lines, buffers, name = self.kernel, self.lines, self.buffers, self.name
+        xnumel, rnumel, printer = self.xnumel, self.rnumel, self.printer
+        params = [f"const {C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in self.in_names.items()]
+        params += [f"{C_MEM_TYPES[buffers[b].dtype]}* __restrict__ {p}" for b, p in self.out_names.items()]
+        symbolic = is_symbolic(xnumel) or is_symbolic(rnumel)
+        xtext, rtext = size_text(xnumel, printer), size_text(rnumel, printer)
+        if symbolic:  # threads only where they pay, decided at run time
+            clause = f" if({xtext} * {rtext} >= 65536 && {xtext} > 1)"
+        else:  # threads pay for a row's work, which grows with the loads each element makes
+            loads = sum(ln.count("in_ptr") for ln in lines)
+            work = xnumel * max(rnumel, 1) * max(1, loads // 4)
+            clause = "" if work >= 1 << 16 and xnumel > 1 else " if(0)"
+        sizes = size_params(lines + [xtext, rtext])
+        params += [f"const int64_t {p}" for p in sizes]
+        code = [f'extern "C" void {name}({", ".join(params)}) {{',
+                f"    #pragma omp parallel for{clause}",
+                f"    for (int64_t x0 = 0; x0 < {xtext}; ++x0) {{"]
+        code += ["        " + ln for ln in lines] + ["    }", "}"]
+        code_text = "\n".join(code)
+        header = "\n".join(f"// from: {o}" for o in kernel.origins)
+        source = header + PRELUDE + _helpers_for(code_text) + "\n" + index_check_support(name, code_text) + "\n" + code_text + "\n"
+        return CppKernel(name, source, list(self.in_names) + list(self.out_names), xnumel * rnumel,
+                         list(kernel.origins), sizes)
 
 
 SPLIT_LOOP_NAMES = frozenset({"r0", "rl", "rb", "ri", "ro"})

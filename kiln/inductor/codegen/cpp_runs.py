@@ -17,7 +17,7 @@ loop writes its float values to a local chunk of ``RUN`` elements instead, and
 The chunk loop keeps ``omp simd``; loads and everything else are unchanged. A row pass of a
 C++ row reduction (softmax's or layer norm's output pass) writes its bf16 row stores to a float
 row of up to ``ROW_MAX`` elements and rounds the row after the pass (``cpp_reduction.py``).
-``config.cpp_bf16_runs`` (``KILN_CPP_BF16_RUNS=0``) turns this off for an A/B.
+``config.cpp_bf16_runs`` (``KILN_CONFIG=cpp_bf16_runs=0``) turns this off for an A/B.
 """
 from __future__ import annotations
 

@@ -143,8 +143,8 @@ def _int_literal(text: str):
 
 
 def _zero_division_value(a: str, dtype) -> str:
-    """What CUDA eager's integer division and remainder give for a zero divisor (measured on
-    the H200, torch 2.11: tests/inductor/test_int_division.py CUDA_EAGER_BY_ZERO): all ones,
+    """What CUDA eager's integer division and remainder give for a zero divisor (measured with
+    torch 2.11: tests/inductor/test_int_division.py CUDA_EAGER_BY_ZERO): all ones,
     except that int64's emulated divide gives 2**32 - 1 for a dividend in [0, 2**32)."""
     if dtype == torch.int64:
         literal = _int_literal(a)
@@ -280,87 +280,11 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
     numel = math.prod(shape)
     symbolic = is_symbolic(numel)
     name = f"kiln_{kernel.name}"
-    in_names: dict[str, str] = {}
-    out_names: dict[str, str] = {}
     ranges = ir.ranges_of(shape)
-
-    def index_text(expr):
-        return printer.doprint(ir.simplify_index(expr, ranges))
-
-    def ptr(buf):
-        if buf not in in_names:
-            in_names[buf] = f"in_ptr{len(in_names)}"
-        return in_names[buf]
-
     from kiln.inductor.codegen import triton_tiled
     tile = triton_tiled.tile_plan(kernel, shape, ranges) if config.triton_tile_2d and not symbolic else None
-    tile_syms = {ir.index_symbol(d) for d in tile} if tile else set()
-    block = "[YBLOCK, XBLOCK]" if tile else "[XBLOCK]"
-
-    def block_offset(index) -> str:
-        """An offset over the program's scalars only (the untiled dims of a tile) as a block."""
-        text = printer.doprint(index)
-        if tile and not (index.free_symbols & tile_syms):
-            text += f" + tl.zeros({block}, tl.int32)"
-        return text
-
-    def load(ld: ir.Load):
-        index = ir.simplify_index(ld.index, ranges)
-        # A load at a fixed address (a broadcast scalar) is one scalar load, not a masked block.
-        mask = ""
-        if ir.loop_symbols(index):
-            mask = ", xmask, other=0" if writer.guard is None else f", xmask & {writer.guard}, other=0"
-            text = f"tl.load({ptr(ld.buffer)} + ({block_offset(index)}){mask})"
-        else:
-            text = f"tl.load({ptr(ld.buffer)} + ({printer.doprint(index)}))"
-        if ld.dtype in LOW_PRECISION:
-            text += ".to(tl.float32)"
-        return text
-
-    writer = KernelWriter(TritonOps(), load, triton_const, triton_cast,
-                          lambda n, text, dtype: f"{n} = {text}")
-
-    writer.canon = ir.canonical_index_fn(ranges)
-    writer.index_value_fn = lambda e: triton_index_value(e, printer, ranges)
-    writer.bounds_check = triton_bounds_check
-    writer.guard_ops = TRITON_GUARD_OPS if config.triton_guarded_loads else None
-    body_lines = []
-    stores = set(kernel.stores)
-    for node in kernel.nodes:
-        value = writer.emit(kernel.body(node))  # in the kernel's symbols (horizontal fusion remaps)
-        if not _depends_on_index(node.body):  # a scalar value still needs a block to store
-            value = writer._tmp(f"tl.zeros({block}, {TL_DTYPES[compute_dtype(node.dtype)]}) + {value}",
-                                node.dtype)
-        index = kernel.store_index(node)
-        writer.in_registers[(node.name, writer.canon(index))] = value
-        if node.name in stores:
-            out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
-            if node.dtype == torch.bfloat16 and interpreting():
-                value = writer._tmp(interpreter_bf16(value), node.dtype)
-            simple = ir.simplify_index(index, ranges)
-            offset = block_offset(simple)
-            if not ir.loop_symbols(simple):  # scalar address: make a block
-                offset += f" + tl.zeros({block}, tl.int32)"
-            writer.lines.append(f"tl.store({out} + ({offset}), {value}, xmask)")
-    body_lines = writer.lines
-
-    index_lines = []
-    if tile:
-        pass  # the tile's own index lines, below
-    elif len(shape) == 1:
-        index_lines.append("i0 = xindex")
-    elif len(shape) > 1:
-        inner = 1
-        for k in range(len(shape) - 1, -1, -1):
-            size, inner_text = size_text(shape[k], printer), size_text(inner, printer)
-            if k == 0:
-                index_lines.append(f"i0 = xindex // {inner_text}" if symbolic or inner > 1 else "i0 = xindex")
-            elif inner == 1:
-                index_lines.append(f"i{k} = xindex % {size}")
-            else:
-                index_lines.append(f"i{k} = (xindex // {inner_text}) % {size}")
-            inner = inner * shape[k]
-
+    body_lines, in_names, out_names = _pointwise_body(kernel, ranges, printer, tile)
+    index_lines = [] if tile else _flat_index_lines(shape, symbolic, printer)  # a tile has its own
     sizes = size_params(index_lines + body_lines)
     params = list(in_names.values()) + list(out_names.values()) + sizes
     # symbolic sizes: 64-bit index math (the kernel must serve every size)
@@ -394,19 +318,104 @@ def generate_triton(kernel, buffers: dict) -> TritonKernel:
         header.append("")
         header += [f"# from: {o}" for o in kernel.origins]
     source = "\n".join(header) + "\n\n\n" + "\n".join(lines) + "\n"
-    if symbolic:  # launched with the sizes of the call: scalars and grid are wrapper expressions
+    args = list(in_names) + list(out_names)
+    if tile:  # (never symbolic)
+        yblock, xblock, warps = triton_tiled.tile_blocks(shape, tile)
+        return TritonKernel(name, source, args, sizes + [numel], {"XBLOCK": xblock, "YBLOCK": yblock},
+                            triton_tiled.tile_grid(shape, tile, yblock, xblock), warps, list(kernel.origins))
+    return _pointwise_kernel(kernel, name, source, args, sizes)
+
+
+def _pointwise_body(kernel, ranges, printer, tile) -> tuple[list, dict, dict]:
+    """(the lines computing and storing every node of a pointwise kernel, the input pointers by
+    buffer, the output pointers by buffer); a ``tile`` plan (triton_tiled) makes blocks 2D."""
+    in_names: dict[str, str] = {}
+    out_names: dict[str, str] = {}
+    tile_syms = {ir.index_symbol(d) for d in tile} if tile else set()
+    block = "[YBLOCK, XBLOCK]" if tile else "[XBLOCK]"
+
+    def ptr(buf):
+        if buf not in in_names:
+            in_names[buf] = f"in_ptr{len(in_names)}"
+        return in_names[buf]
+
+    def block_offset(index) -> str:
+        """An offset over the program's scalars only (the untiled dims of a tile) as a block."""
+        text = printer.doprint(index)
+        if tile and not (index.free_symbols & tile_syms):
+            text += f" + tl.zeros({block}, tl.int32)"
+        return text
+
+    def load(ld: ir.Load):
+        index = ir.simplify_index(ld.index, ranges)
+        # A load at a fixed address (a broadcast scalar) is one scalar load, not a masked block.
+        mask = ""
+        if ir.loop_symbols(index):
+            mask = ", xmask, other=0" if writer.guard is None else f", xmask & {writer.guard}, other=0"
+            text = f"tl.load({ptr(ld.buffer)} + ({block_offset(index)}){mask})"
+        else:
+            text = f"tl.load({ptr(ld.buffer)} + ({printer.doprint(index)}))"
+        if ld.dtype in LOW_PRECISION:
+            text += ".to(tl.float32)"
+        return text
+
+    writer = KernelWriter(TritonOps(), load, triton_const, triton_cast,
+                          lambda n, text, dtype: f"{n} = {text}")
+    writer.canon = ir.canonical_index_fn(ranges)
+    writer.index_value_fn = lambda e: triton_index_value(e, printer, ranges)
+    writer.bounds_check = triton_bounds_check
+    writer.guard_ops = TRITON_GUARD_OPS if config.triton_guarded_loads else None
+    stores = set(kernel.stores)
+    for node in kernel.nodes:
+        value = writer.emit(kernel.body(node))  # in the kernel's symbols (horizontal fusion remaps)
+        if not _depends_on_index(node.body):  # a scalar value still needs a block to store
+            value = writer._tmp(f"tl.zeros({block}, {TL_DTYPES[compute_dtype(node.dtype)]}) + {value}",
+                                node.dtype)
+        index = kernel.store_index(node)
+        writer.in_registers[(node.name, writer.canon(index))] = value
+        if node.name in stores:
+            out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
+            if node.dtype == torch.bfloat16 and interpreting():
+                value = writer._tmp(interpreter_bf16(value), node.dtype)
+            simple = ir.simplify_index(index, ranges)
+            offset = block_offset(simple)
+            if not ir.loop_symbols(simple):  # scalar address: make a block
+                offset += f" + tl.zeros({block}, tl.int32)"
+            writer.lines.append(f"tl.store({out} + ({offset}), {value}, xmask)")
+    return writer.lines, in_names, out_names
+
+
+def _flat_index_lines(shape, symbolic: bool, printer) -> list[str]:
+    """Each dim's index from the flat element index ``xindex`` (row-major)."""
+    index_lines = []
+    if len(shape) == 1:
+        index_lines.append("i0 = xindex")
+    elif len(shape) > 1:
+        inner = 1
+        for k in range(len(shape) - 1, -1, -1):
+            size, inner_text = size_text(shape[k], printer), size_text(inner, printer)
+            if k == 0:
+                index_lines.append(f"i0 = xindex // {inner_text}" if symbolic or inner > 1 else "i0 = xindex")
+            elif inner == 1:
+                index_lines.append(f"i{k} = xindex % {size}")
+            else:
+                index_lines.append(f"i{k} = (xindex // {inner_text}) % {size}")
+            inner = inner * shape[k]
+    return index_lines
+
+
+def _pointwise_kernel(kernel, name, source, args, sizes) -> TritonKernel:
+    """The kernel with its launch: block sizes, grid and warps (tuning configs when large)."""
+    shape = kernel.shape
+    numel = math.prod(shape)
+    if is_symbolic(numel):  # launched with the sizes of the call: scalars and grid are wrapper expressions
         xblock, warps = 1024, 4
-        return TritonKernel(name, source, list(in_names) + list(out_names), sizes + [py(numel)],
+        return TritonKernel(name, source, args, sizes + [py(numel)],
                             {"XBLOCK": xblock}, f"-(-({py(numel)}) // {xblock})", warps,
                             list(kernel.origins))
-    if tile:
-        yblock, xblock, warps = triton_tiled.tile_blocks(shape, tile)
-        return TritonKernel(name, source, list(in_names) + list(out_names), sizes + [numel],
-                            {"XBLOCK": xblock, "YBLOCK": yblock},
-                            triton_tiled.tile_grid(shape, tile, yblock, xblock), warps, list(kernel.origins))
     xblock, warps = _block_config(numel)
     # static ranges, but symbolic sizes used as values (``y * n``) still come in as arguments
-    gen = TritonKernel(name, source, list(in_names) + list(out_names), sizes + [numel], {"XBLOCK": xblock},
+    gen = TritonKernel(name, source, args, sizes + [numel], {"XBLOCK": xblock},
                        -(-numel // xblock), warps, list(kernel.origins))
     if numel >= POINTWISE_TUNE_MIN:
         gen.with_tuning([(source, pointwise_configs(numel))])

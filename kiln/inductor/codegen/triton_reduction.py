@@ -171,113 +171,136 @@ def reduction_configs(persistent: bool, xnumel: int, rnumel: int) -> list[dict]:
 
 
 def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False) -> TritonKernel:
-    printer = IndexPrinter("//")
-    name = f"kiln_{kernel.name}"
-    ranges = ir.ranges_of(kernel.ranges)
-    xshape, rshape = kernel.xshape, kernel.rshape
-    xnumel, rnumel = math.prod(xshape), math.prod(rshape)
-    symbolic = is_symbolic(xnumel) or is_symbolic(rnumel)
-    # the reduced extent as kernel text: the argument itself when it is symbolic
-    rnumel_text = "rnumel" if is_symbolic(rnumel) else rnumel
-    persistent, xblock, rblock, warps = block_config(xnumel, rnumel)
-    if config.triton_column_reductions and is_column_reduction(kernel, ranges):
-        persistent, xblock, rblock, warps = column_block_config(xnumel, rnumel)
-    if force_looped and persistent:
-        persistent, xblock, rblock, warps = False, 1, min(config.triton_looped_rblock, rblock), 8
-    red_syms = {ir.index_symbol(d) for d in kernel.reduced_dims}
-    in_names: dict[str, str] = {}
-    out_names: dict[str, str] = {}
-    combine_used: set[str] = set()
-    # the mask of an element of the [XBLOCK, RBLOCK] block: "xmask & rmask", or just "xmask" in a
-    # block with no ragged reduced edge (a static extent's full blocks: masking them cost the
-    # H200's cross-entropy 12% of its bandwidth)
-    mask = {"r": "xmask & rmask"}
-    row_lanes: dict[str, str] = {}  # online softmax by rows: each max node's per-lane NaN-propagating max
+    return _ReductionWriter(kernel, force_looped).generate()
 
-    def ptr(buf):
-        return in_names.setdefault(buf, f"in_ptr{len(in_names)}")
 
-    def mask_for(index) -> str:
+class _ReductionWriter:
+    """One Triton reduction kernel being written: its block configuration, the pointers and
+    combine functions it uses so far, and the helpers that emit loads, stores, accumulators
+    and (online softmax) running maxima into one ``KernelWriter``. A persistent kernel reduces
+    each row in one block; a looped one runs each phase (``plan_phases``) over RBLOCK-wide
+    steps of the reduced extent."""
+
+    def __init__(self, kernel, force_looped: bool):
+        self.kernel = kernel
+        self.printer = IndexPrinter("//")
+        self.name = f"kiln_{kernel.name}"
+        self.ranges = ranges = ir.ranges_of(kernel.ranges)
+        self.xnumel, self.rnumel = xnumel, rnumel = math.prod(kernel.xshape), math.prod(kernel.rshape)
+        # the reduced extent as kernel text: the argument itself when it is symbolic
+        self.rnumel_text = "rnumel" if is_symbolic(rnumel) else rnumel
+        persistent, xblock, rblock, warps = block_config(xnumel, rnumel)
+        if config.triton_column_reductions and is_column_reduction(kernel, ranges):
+            persistent, xblock, rblock, warps = column_block_config(xnumel, rnumel)
+        if force_looped and persistent:
+            persistent, xblock, rblock, warps = False, 1, min(config.triton_looped_rblock, rblock), 8
+        self.persistent, self.xblock, self.rblock, self.warps = persistent, xblock, rblock, warps
+        self.red_syms = {ir.index_symbol(d) for d in kernel.reduced_dims}
+        self.in_names: dict[str, str] = {}
+        self.out_names: dict[str, str] = {}
+        self.combine_used: set[str] = set()
+        # the mask of an element of the [XBLOCK, RBLOCK] block: "xmask & rmask", or just "xmask"
+        # in a block with no ragged reduced edge (a static extent's full blocks: masking them
+        # costs bandwidth, docs/notes/measurements.md)
+        self.mask = {"r": "xmask & rmask"}
+        self.row_lanes: dict[str, str] = {}  # online softmax by rows: each max node's per-lane NaN-propagating max
+        self.arg_dim = f"i{kernel.reduced_dims[0]}" if len(kernel.reduced_dims) == 1 else "rindex"
+        writer = KernelWriter(TritonOps(), self.load, triton_const, triton_cast,
+                              lambda n, text, dtype: f"{n} = {text}")
+        writer.canon = ir.canonical_index_fn(ranges)
+        writer.index_value_fn = lambda e: triton_index_value(e, self.printer, ranges)
+        writer.recompute_from(kernel)
+        writer.bounds_check = triton_bounds_check
+        writer.guard_ops = TRITON_GUARD_OPS if config.triton_guarded_loads else None
+        self.writer, self.lines = writer, writer.lines
+        self.emit_value = writer.emit_node
+
+    def generate(self) -> TritonKernel:
+        if self.persistent:
+            self._persistent()
+        else:
+            self._looped()
+        return self._kernel_object()
+
+    # ---------------------------------------------------------------- loads and stores
+    def _ptr(self, buf):
+        return self.in_names.setdefault(buf, f"in_ptr{len(self.in_names)}")
+
+    def _mask_for(self, index) -> str:
         syms = ir.loop_symbols(index)
         if not syms:
             return ""
-        base = mask["r"] if syms & red_syms else "xmask"
-        return f", {base}, other=0" if writer.guard is None else f", {base} & {writer.guard}, other=0"
+        base = self.mask["r"] if syms & self.red_syms else "xmask"
+        guard = self.writer.guard
+        return f", {base}, other=0" if guard is None else f", {base} & {guard}, other=0"
 
-    def load(ld: ir.Load):
-        index = ir.simplify_index(ld.index, ranges)
-        text = f"tl.load({ptr(ld.buffer)} + ({printer.doprint(index)}){mask_for(index)})"
+    def load(self, ld: ir.Load):
+        index = ir.simplify_index(ld.index, self.ranges)
+        text = f"tl.load({self._ptr(ld.buffer)} + ({self.printer.doprint(index)}){self._mask_for(index)})"
         if ld.dtype in LOW_PRECISION:
             text += ".to(tl.float32)"
         return text
 
-    writer = KernelWriter(TritonOps(), load, triton_const, triton_cast,
-                          lambda n, text, dtype: f"{n} = {text}")
-
-    writer.canon = ir.canonical_index_fn(ranges)
-    writer.index_value_fn = lambda e: triton_index_value(e, printer, ranges)
-    writer.recompute_from(kernel)
-    writer.bounds_check = triton_bounds_check
-    writer.guard_ops = TRITON_GUARD_OPS if config.triton_guarded_loads else None
-    lines = writer.lines
-
-    emit_value = writer.emit_node
-
-    def store(node, value, level):
-        if node.name not in kernel.stores:
+    def store(self, node, value, level):
+        if node.name not in self.kernel.stores:
             return
-        out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")
-        index = ir.simplify_index(kernel.store_index(node), ranges)
+        writer = self.writer
+        out = self.out_names.setdefault(node.name, f"out_ptr{len(self.out_names)}")
+        index = ir.simplify_index(self.kernel.store_index(node), self.ranges)
         shape = "[XBLOCK, RBLOCK]" if level == "r" else "[XBLOCK, 1]"
-        where = mask["r"] if level == "r" else "xmask"
+        where = self.mask["r"] if level == "r" else "xmask"
         if _is_literal(value):  # a constant node (all() or a sum over nothing): a block of it
             value = writer._tmp(f"tl.full({shape}, {value}, {TL_DTYPES[node.dtype]})", node.dtype)
         elif node.dtype == torch.bfloat16 and interpreting():
             value = writer._tmp(interpreter_bf16(value), node.dtype)
         value = writer._tmp(f"tl.broadcast_to({value}, {shape})", node.dtype)
-        offset = printer.doprint(index)
+        offset = self.printer.doprint(index)
         if not ir.loop_symbols(index):  # a scalar address still needs a block of pointers
             offset += f" + tl.zeros({shape}, tl.int32)"
-        lines.append(f"tl.store({out} + ({offset}), {value}, {where})")
+        self.lines.append(f"tl.store({out} + ({offset}), {value}, {where})")
 
+    # ---------------------------------------------------------------- reductions
+    @staticmethod
     def acc_dtype(node):
         src = node.body.dtype if isinstance(node.body, ir.Expr) else node.dtype
         dt = compute_dtype(src)
         return torch.int8 if dt == torch.bool else dt
 
-    def masked_block(node):
+    def masked_block(self, node):
         """The node's per-element value as a full block with masked lanes at the identity."""
-        value = writer.emit(kernel.body(node))
-        dt = acc_dtype(node)
+        writer = self.writer
+        value = writer.emit(self.kernel.body(node))
+        dt = self.acc_dtype(node)
         value = writer._tmp(f"tl.broadcast_to({value}, [XBLOCK, RBLOCK]).to({TL_DTYPES[dt]})", dt)
         ident = triton_const(IDENTITY[node.reduction_type](dt), dt)
-        return writer._tmp(f"tl.where({mask['r']}, {value}, {ident})", dt), dt
+        return writer._tmp(f"tl.where({self.mask['r']}, {value}, {ident})", dt), dt
 
-    def finish(node, value):
+    def finish(self, node, value):
         """Cast a reduced value to the node's dtype and register it."""
+        writer = self.writer
         if node.dtype == torch.bool:
             value = writer._tmp(f"({value} != 0)", node.dtype)
-        writer.in_registers[(node.name, writer.canon(kernel.store_index(node)))] = value
-        store(node, value, "x")
+        writer.in_registers[(node.name, writer.canon(self.kernel.store_index(node)))] = value
+        self.store(node, value, "x")
 
-    def reduce_text(kind, block):
+    def reduce_text(self, kind, block):
         if kind == "sum":
             return f"tl.sum({block}, 1)[:, None]"
         fn, _ = COMBINE_FNS[kind]
-        combine_used.add(kind)
+        self.combine_used.add(kind)
         return f"tl.reduce({block}, 1, {fn})[:, None]"
 
-    arg_dim = f"i{kernel.reduced_dims[0]}" if len(kernel.reduced_dims) == 1 else "rindex"
-
-    def arg_pick(kind, vals, idxs):
-        combine_used.add("max" if kind == "argmax" else "min")
-        best = writer._tmp(reduce_text("max" if kind == "argmax" else "min", vals), torch.float32)
+    def arg_pick(self, kind, vals, idxs):
+        self.combine_used.add("max" if kind == "argmax" else "min")
+        best = self.writer._tmp(self.reduce_text("max" if kind == "argmax" else "min", vals), torch.float32)
         hit = f"(({vals} == {best}) | (({best} != {best}) & ({vals} != {vals})))"
-        return writer._tmp(f"tl.min(tl.where({hit}, {idxs}, {rnumel_text}), 1)[:, None]", torch.int64)
+        return self.writer._tmp(f"tl.min(tl.where({hit}, {idxs}, {self.rnumel_text}), 1)[:, None]", torch.int64)
 
-    def shift_of(m_node, x, register):
+    # ---------------------------------------------------------------- online softmax
+    def shift_of(self, m_node, x, register):
         """X (the per-row shift expression of the max m_node) with the max read from register."""
-        key = (m_node.name, writer.canon(kernel.store_index(m_node)))
+        writer = self.writer
+        key = (m_node.name, writer.canon(self.kernel.store_index(m_node)))
         saved = writer.in_registers.get(key)
         writer.in_registers[key] = register
         try:
@@ -288,13 +311,14 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
             else:
                 writer.in_registers[key] = saved
 
-    def online_step(m_node, m_acc, block, sums, accs):
+    def online_step(self, m_node, m_acc, block, sums, accs):
         """One block of the running max and of each sum(exp(E - X)) relative to X(max)."""
-        e = writer.emit(kernel.body(m_node))
+        writer, lines = self.writer, self.lines
+        e = writer.emit(self.kernel.body(m_node))
         if config.triton_online_rowmax:
             # the shift is the row's running max ([XBLOCK, 1]) by tl.max, which skips NaN (so the
             # shift never is NaN); each lane keeps a NaN-propagating max for the stored result
-            lane = row_lanes[m_node.name]
+            lane = self.row_lanes[m_node.name]
             lines.append(f"{lane} = {_combine_inline('max', lane, block)}")
             block = writer._tmp(f"tl.max({block}, 1)[:, None]", torch.float32)
             m_new = writer._tmp(f"tl.maximum({m_acc}, {block})", torch.float32)
@@ -302,167 +326,197 @@ def _generate_triton_reduction(kernel, buffers: dict, force_looped: bool = False
             m_new = writer._tmp(_combine_inline("max", m_acc, block), torch.float32)
         for node, x in sums:
             s_acc = accs[node.name][0]
-            g_old, g_new = shift_of(m_node, x, m_acc), shift_of(m_node, x, m_new)
-            term = writer._tmp(f"tl.where({mask['r']} & ({g_new} != float('-inf')), tl.exp({e} - {g_new}), 0.0)",
+            g_old, g_new = self.shift_of(m_node, x, m_acc), self.shift_of(m_node, x, m_new)
+            term = writer._tmp(f"tl.where({self.mask['r']} & ({g_new} != float('-inf')), tl.exp({e} - {g_new}), 0.0)",
                                torch.float32)
             alpha = writer._tmp(f"tl.where({g_old} == {g_new}, 1.0, tl.exp({g_old} - {g_new}))", torch.float32)
             lines.append(f"{s_acc} = {s_acc} * {alpha} + {term}")
         lines.append(f"{m_acc} = {m_new}")
 
-    def online_finish(m_node, m_acc, m_value, sums, accs):
+    def online_finish(self, m_node, m_acc, m_value, sums, accs):
         """Combine the lanes: each lane's sum rescaled from its own max to the row's."""
-        lane_shifts = [shift_of(m_node, x, m_acc) for _, x in sums]
-        finish(m_node, m_value)
+        writer = self.writer
+        lane_shifts = [self.shift_of(m_node, x, m_acc) for _, x in sums]
+        self.finish(m_node, m_value)
         for (node, x), g_lane in zip(sums, lane_shifts):
             g_row = writer.emit(x)
             s_acc = accs[node.name][0]
             if config.triton_online_rowmax:  # every lane's sum is relative to the row's max already
-                finish(node, writer._tmp(reduce_text("sum", s_acc), torch.float32))
+                self.finish(node, writer._tmp(self.reduce_text("sum", s_acc), torch.float32))
                 continue
             scaled = writer._tmp(f"tl.where({g_lane} == {g_row}, {s_acc}, {s_acc} * tl.exp({g_lane} - {g_row}))",
                                  torch.float32)
-            finish(node, writer._tmp(reduce_text("sum", scaled), torch.float32))
+            self.finish(node, writer._tmp(self.reduce_text("sum", scaled), torch.float32))
 
-    head = [
-        "xoffset = tl.program_id(0) * XBLOCK",
-        "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
-    ]
-    if is_symbolic(xnumel):
-        head.append("xmask = xindex < xnumel")
-    else:  # a config whose XBLOCK divides the rows has no ragged row edge (a static if in Triton)
-        head += [f"if {xnumel} % XBLOCK == 0:",
-                 "    xmask = tl.full([XBLOCK, 1], 1, tl.int1)",
-                 "else:",
-                 "    xmask = xindex < xnumel"]
-    head += [f"i{d} = {e}" for d, e in decompose_index("xindex", xshape, kernel.kept_dims, "//")]
-    rsetup = ["rmask = rindex < rnumel"]
-    rsetup += [f"i{d} = {e}" for d, e in decompose_index("rindex", rshape, kernel.reduced_dims, "//")]
+    # ---------------------------------------------------------------- the kernel body
+    def _head(self) -> list[str]:
+        head = [
+            "xoffset = tl.program_id(0) * XBLOCK",
+            "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+        ]
+        xnumel = self.xnumel
+        if is_symbolic(xnumel):
+            head.append("xmask = xindex < xnumel")
+        else:  # a config whose XBLOCK divides the rows has no ragged row edge (a static if in Triton)
+            head += [f"if {xnumel} % XBLOCK == 0:",
+                     "    xmask = tl.full([XBLOCK, 1], 1, tl.int1)",
+                     "else:",
+                     "    xmask = xindex < xnumel"]
+        kernel = self.kernel
+        return head + [f"i{d} = {e}" for d, e in decompose_index("xindex", kernel.xshape, kernel.kept_dims, "//")]
 
-    def loop_body(phase, accs, pairs, masked: bool, first: str | None = None):
+    def _rsetup(self) -> list[str]:
+        kernel = self.kernel
+        return ["rmask = rindex < rnumel"] + [
+            f"i{d} = {e}" for d, e in decompose_index("rindex", kernel.rshape, kernel.reduced_dims, "//")]
+
+    def _persistent(self):
+        lines, writer = self.lines, self.writer
+        lines += self._head() + ["rindex = tl.arange(0, RBLOCK)[None, :]"] + self._rsetup()
+        if not is_symbolic(self.rnumel) and self.rblock == self.rnumel:
+            self.mask["r"] = "xmask"  # the block is the row
+        for node in self.kernel.nodes:
+            level = self.kernel.levels[node.name]
+            if level == "red":
+                kind = node.reduction_type
+                block, dt = self.masked_block(node)
+                if kind in ("argmax", "argmin"):
+                    value = self.arg_pick(kind, block, self.arg_dim)
+                else:
+                    value = writer._tmp(self.reduce_text(kind, block), dt)
+                self.finish(node, value)
+            else:
+                self.store(node, self.emit_value(node), level)
+
+    def _looped(self):
+        self.lines += self._head()
+        pre, phases = plan_phases(self.kernel)
+        online = plan_online(self.kernel, phases)
+        for node in pre:
+            self.store(node, self.emit_value(node), "x")
+        rnumel = self.rnumel
+        for pi, phase in enumerate(phases):
+            pairs = online.get(pi, {})
+            accs = self._accumulators(phase, pairs)
+            if is_symbolic(rnumel):
+                self.lines.append("for roffset in range(0, rnumel, RBLOCK):")
+                self._loop_body(phase, accs, pairs, masked=True)
+            else:  # full blocks unmasked, then the ragged tail (static ifs in Triton)
+                full = f"{rnumel} // RBLOCK * RBLOCK"
+                self.lines.append(f"for roffset in range(0, {full}, RBLOCK):")
+                self._loop_body(phase, accs, pairs, masked=False)
+                self.lines.append(f"if {rnumel} % RBLOCK != 0:")
+                self._loop_body(phase, accs, pairs, masked=True, first=f"roffset = {full}")
+            self._phase_results(phase, accs, pairs)
+            for node in phase.after:
+                self.store(node, self.emit_value(node), "x")
+
+    def _fresh(self, text, dt):
+        """A new accumulator: never shared with an equal-looking one."""
+        name = self.writer._tmp(text, dt)
+        self.writer.cache.pop(text, None)
+        return name
+
+    def _accumulators(self, phase, pairs) -> dict:
+        """node name -> (accumulator, index accumulator of an arg reduction, dtype), declared
+        before the phase's loop."""
+        accs = {}
+        for m_name, sums in pairs.items():
+            for node, _ in sums:
+                accs[node.name] = (self._fresh("tl.full([XBLOCK, RBLOCK], 0.0, tl.float32)", torch.float32), None,
+                                   torch.float32)
+        for node in phase.reductions:
+            dt = self.acc_dtype(node)
+            ident = triton_const(IDENTITY[node.reduction_type](dt), dt)
+            by_rows = node.name in pairs and config.triton_online_rowmax
+            if by_rows:
+                self.row_lanes[node.name] = self._fresh(f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPES[dt]})", dt)
+            acc = self._fresh(f"tl.full([XBLOCK, {'1' if by_rows else 'RBLOCK'}], {ident}, {TL_DTYPES[dt]})", dt)
+            idx = None
+            if node.reduction_type in ("argmax", "argmin"):
+                idx = self._fresh(f"tl.zeros([XBLOCK, RBLOCK], tl.int64) + {self.rnumel_text}", torch.int64)
+            accs[node.name] = (acc, idx, dt)
+        return accs
+
+    def _loop_body(self, phase, accs, pairs, masked: bool, first: str | None = None):
         """One block of a looped phase, indented under the line before it; ``masked=False``
         for blocks inside the reduced extent."""
+        writer, lines = self.writer, self.lines
         writer.push_scope()
         start = len(lines)
         if first:
             lines.append(first)
-        lines.extend(["rindex = roffset + tl.arange(0, RBLOCK)[None, :]"] + rsetup)
-        mask["r"] = "xmask & rmask" if masked else "xmask"
+        lines.extend(["rindex = roffset + tl.arange(0, RBLOCK)[None, :]"] + self._rsetup())
+        self.mask["r"] = "xmask & rmask" if masked else "xmask"
         for node in phase.reductions:
             acc, idx, dt = accs[node.name]
-            block, _ = masked_block(node)
+            block, _ = self.masked_block(node)
             kind = node.reduction_type
             if kind == "sum":
                 lines.append(f"{acc} = {acc} + {block}")
             elif kind in ("argmax", "argmin"):
                 cmp = ">" if kind == "argmax" else "<"
                 better = f"(({block} {cmp} {acc}) | (({block} != {block}) & ({acc} == {acc})))"
-                upd = writer._tmp(f"({mask['r']}) & {better}", torch.bool)
-                lines.append(f"{idx} = tl.where({upd}, {arg_dim} + tl.zeros([XBLOCK, RBLOCK], tl.int64), {idx})")
+                upd = writer._tmp(f"({self.mask['r']}) & {better}", torch.bool)
+                lines.append(f"{idx} = tl.where({upd}, {self.arg_dim} + tl.zeros([XBLOCK, RBLOCK], tl.int64), {idx})")
                 lines.append(f"{acc} = tl.where({upd}, {block}, {acc})")
             elif node.name in pairs:
-                online_step(node, acc, block, pairs[node.name], accs)
+                self.online_step(node, acc, block, pairs[node.name], accs)
             else:
                 lines.append(f"{acc} = {_combine_inline(kind, acc, block)}")
         for node in phase.stores:
-            store(node, emit_value(node), "r")
-        mask["r"] = "xmask & rmask"
+            self.store(node, self.emit_value(node), "r")
+        self.mask["r"] = "xmask & rmask"
         for k in range(start, len(lines)):
             lines[k] = "    " + lines[k]
         writer.pop_scope()
 
-    if persistent:
-        lines += head + ["rindex = tl.arange(0, RBLOCK)[None, :]"] + rsetup
-        if not is_symbolic(rnumel) and rblock == rnumel:
-            mask["r"] = "xmask"  # the block is the row
-        for node in kernel.nodes:
-            level = kernel.levels[node.name]
-            if level == "red":
-                kind = node.reduction_type
-                block, dt = masked_block(node)
-                if kind in ("argmax", "argmin"):
-                    value = arg_pick(kind, block, arg_dim)
-                else:
-                    value = writer._tmp(reduce_text(kind, block), dt)
-                finish(node, value)
+    def _phase_results(self, phase, accs, pairs):
+        """After a phase's loop: each reduction's accumulator reduced across the lanes."""
+        writer = self.writer
+        for node in phase.reductions:
+            acc, idx, dt = accs[node.name]
+            kind = node.reduction_type
+            if kind in ("argmax", "argmin"):
+                value = self.arg_pick(kind, acc, idx)
+            elif node.name in pairs and config.triton_online_rowmax:  # NaN if any element is
+                value = writer._tmp(self.reduce_text(kind, self.row_lanes[node.name]), dt)
             else:
-                store(node, emit_value(node), level)
-    else:
-        lines += head
-        pre, phases = plan_phases(kernel)
-        online = plan_online(kernel, phases)
-        for node in pre:
-            store(node, emit_value(node), "x")
+                value = writer._tmp(self.reduce_text(kind, acc), dt)
+            if node.name in pairs:
+                self.online_finish(node, acc, value, pairs[node.name], accs)
+            else:
+                self.finish(node, value)
 
-        def fresh(text, dt):  # a new accumulator: never shared with an equal-looking one
-            name_ = writer._tmp(text, dt)
-            writer.cache.pop(text, None)
-            return name_
-        for pi, phase in enumerate(phases):
-            accs = {}
-            pairs = online.get(pi, {})
-            for m_name, sums in pairs.items():
-                for node, _ in sums:
-                    accs[node.name] = (fresh("tl.full([XBLOCK, RBLOCK], 0.0, tl.float32)", torch.float32), None,
-                                       torch.float32)
-            for node in phase.reductions:
-                dt = acc_dtype(node)
-                ident = triton_const(IDENTITY[node.reduction_type](dt), dt)
-                by_rows = node.name in pairs and config.triton_online_rowmax
-                if by_rows:
-                    row_lanes[node.name] = fresh(f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPES[dt]})", dt)
-                acc = fresh(f"tl.full([XBLOCK, {'1' if by_rows else 'RBLOCK'}], {ident}, {TL_DTYPES[dt]})", dt)
-                idx = None
-                if node.reduction_type in ("argmax", "argmin"):
-                    idx = fresh(f"tl.zeros([XBLOCK, RBLOCK], tl.int64) + {rnumel_text}", torch.int64)
-                accs[node.name] = (acc, idx, dt)
-            if is_symbolic(rnumel):
-                lines.append("for roffset in range(0, rnumel, RBLOCK):")
-                loop_body(phase, accs, pairs, masked=True)
-            else:  # full blocks unmasked, then the ragged tail (static ifs in Triton)
-                full = f"{rnumel} // RBLOCK * RBLOCK"
-                lines.append(f"for roffset in range(0, {full}, RBLOCK):")
-                loop_body(phase, accs, pairs, masked=False)
-                lines.append(f"if {rnumel} % RBLOCK != 0:")
-                loop_body(phase, accs, pairs, masked=True, first=f"roffset = {full}")
-            for node in phase.reductions:
-                acc, idx, dt = accs[node.name]
-                kind = node.reduction_type
-                if kind in ("argmax", "argmin"):
-                    value = arg_pick(kind, acc, idx)
-                elif node.name in pairs and config.triton_online_rowmax:  # NaN if any element is
-                    value = writer._tmp(reduce_text(kind, row_lanes[node.name]), dt)
-                else:
-                    value = writer._tmp(reduce_text(kind, acc), dt)
-                if node.name in pairs:
-                    online_finish(node, acc, value, pairs[node.name], accs)
-                else:
-                    finish(node, value)
-            for node in phase.after:
-                store(node, emit_value(node), "x")
-
-    sizes = size_params(lines)
-    params = list(in_names.values()) + list(out_names.values()) + sizes
-    sig = ", ".join(params + ["xnumel", "rnumel", "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"])
-    src = ["import triton", "import triton.language as tl"]
-    if any("libdevice." in ln for ln in lines):
-        src.append("from triton.language.extra import libdevice")
-    if kernel.origins:
-        src.append("")
-        src += [f"# from: {o}" for o in kernel.origins]
-    for kind in sorted(combine_used):
-        fn, _ = COMBINE_FNS[kind]
-        src += ["", "", "@triton.jit", f"def {fn}(a, b):", f"    return {combine_body(kind)}"]
-    jit = "@triton.jit(debug=True)" if any("tl.device_assert" in ln for ln in lines) else "@triton.jit"
-    src += ["", "", jit, f"def {name}({sig}):"] + ["    " + ln for ln in lines]
-    source = "\n".join(src) + "\n"
-    if symbolic:  # launched with the sizes of the call: scalars and grid are wrapper expressions
-        return TritonKernel(name, source, list(in_names) + list(out_names), sizes + [py(xnumel), py(rnumel)],
-                            {"XBLOCK": xblock, "RBLOCK": rblock}, f"-(-({py(xnumel)}) // {xblock})", warps,
+    # ---------------------------------------------------------------- the source
+    def _kernel_object(self) -> TritonKernel:
+        kernel, lines, name = self.kernel, self.lines, self.name
+        xnumel, rnumel, xblock, rblock = self.xnumel, self.rnumel, self.xblock, self.rblock
+        sizes = size_params(lines)
+        params = list(self.in_names.values()) + list(self.out_names.values()) + sizes
+        sig = ", ".join(params + ["xnumel", "rnumel", "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"])
+        src = ["import triton", "import triton.language as tl"]
+        if any("libdevice." in ln for ln in lines):
+            src.append("from triton.language.extra import libdevice")
+        if kernel.origins:
+            src.append("")
+            src += [f"# from: {o}" for o in kernel.origins]
+        for kind in sorted(self.combine_used):
+            fn, _ = COMBINE_FNS[kind]
+            src += ["", "", "@triton.jit", f"def {fn}(a, b):", f"    return {combine_body(kind)}"]
+        jit = "@triton.jit(debug=True)" if any("tl.device_assert" in ln for ln in lines) else "@triton.jit"
+        src += ["", "", jit, f"def {name}({sig}):"] + ["    " + ln for ln in lines]
+        source = "\n".join(src) + "\n"
+        args = list(self.in_names) + list(self.out_names)
+        if is_symbolic(xnumel) or is_symbolic(rnumel):
+            # launched with the sizes of the call: scalars and grid are wrapper expressions
+            return TritonKernel(name, source, args, sizes + [py(xnumel), py(rnumel)],
+                                {"XBLOCK": xblock, "RBLOCK": rblock}, f"-(-({py(xnumel)}) // {xblock})",
+                                self.warps, list(kernel.origins))
+        # static ranges, but symbolic sizes used as values (``y * n``) still come in as arguments
+        return TritonKernel(name, source, args, sizes + [xnumel, rnumel],
+                            {"XBLOCK": xblock, "RBLOCK": rblock}, -(-xnumel // xblock), self.warps,
                             list(kernel.origins))
-    # static ranges, but symbolic sizes used as values (``y * n``) still come in as arguments
-    return TritonKernel(name, source, list(in_names) + list(out_names), sizes + [xnumel, rnumel],
-                        {"XBLOCK": xblock, "RBLOCK": rblock}, -(-xnumel // xblock), warps,
-                        list(kernel.origins))
 
 
 def _combine_inline(kind, acc, value):

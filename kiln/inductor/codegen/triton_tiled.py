@@ -10,7 +10,7 @@ shared memory. Each program takes one tile; the kernel's other dims are scalars 
 ``tile_plan`` picks the two dims (or None: symbolic sizes, small kernels, index math with
 division or modulo, stores not contiguous along the last dim, no transposed load);
 ``tiled_index_lines`` writes the program-to-tile mapping. ``config.triton_tile_2d`` switches it
-(``KILN_TILE_2D``).
+(``config.triton_tile_2d``).
 """
 from __future__ import annotations
 

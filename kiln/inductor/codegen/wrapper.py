@@ -93,6 +93,8 @@ def _check_lines(gen, reads: str) -> list[str]:
 def _launch(gen, target, defs: list) -> str:
     if target == "triton":
         return _triton_call(gen, defs)
+    if target == "python":  # loop_python's kernels take the tensors themselves
+        return f"{gen.name}({', '.join(list(gen.args) + list(gen.sizes))})"
     return f"{gen.name}({', '.join([f'{a}.data_ptr()' for a in gen.args] + list(gen.sizes))})"
 
 
@@ -146,7 +148,8 @@ class _ReusePool:
 
 
 def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSource:
-    """generated maps kernel name -> TritonKernel | CppKernel."""
+    """generated maps kernel name -> TritonKernel | CppKernel | loop_python.PythonKernel
+    (target "python": the loop IR run as Python, for reading and checking, never compiled)."""
     program = sched.program
     buffers = program.all_buffers()
     outputs = {o.buffer for o in program.outputs if isinstance(o, ir.TensorRef)}
@@ -201,8 +204,8 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
                 allocated.add(name)
             if math.prod(step.xshape if step.is_reduction else step.shape) == 0:
                 lines.append(f"    # {step.name} skipped: empty iteration space")
-            elif target == "triton":
-                lines.append(f"    {_triton_call(gen, launch_defs)}")
+            elif target in ("triton", "python"):
+                lines.append(f"    {_launch(gen, target, launch_defs)}")
             else:
                 ptrs = ", ".join([f"{a}.data_ptr()" for a in gen.args] + gen.sizes)
                 lines.append(f"    {gen.name}({ptrs})")
