@@ -21,6 +21,17 @@ __all__ = ["fallback", "FALLBACK_TARGETS", "register_fallback_target"]
 FALLBACK_TARGETS: dict[str, object] = {}
 
 
+# Callables that read their tensor operand's storage rather than its elements: their result
+# depends on where eager put each element, so lowering hands them their operands laid out as
+# eager's are (``decompose`` records those strides, ``inductor/lower.py`` copies where needed).
+STORAGE_READERS = {"as_strided", "as_strided_copy", "as_strided_scatter"}
+
+
+def reads_storage(name: str) -> bool:
+    """``torch.as_strided``, ``Tensor.as_strided``, ``torch.ops.aten.as_strided.default`` ..."""
+    return not STORAGE_READERS.isdisjoint(name.split("."))
+
+
 def register_fallback_target(name: str, fn):
     FALLBACK_TARGETS[name] = fn
     return name
