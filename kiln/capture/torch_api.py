@@ -208,6 +208,12 @@ TENSOR_METHODS = {
     "element_size": lambda self: self.dtype.itemsize,
 }
 
+# Metadata queries torch also spells as functions (``torch.is_complex(x)``, ``input=`` as torch
+# names the argument): the same answers from TensorMeta, not a fallback node (which returns no
+# tensor, so it cannot be one)
+for _name in ("is_floating_point", "is_complex", "numel"):
+    TORCH_FUNCTIONS[getattr(torch, _name)] = (lambda method: lambda input: method(input))(TENSOR_METHODS[_name])
+
 # Tensor attributes that are Python values computed from the tensor's metadata.
 TENSOR_ATTRIBUTES = {
     "shape": lambda t: size_tuple(t.shape),  # a SymSize when some sizes are symbolic

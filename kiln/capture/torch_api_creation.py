@@ -135,8 +135,15 @@ def randint(*args, generator=None, dtype=None, device=None, **kw):
 
 
 def tensor(data, *, dtype=None, device=None, **kw):
-    """torch.tensor(python data): a constant of the graph, created at trace time."""
+    """torch.tensor(python data): a constant of the graph, created at trace time.
+    torch.tensor(a traced tensor): a detached copy (eager warns and does ``clone().detach()``,
+    keeping the layout), cast to ``dtype``."""
     _check(**kw)
+    if isinstance(data, Proxy):
+        if device is not None and torch.device(device).type != data.device.type:
+            raise Unsupported("torch.tensor(tensor, device=...) across devices is not supported")
+        out = core.detach(core.clone(data))
+        return out if dtype is None or dtype == data.dtype else core.to_dtype(out, dtype)
     graph = active_graph()
     if graph is None:
         raise Unsupported("torch.tensor outside a graph build")

@@ -57,6 +57,11 @@ def resolve(name: str):
     return obj
 
 
+class NotTensors(TypeError):
+    """The callable returns something other than tensors: it cannot be a graph node (capture
+    turns this into a graph break, with the call run by the resumed eager code)."""
+
+
 def _fallback_eager(target, *args, **kwargs):
     return resolve(target)(*args, **kwargs)
 
@@ -82,7 +87,7 @@ def fallback_meta(target, *args, **kwargs):
 
     def to_meta(t):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"[meta] core.fallback({target}): returns {type(t).__name__}, not tensors")
+            raise NotTensors(f"[meta] core.fallback({target}): returns {type(t).__name__}, not tensors")
         return TensorMeta(t.shape, t.stride(), t.dtype, device, False)
     if isinstance(out, (tuple, list)):
         return tuple(to_meta(t) for t in out)
