@@ -151,7 +151,8 @@ def where_method(self, condition, other):
 
 
 def size(self, dim=None):
-    return tuple(self.shape) if dim is None else self.shape[dim]
+    # a torch.Size, as .shape gives: Tensor.new(x.size()) reads it as a size, a tuple as data
+    return size_tuple(self.shape) if dim is None else self.shape[dim]
 
 
 def contiguous(self, memory_format=None):
