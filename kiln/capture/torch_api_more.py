@@ -506,6 +506,7 @@ _BINARY = {
     "fmod": core.fmod, "remainder": core.remainder, "floor_divide": core.floor_divide,
     "logical_and": core.logical_and, "logical_or": core.logical_or, "logical_xor": core.logical_xor,
     "bitwise_and": core.bitwise_and, "bitwise_or": core.bitwise_or, "bitwise_xor": core.bitwise_xor,
+    "bitwise_left_shift": core.bitwise_left_shift, "bitwise_right_shift": core.bitwise_right_shift,
 }
 
 TORCH_FUNCTIONS = {getattr(torch, n): unary(op) for n, op in _UNARY.items()}
@@ -551,4 +552,5 @@ TENSOR_METHODS.update({
 BINARY_OPERATORS = {
     "**": pow_, "//": binary(core.floor_divide), "%": binary(core.remainder),
     "&": binary(core.bitwise_and), "|": binary(core.bitwise_or), "^": binary(core.bitwise_xor),
+    "<<": binary(core.bitwise_left_shift), ">>": binary(core.bitwise_right_shift),
 }

@@ -12,7 +12,10 @@ from kiln.ops import core
 
 
 def _pair(v, n):
-    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
+    """An int, or a list of one (torch expands both: ``Conv2d(stride=[1])``), or of n."""
+    if isinstance(v, (tuple, list)):
+        return tuple(v) * n if len(v) == 1 else tuple(v)
+    return (v,) * n
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
