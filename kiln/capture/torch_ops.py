@@ -65,7 +65,10 @@ class TorchOpVariable(Variable):
         schema = overload._schema
         op_name = schema.name.split("::", 1)[-1]
         if schema.is_mutable and not (op_name.endswith("_") and op_name in torch_api.TENSOR_METHODS):
-            raise Unsupported(f"{what}: the op mutates its arguments (not captured)")
+            functional = _functional_of(schema)
+            if functional is None:
+                raise Unsupported(f"{what}: the op mutates its arguments (not captured)")
+            return _write_into_self(tx, functional, args, kwargs, what)
         if torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ()):
             raise Unsupported(f"{what}: a random op (not captured)")
         if not schema.is_mutable and _all_numbers(args, kwargs):
@@ -76,6 +79,37 @@ class TorchOpVariable(Variable):
 
     def __repr__(self):
         return f"TorchOp({_op_name(self.op)})"
+
+
+def _functional_of(schema):
+    """``aten.hardswish_`` -> ``aten.hardswish``: an in-place elementwise op whose only write
+    is to ``self`` (not a view op that changes self's shape: ``unsqueeze_``), or None."""
+    namespace, name = schema.name.split("::", 1)
+    args = schema.arguments
+    if namespace != "aten" or not name.endswith("_") or not args or args[0].name != "self":
+        return None
+    writes = [a for a in args if a.alias_info is not None and a.alias_info.is_write]
+    if writes != [args[0]] or name[:-1] in _SHAPE_CHANGING:
+        return None
+    return getattr(torch.ops.aten, name[:-1], None)
+
+
+# in-place ops that change self's metadata, not its values
+_SHAPE_CHANGING = {"unsqueeze", "squeeze", "transpose", "t", "resize", "as_strided", "swapdims",
+                   "swapaxes", "set", "detach"}
+
+
+def _write_into_self(tx, functional, args, kwargs, what):
+    """``self.op_(...)``: the functional op's result written into self (functionalized, every
+    alias sees it), returning self, as eager; a result of another dtype is a break (eager casts
+    some and refuses others)."""
+    if not args or not isinstance(args[0], TensorVariable):
+        raise Unsupported(f"{what}: the op mutates its arguments (not captured)")
+    result = TorchOpVariable(functional).call(tx, args, kwargs)
+    if not isinstance(result, TensorVariable) or result.proxy.dtype != args[0].proxy.dtype \
+            or tuple(result.proxy.shape) != tuple(args[0].proxy.shape):
+        raise Unsupported(f"{what}: the result's dtype or shape differs from self's")
+    return tx._inplace_update(args[0], result, what)
 
 
 def _op_name(op) -> str:
