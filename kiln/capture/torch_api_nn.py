@@ -216,7 +216,7 @@ FUNCTIONS = {
     F.mse_loss: _simple_loss(core.mse_loss), F.l1_loss: _simple_loss(core.l1_loss),
     F.binary_cross_entropy_with_logits: _simple_loss(core.bce_with_logits),
     F.dropout: dropout, F.scaled_dot_product_attention: sdpa,
-    F.conv1d: _conv(1), F.conv2d: _conv(2),
+    F.conv1d: _conv(1), F.conv2d: _conv(2), F.conv3d: _conv(3),
     torch.matmul: matmul, torch.bmm: bmm, torch.addmm: addmm, torch.baddbmm: baddbmm,
     torch.gather: gather, torch.index_select: index_select,
     torch.rand: rand, torch.rand_like: rand_like, torch.scatter_add: scatter_add,

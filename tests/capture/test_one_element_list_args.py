@@ -26,3 +26,26 @@ def test_one_element_lists_expand_to_every_spatial_dim():
             got, want = kiln.compile(fn, fullgraph=True)(*args), fn(*args)
         assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5, rtol=1e-4)
         assert kiln.stats()["eager_runs"] == 0 and kiln.stats()["fallbacks"] == 0
+
+
+def test_conv3d_compiles_with_its_gradients():
+    """F.conv3d had no capture rule: a break wherever a gradient was needed (peer
+    ``test_conv3d``, ``test_conv3d_channels_last``)."""
+    for channels_last in (False, True):
+        m = torch.nn.Sequential(torch.nn.Conv3d(3, 4, 3, stride=2, padding=1), torch.nn.ReLU())
+        x = torch.randn(2, 3, 6, 7, 8)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last_3d)
+        x.requires_grad_()
+        kiln.reset()
+        got = kiln.compile(m, fullgraph=True)(x)
+        got.sum().backward()
+        grads = [p.grad.clone() for p in m.parameters()] + [x.grad.clone()]
+        m.zero_grad()
+        x.grad = None
+        want = m(x)
+        want.sum().backward()
+        assert got.stride() == want.stride() and torch.allclose(got, want, atol=1e-5)
+        for g, w in zip(grads, [p.grad for p in m.parameters()] + [x.grad]):
+            assert torch.allclose(g, w, atol=1e-4, rtol=1e-4)
+        assert kiln.stats()["eager_runs"] == 0 and kiln.stats()["fallbacks"] == 0
