@@ -281,9 +281,26 @@ def _transpose_attr(t):
     return core.permute(t, tuple(reversed(range(t.ndim)))) if t.ndim == 2 else t
 
 
+def _complex_part(name):
+    """``x.real``: x itself for a real tensor (as eager; ``x.imag`` raises eager's error); a
+    complex tensor's part runs as a fallback node (complex values never reach a kernel)."""
+    def attr(t):
+        if not t.dtype.is_complex:
+            if name == "imag":
+                raise RuntimeError("imag is not implemented for tensors with non-complex dtypes.")
+            return t
+        from kiln.capture.fallback import fallback_adapter
+        adapter, why = fallback_adapter(getattr(torch, name), f"torch.{name}")
+        if adapter is None:
+            raise Unsupported(f"Tensor.{name}: {why}")
+        return adapter(t)
+    return attr
+
+
 TENSOR_VIEW_ATTRIBUTES = {
     "T": _transpose_attr,
     "mT": lambda t: core.transpose(t, -2, -1),
+    "real": _complex_part("real"), "imag": _complex_part("imag"),
 }
 
 # Operator spelling (dis's argrepr for BINARY_OP / COMPARE_OP) -> adapter.
