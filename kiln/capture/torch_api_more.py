@@ -359,7 +359,10 @@ def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
         input = core.reshape(input, (1,))
     shape = tuple(input.shape)
     grown = core.expand(core.unsqueeze(input, dim + 1), shape[:dim + 1] + (repeats,) + shape[dim + 1:])
-    return core.reshape(grown, shape[:dim] + (shape[dim] * repeats,) + shape[dim + 1:])
+    out = core.reshape(grown, shape[:dim] + (shape[dim] * repeats,) + shape[dim + 1:])
+    # eager's result is a fresh contiguous tensor: never a view of the input (a write to it
+    # must not reach the input), nor a broadcast one
+    return core.clone(out) if out.meta.is_contiguous() else core.contiguous(out)
 
 
 def pad(input, pad, mode="constant", value=None):

@@ -34,3 +34,13 @@ def test_tensor_repeats_are_a_break():
         kiln.compile(fn, fullgraph=True)(x, r)
     kiln.reset()
     assert torch.equal(kiln.compile(fn)(x, r), fn(x, r))
+
+
+def test_the_result_is_not_a_view_of_the_input():
+    def fn(x):
+        y = x.repeat_interleave(1, dim=1)  # the same elements: a reshape could be a view
+        y.add_(1)
+        return y, x * 1
+    x = torch.randn(4, 1)
+    got, want = kiln.compile(fn)(x), fn(x.clone())
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
