@@ -17,7 +17,7 @@ from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
 from kiln.graph.node import flatten_args
 from kiln.ops import core
-from kiln.ops.core_fallback import register_fallback_target
+from kiln.ops.core_fallback import NotTensors, register_fallback_target
 
 # torch submodules whose functions are never run as fallbacks (RNG state, devices, autograd,
 # I/O, compilers): a call into them stays a graph break
@@ -64,7 +64,10 @@ def fallback_adapter(fn, name: str):
         if torch.is_grad_enabled() and any(p.meta.requires_grad for p in proxies):
             raise Unsupported(f"{name} has no core op, and a gradient is needed through it")
         target = register_fallback_target(name, fn)
-        out = core.fallback(target, *args, **kwargs)
+        try:
+            out = core.fallback(target, *args, **kwargs)
+        except NotTensors as e:  # not an argument error: eager would not raise, so a break
+            raise Unsupported(f"{name} returns no tensor ({e})") from None
         if isinstance(out, tuple):  # several results: one node, one getitem per result
             out = _as_return_type(fn, out)
         elif not isinstance(out, Proxy):

@@ -317,8 +317,10 @@ def _wrap_proxy(tx, out: Proxy, by_node, name):
         if name == "Tensor.contiguous":
             if meta is None:
                 return _view_var(tx, out, base_var, [ViewStep(None, (), {}, _uncertain("contiguous"))])
-            if not meta.is_contiguous():
-                return TensorVariable(core.contiguous(out))  # eager copies
+            if any(n != 1 and a != b for n, a, b in zip(meta.shape, meta.stride, out.meta.stride)):
+                # laid out otherwise in eager than the rule saw (it returned its argument for
+                # being contiguous in the format asked for): eager copies
+                return TensorVariable(core.contiguous(out))
         return base_var  # the call returned its argument (or an alias of all of it)
     chain = []
     for n in reversed(steps):

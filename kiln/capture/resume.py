@@ -459,6 +459,9 @@ class Glue:
                       Instr("LOAD_CONST", self.globals), *_call(2))
 
     def load(self, v):
+        if id(v) in self.temps:  # rebuilt once already: the same object (a dict the resumed
+            self.emit(Instr("LOAD_FAST", self.temps[id(v)]))  # code mutates is the local's)
+            return
         reconstruct = getattr(v, "reconstruct", None)
         if reconstruct is not None:  # a Variable that knows how to rebuild itself
             reconstruct(self)

@@ -113,12 +113,61 @@ def _same_device(x, device) -> bool:
     return device.type == x.device.type and (device.index is None or device.index == x.device.index)
 
 
+def _is_contiguous_as(x, memory_format=None) -> bool:
+    """Eager's ``x.is_contiguous(memory_format=...)``, asked of the meta device."""
+    if memory_format in (None, torch.contiguous_format):
+        return x.meta.is_contiguous()
+    try:
+        return x.meta.fake().is_contiguous(memory_format=memory_format)
+    except Exception:  # noqa: BLE001 - symbolic sizes: not known, so not
+        return False
+
+
+# dims in memory order for each permuted memory format, and back
+_FORMAT_ORDER = {torch.channels_last: ((0, 2, 3, 1), (0, 3, 1, 2)),
+                 torch.channels_last_3d: ((0, 2, 3, 4, 1), (0, 4, 1, 2, 3))}
+
+
+def in_memory_format(x, memory_format, copy=False):
+    """``x`` laid out in ``memory_format`` (``to``/``contiguous``/``clone(memory_format=)``):
+    itself where it already is, unless ``copy``; a channels-last copy is the contiguous copy of
+    x with channels innermost, permuted back (eager's strides)."""
+    if memory_format in (None, torch.preserve_format):
+        return core.clone(x) if copy else x
+    if not copy and _is_contiguous_as(x, memory_format):
+        return x
+    if memory_format is torch.contiguous_format:
+        return core.contiguous(x) if not x.meta.is_contiguous() else core.clone(x)
+    if memory_format not in _FORMAT_ORDER:
+        raise Unsupported(f"memory_format={memory_format} is not supported")
+    order, back = _FORMAT_ORDER[memory_format]
+    if x.ndim != len(order):  # eager's error, from the user's line
+        raise RuntimeError(f"required rank {len(order)} tensor to use {memory_format} format")
+    inner = core.permute(x, order)
+    inner = core.clone(inner) if inner.meta.is_contiguous() else core.contiguous(inner)
+    return core.permute(inner, back)
+
+
 def to(self, *args, **kwargs):
     dtype = kwargs.pop("dtype", None)
     device = kwargs.pop("device", None)
     kwargs.pop("non_blocking", None)
-    if kwargs.pop("copy", False) or kwargs.pop("memory_format", None) is not None or kwargs:
-        raise Unsupported(f"Tensor.to with arguments {sorted(kwargs) or 'copy/memory_format'}")
+    copy, memory_format = kwargs.pop("copy", False), kwargs.pop("memory_format", None)
+    if kwargs:
+        raise Unsupported(f"Tensor.to with arguments {sorted(kwargs)}")
+    if copy or memory_format not in (None, torch.preserve_format):
+        out = to(self, *args, dtype=dtype, device=device)
+        if memory_format not in (None, torch.preserve_format) and not copy:
+            # eager keeps the tensor where its suggested format is the one asked for (a
+            # permuted tensor stays as it is "to" contiguous_format): ask the meta device
+            try:
+                fake = out.meta.fake()
+                if fake.to(memory_format=memory_format) is fake:
+                    return out
+            except Exception:  # noqa: BLE001 - symbolic sizes: copy
+                pass
+            return in_memory_format(out, memory_format, copy=True)
+        return in_memory_format(out, memory_format, copy=copy and out is self)
     for a in args:
         if isinstance(a, torch.dtype):
             dtype = a
@@ -151,14 +200,15 @@ def where_method(self, condition, other):
 
 
 def size(self, dim=None):
-    return tuple(self.shape) if dim is None else self.shape[dim]
+    # a torch.Size, as .shape gives: Tensor.new(x.size()) reads it as a size, a tuple as data
+    return size_tuple(self.shape) if dim is None else self.shape[dim]
 
 
 def contiguous(self, memory_format=None):
     # eager returns the tensor itself when it is contiguous, else a contiguous copy (a graph
     # output must have eager's strides); capture's mutation tracking handles inputs
     if memory_format not in (None, torch.contiguous_format):
-        raise Unsupported(f"Tensor.contiguous(memory_format={memory_format}) is not supported")
+        return in_memory_format(self, memory_format)
     return self if self.meta.is_contiguous() else core.contiguous(self)
 
 
@@ -202,11 +252,17 @@ TENSOR_METHODS = {
     # metadata queries: answered from TensorMeta, return Python values (the shape guard covers them)
     "size": size, "dim": lambda self: self.ndim, "ndimension": lambda self: self.ndim,
     "numel": lambda self: self.numel(), "stride": lambda self, dim=None: self.stride(dim),
-    "is_contiguous": lambda self, memory_format=None: self.meta.is_contiguous(),
+    "is_contiguous": _is_contiguous_as,
     "is_floating_point": lambda self: self.dtype.is_floating_point,
     "is_complex": lambda self: self.dtype.is_complex,
     "element_size": lambda self: self.dtype.itemsize,
 }
+
+# Metadata queries torch also spells as functions (``torch.is_complex(x)``, ``input=`` as torch
+# names the argument): the same answers from TensorMeta, not a fallback node (which returns no
+# tensor, so it cannot be one)
+for _name in ("is_floating_point", "is_complex", "numel"):
+    TORCH_FUNCTIONS[getattr(torch, _name)] = (lambda method: lambda input: method(input))(TENSOR_METHODS[_name])
 
 # Tensor attributes that are Python values computed from the tensor's metadata.
 TENSOR_ATTRIBUTES = {
@@ -225,9 +281,26 @@ def _transpose_attr(t):
     return core.permute(t, tuple(reversed(range(t.ndim)))) if t.ndim == 2 else t
 
 
+def _complex_part(name):
+    """``x.real``: x itself for a real tensor (as eager; ``x.imag`` raises eager's error); a
+    complex tensor's part runs as a fallback node (complex values never reach a kernel)."""
+    def attr(t):
+        if not t.dtype.is_complex:
+            if name == "imag":
+                raise RuntimeError("imag is not implemented for tensors with non-complex dtypes.")
+            return t
+        from kiln.capture.fallback import fallback_adapter
+        adapter, why = fallback_adapter(getattr(torch, name), f"torch.{name}")
+        if adapter is None:
+            raise Unsupported(f"Tensor.{name}: {why}")
+        return adapter(t)
+    return attr
+
+
 TENSOR_VIEW_ATTRIBUTES = {
     "T": _transpose_attr,
     "mT": lambda t: core.transpose(t, -2, -1),
+    "real": _complex_part("real"), "imag": _complex_part("imag"),
 }
 
 # Operator spelling (dis's argrepr for BINARY_OP / COMPARE_OP) -> adapter.

@@ -99,6 +99,47 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, **kw):
     return core.arange(start, end, step, dtype, _dev(device))
 
 
+def empty_strided(size, stride, *, dtype=None, device=None, **kw):
+    """An uninitialized tensor (zeros here) with exactly these strides, as a graph value: a
+    buffer of the dims in stride order, each padded out to the next outer dim's stride, then
+    sliced to the sizes and permuted back (``empty_strided((16, 8), (16, 1))`` is the first 8
+    columns of a 16x16 buffer). Overlapping strides, or strides that do not nest, are a break."""
+    _check(**kw)
+    size, stride = tuple(size), tuple(stride)
+    if len(size) != len(stride) or not all(isinstance(v, int) for v in size + stride):
+        raise Unsupported("torch.empty_strided with symbolic or mismatched sizes and strides")
+    dtype, dev = dtype or default_dtype(), _dev(device)
+    order = sorted(range(len(size)), key=lambda d: (size[d] != 1, stride[d], -d))  # inner first
+    extents, inner = [], 1
+    for k, d in enumerate(order):
+        if size[d] == 1:
+            extents.append(1)
+            continue
+        outer = next((stride[e] for e in order[k + 1:] if size[e] != 1), None)
+        if stride[d] != inner or outer is not None and (outer % inner or outer // inner < size[d]):
+            raise Unsupported(f"torch.empty_strided(size={size}, stride={stride}): strides that "
+                              f"overlap or do not nest are not supported")
+        extents.append(size[d] if outer is None else outer // inner)
+        inner = inner * extents[-1]
+    dims = list(reversed(order))  # outermost first
+    out = core.full(tuple(reversed(extents)), 0, dtype, dev)
+    for k, d in enumerate(dims):
+        if out.shape[k] != size[d]:
+            out = core.slice(out, k, 0, size[d], 1)
+    perm = tuple(dims.index(d) for d in range(len(size)))
+    return out if perm == tuple(range(len(size))) else core.permute(out, perm)
+
+
+def new_empty_strided(self, size, stride, *, dtype=None, device=None, **kw):
+    return empty_strided(size, stride, dtype=dtype or self.dtype, device=_dev(device, self), **kw)
+
+
+def iota(length, *, start, step, dtype, device, requires_grad):
+    """``prims.iota``: start, start + step, ... (length values)."""
+    _check(requires_grad=requires_grad)
+    return core.arange(start, start + length * step, step, dtype, _dev(device))
+
+
 def linspace(start, end, steps, *, dtype=None, device=None, **kw):
     _check(**kw)
     return core.linspace(start, end, steps, dtype or default_dtype(), _dev(device))
@@ -135,8 +176,15 @@ def randint(*args, generator=None, dtype=None, device=None, **kw):
 
 
 def tensor(data, *, dtype=None, device=None, **kw):
-    """torch.tensor(python data): a constant of the graph, created at trace time."""
+    """torch.tensor(python data): a constant of the graph, created at trace time.
+    torch.tensor(a traced tensor): a detached copy (eager warns and does ``clone().detach()``,
+    keeping the layout), cast to ``dtype``."""
     _check(**kw)
+    if isinstance(data, Proxy):
+        if device is not None and torch.device(device).type != data.device.type:
+            raise Unsupported("torch.tensor(tensor, device=...) across devices is not supported")
+        out = core.detach(core.clone(data))
+        return out if dtype is None or dtype == data.dtype else core.to_dtype(out, dtype)
     graph = active_graph()
     if graph is None:
         raise Unsupported("torch.tensor outside a graph build")
@@ -158,8 +206,10 @@ FUNCTIONS = {
     torch.zeros_like: _like(0), torch.ones_like: _like(1), torch.empty_like: _like(0),
     torch.full_like: full_like, torch.arange: arange, torch.linspace: linspace, torch.eye: eye,
     torch.randn: randn, torch.randn_like: randn_like, torch.randint: randint, torch.tensor: tensor,
+    torch.empty_strided: empty_strided,
 }
 
 METHODS = {
     "new_zeros": _new(0), "new_ones": _new(1), "new_empty": _new(0), "new_full": new_full, "new": new,
+    "new_empty_strided": new_empty_strided,
 }

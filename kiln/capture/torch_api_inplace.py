@@ -262,7 +262,8 @@ def clone(input, *, memory_format=None):
     if memory_format is torch.contiguous_format:
         return core.contiguous(input)
     if memory_format not in (None, torch.preserve_format):
-        raise Unsupported(f"clone(memory_format={memory_format}) is not supported")
+        from kiln.capture.torch_api import in_memory_format
+        return in_memory_format(input, memory_format, copy=True)
     return core.clone(input)
 
 

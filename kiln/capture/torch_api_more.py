@@ -341,6 +341,30 @@ def repeat(self, *sizes):
     return core.repeat(self, _sizes(sizes))
 
 
+def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
+    """Each element ``repeats`` times in a row along ``dim`` (the flattened input for None): a
+    broadcast over a new dim after ``dim`` and a reshape. Only an int count: a tensor of counts
+    makes the shape depend on the data (a break)."""
+    if repeats is None or isinstance(repeats, Proxy) or isinstance(repeats, bool) \
+            or not isinstance(repeats, int):
+        raise Unsupported("repeat_interleave with tensor repeats (a data-dependent shape)")
+    if repeats < 0:
+        raise RuntimeError("repeats can not be negative")
+    if dim is None:
+        input, dim = core.reshape(input, (-1,)), 0
+    dim = dim + input.ndim if dim < 0 else dim
+    if not 0 <= dim < max(input.ndim, 1):
+        raise IndexError(f"Dimension out of range (got {dim} for a {input.ndim}-d tensor)")
+    if input.ndim == 0:
+        input = core.reshape(input, (1,))
+    shape = tuple(input.shape)
+    grown = core.expand(core.unsqueeze(input, dim + 1), shape[:dim + 1] + (repeats,) + shape[dim + 1:])
+    out = core.reshape(grown, shape[:dim] + (shape[dim] * repeats,) + shape[dim + 1:])
+    # eager's result is a fresh contiguous tensor: never a view of the input (a write to it
+    # must not reach the input), nor a broadcast one
+    return core.clone(out) if out.meta.is_contiguous() else core.contiguous(out)
+
+
 def pad(input, pad, mode="constant", value=None):
     if mode != "constant":
         raise Unsupported(f"F.pad(mode={mode!r}) is not supported (constant only)")
@@ -506,11 +530,13 @@ _BINARY = {
     "fmod": core.fmod, "remainder": core.remainder, "floor_divide": core.floor_divide,
     "logical_and": core.logical_and, "logical_or": core.logical_or, "logical_xor": core.logical_xor,
     "bitwise_and": core.bitwise_and, "bitwise_or": core.bitwise_or, "bitwise_xor": core.bitwise_xor,
+    "bitwise_left_shift": core.bitwise_left_shift, "bitwise_right_shift": core.bitwise_right_shift,
 }
 
 TORCH_FUNCTIONS = {getattr(torch, n): unary(op) for n, op in _UNARY.items()}
 TORCH_FUNCTIONS.update({getattr(torch, n): binary(op) for n, op in _BINARY.items()})
 TORCH_FUNCTIONS.update({
+    torch.repeat_interleave: repeat_interleave,
     torch.round: round_, torch.pow: pow_, torch.div: div_rounding, torch.divide: div_rounding,
     torch.clamp: clamp, torch.clip: clamp, torch.clamp_min: clamp_min, torch.clamp_max: clamp_max,
     torch.lerp: lerp, torch.addcmul: addc(core.addcmul), torch.addcdiv: addc(core.addcdiv),
@@ -545,10 +571,12 @@ TENSOR_METHODS.update({
     "unsqueeze": unsqueeze, "squeeze": squeeze, "narrow": narrow, "select": select,
     "split": split, "chunk": chunk, "unbind": unbind, "flip": flip, "roll": roll,
     "tril": tri(core.tril), "triu": tri(core.triu), "repeat": repeat,
+    "repeat_interleave": repeat_interleave,
     "__getitem__": getitem,
 })
 
 BINARY_OPERATORS = {
     "**": pow_, "//": binary(core.floor_divide), "%": binary(core.remainder),
     "&": binary(core.bitwise_and), "|": binary(core.bitwise_or), "^": binary(core.bitwise_xor),
+    "<<": binary(core.bitwise_left_shift), ">>": binary(core.bitwise_right_shift),
 }

@@ -11,7 +11,10 @@ from kiln.ops import core
 
 
 def _pair(v, n):
-    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
+    """An int, or a list of one (torch expands both: ``Conv2d(stride=[1])``), or of n."""
+    if isinstance(v, (tuple, list)):
+        return tuple(v) * n if len(v) == 1 else tuple(v)
+    return (v,) * n
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -206,7 +209,7 @@ FUNCTIONS = {
     F.mse_loss: _simple_loss(core.mse_loss), F.l1_loss: _simple_loss(core.l1_loss),
     F.binary_cross_entropy_with_logits: _simple_loss(core.bce_with_logits),
     F.dropout: dropout, F.scaled_dot_product_attention: sdpa,
-    F.conv1d: _conv(1), F.conv2d: _conv(2),
+    F.conv1d: _conv(1), F.conv2d: _conv(2), F.conv3d: _conv(3),
     torch.matmul: matmul, torch.bmm: bmm, torch.addmm: addmm, torch.baddbmm: baddbmm,
     torch.gather: gather, torch.index_select: index_select,
     torch.rand: rand, torch.rand_like: rand_like, torch.scatter_add: scatter_add,

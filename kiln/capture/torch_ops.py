@@ -20,7 +20,7 @@ import types
 
 import torch
 
-from kiln.capture import custom_ops, torch_api
+from kiln.capture import custom_ops, torch_api, torch_api_creation
 from kiln.capture.errors import Unsupported
 from kiln.capture.fallback import fallback_adapter
 from kiln.capture.values import ConstantVariable, TensorVariable, Variable
@@ -72,14 +72,51 @@ class TorchOpVariable(Variable):
             return _route_user_op(tx, overload, *_call_form(schema, bound, args, kwargs))
         op_name = schema.name.split("::", 1)[-1]
         if schema.is_mutable and not (op_name.endswith("_") and op_name in torch_api.TENSOR_METHODS):
-            raise Unsupported(f"{what}: the op mutates its arguments (not captured)")
+            functional = _functional_of(schema)
+            if functional is None:
+                raise Unsupported(f"{what}: the op mutates its arguments (not captured)")
+            return _write_into_self(tx, functional, args, kwargs, what)
         if torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ()):
             raise Unsupported(f"{what}: a random op (not captured)")
+        if not schema.is_mutable and _all_numbers(args, kwargs):
+            # as called: a packet picks its overload in torch (aten.add(4, 3.3) is add.Tensor)
+            return tx.call_adapter(_on_numbers(self.op), args, kwargs, what)
         pos, kw = _call_form(schema, bound, args, kwargs)
         return _route(tx, overload, schema, pos, kw)
 
     def __repr__(self):
         return f"TorchOp({_op_name(self.op)})"
+
+
+def _functional_of(schema):
+    """``aten.hardswish_`` -> ``aten.hardswish``: an in-place elementwise op whose only write
+    is to ``self`` (not a view op that changes self's shape: ``unsqueeze_``), or None."""
+    namespace, name = schema.name.split("::", 1)
+    args = schema.arguments
+    if namespace != "aten" or not name.endswith("_") or not args or args[0].name != "self":
+        return None
+    writes = [a for a in args if a.alias_info is not None and a.alias_info.is_write]
+    if writes != [args[0]] or name[:-1] in _SHAPE_CHANGING:
+        return None
+    return getattr(torch.ops.aten, name[:-1], None)
+
+
+# in-place ops that change self's metadata, not its values
+_SHAPE_CHANGING = {"unsqueeze", "squeeze", "transpose", "t", "resize", "as_strided", "swapdims",
+                   "swapaxes", "set", "detach"}
+
+
+def _write_into_self(tx, functional, args, kwargs, what):
+    """``self.op_(...)``: the functional op's result written into self (functionalized, every
+    alias sees it), returning self, as eager; a result of another dtype is a break (eager casts
+    some and refuses others)."""
+    if not args or not isinstance(args[0], TensorVariable):
+        raise Unsupported(f"{what}: the op mutates its arguments (not captured)")
+    result = TorchOpVariable(functional).call(tx, args, kwargs)
+    if not isinstance(result, TensorVariable) or result.proxy.dtype != args[0].proxy.dtype \
+            or tuple(result.proxy.shape) != tuple(args[0].proxy.shape):
+        raise Unsupported(f"{what}: the result's dtype or shape differs from self's")
+    return tx._inplace_update(args[0], result, what)
 
 
 def _op_name(op) -> str:
@@ -225,6 +262,9 @@ def _constant_pad_nd(x, pad, value=0):
 
 # aten ops whose torch-level form has another name or signature: the capture adapter to use
 ALIASES = {"slice": _slice, "constant_pad_nd": _constant_pad_nd}
+# prims ops with a capture rule (a factory: no tensor argument a fallback node could take)
+PRIMS_RULES_NS = ("prims",)
+PRIMS_RULES = {"iota": torch_api_creation.iota}
 
 
 def _torch_level(name: str, schema, pos, kw):
@@ -267,9 +307,37 @@ def _signature_agrees(fn, schema, n_pos, kw):
     return all(k in accepted for k in kw) or any(p.kind == p.VAR_KEYWORD for p in params)
 
 
+def _all_numbers(pos, kw) -> bool:
+    """Only Python numbers (and None, strings, dtypes): ``aten.add(4, 3.3)``, whose operands
+    torch wraps into 0-d tensors. Random ops never get here (a break above)."""
+    values = [a.value if isinstance(a, ConstantVariable) else a for a in list(pos) + list(kw.values())]
+    if not all(isinstance(a, ConstantVariable) for a in list(pos) + list(kw.values())):
+        return False
+    return any(isinstance(v, (int, float)) for v in values) and all(
+        v is None or isinstance(v, (bool, int, float, str, torch.dtype)) for v in values)
+
+
+def _on_numbers(overload):
+    """The op run on its (specialized, guarded) numbers at trace time: a constant of the graph,
+    as ``torch.tensor(3.3)`` is."""
+    from kiln.graph.proxy import active_graph
+
+    def adapter(*args, **kwargs):
+        out = overload(*args, **kwargs)
+        if isinstance(out, (bool, int, float)):  # aten.add.default(4, 3.3) is the number 7.3
+            return out
+        graph = active_graph()
+        if not isinstance(out, torch.Tensor) or graph is None or out.numel() > 1 << 16:
+            raise Unsupported(f"{overload} on numbers only returns no number or small tensor")
+        return Proxy(graph.get_attr("const", out))
+    return adapter
+
+
 def _route(tx, overload, schema, pos, kw):
     namespace, name = schema.name.split("::", 1)
     label = f"torch.ops.{_op_name(overload)}"
+    if namespace in PRIMS_RULES_NS and name in PRIMS_RULES:  # a prim whose meaning is plain
+        return tx.call_adapter(PRIMS_RULES[name], pos, kw, label)
     # prims differ from the torch functions of their names (prims.div truncates integers)
     adapter = _torch_level(name, schema, pos, kw) if namespace == "aten" else None
     first_error = None

@@ -326,6 +326,12 @@ class DictVariable(Variable):
             self.items.update(args[0].items if args else {})
             self.items.update(kwargs)
             return ConstantVariable(None)
+        if name == "update" and len(args) == 1 and hasattr(args[0], "iterate"):
+            pairs = _key_value_pairs(tx, args[0])  # [(k, v), [k, v]], zip(keys, values)
+            if pairs is not None:
+                self.items.update(pairs)
+                self.items.update(kwargs)
+                return ConstantVariable(None)
         if name == "pop" and len(args) in (1, 2):
             key = args[0].as_python()
             if key in self.items:
@@ -345,6 +351,24 @@ class DictVariable(Variable):
 
     def __repr__(self):
         return f"Dict({self.items!r})"
+
+
+def _key_value_pairs(tx, iterable):
+    """dict.update's iterable of pairs as [(constant key, value)], or None (a break) where an
+    item is not a pair or a key is not a constant."""
+    try:
+        items = iterable.iterate(tx)
+    except Unsupported:
+        return None
+    pairs = []
+    for item in items:
+        if not isinstance(item, (TupleVariable, ListVariable)) or len(item.items) != 2:
+            return None
+        key = item.items[0]
+        if not isinstance(key, ConstantVariable) or not is_constant(key.value):
+            return None
+        pairs.append((key.value, item.items[1]))
+    return pairs
 
 
 def _key_variable(tx, key):

@@ -143,6 +143,10 @@ def lower(graph: Graph) -> ir.LoopProgram:
         elif node.op == CALL:
             args = map_args(node.args, lambda n: env[n])
             kwargs = map_args(node.kwargs, lambda n: env[n])
+            eager_strides = node.meta.get("eager_arg_strides")
+            if eager_strides is not None and len(eager_strides) == len(args):
+                args = [_in_eager_storage(ctx, v, st) if isinstance(v, TValue) and st is not None else v
+                        for v, st in zip(args, eager_strides)]
             if symbolic:
                 args, kwargs = sympy_args(args), sympy_args(kwargs)
             if node.target is getitem:
@@ -208,6 +212,25 @@ def _realize_output(ctx, value: TValue, stride) -> ir.TensorRef:
     if stride is None and value.layout is not None:
         stride = contiguous_strides(value.shape)
     return ctx.realize(value, stride)
+
+
+def _in_eager_storage(ctx, value: TValue, stride) -> TValue:
+    """``value`` in memory laid out as eager's tensor is (``stride``: the core graph's meta),
+    for an op that reads storage (``as_strided``: ``ops/core_fallback.py STORAGE_READERS``).
+    A kiln view whose strides differ (a repeat of size-1 dims kept as an expand, strides 0,
+    where eager made a fresh contiguous tensor) is copied into a fresh buffer laid out so; a
+    value already laid out so (a graph input, a view of one) is kept, with its storage offset.
+    A value not yet in memory is stored with eager's strides."""
+    stride = tuple(stride)
+    if len(stride) != len(value.shape) \
+            or not all(isinstance(x, int) for x in stride + tuple(value.shape)):
+        return value  # symbolic: as before
+    if value.ref is not None:
+        if _same_layout(value.shape, value.ref.stride, stride):
+            return value
+        value = TValue(value.shape, value.dtype, value.device, value.loader, None, value.origins)
+    ref = ctx.realize(value, stride)
+    return TValue.of_ref(ref, value.dtype, value.device, value.origins)
 
 
 def _same_layout(shape, a, b) -> bool:

@@ -26,7 +26,7 @@ __all__ = ["floor", "ceil", "trunc", "round", "sign", "reciprocal", "exp2", "exp
            "log10", "log1p", "sin", "cos", "erf", "isnan", "isinf", "isfinite", "logical_not",
            "bitwise_not", "pow", "fmod", "remainder", "floor_divide", "trunc_divide",
            "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
-           "clamp", "lerp", "addcmul", "addcdiv", "masked_fill", "nan_to_num", "gelu", "silu",
+           "bitwise_left_shift", "bitwise_right_shift", "clamp", "lerp", "addcmul", "addcdiv", "masked_fill", "nan_to_num", "gelu", "silu",
            "hardtanh", "leaky_relu", "elu", "hardswish", "hardsigmoid", "mish", "softplus"]
 
 LOW = (torch.float16, torch.bfloat16)
@@ -243,6 +243,8 @@ logical_xor = _binary("logical_xor", torch.logical_xor, Promotion.ALWAYS_BOOL)
 bitwise_and = _binary("bitwise_and", torch.bitwise_and)
 bitwise_or = _binary("bitwise_or", torch.bitwise_or)
 bitwise_xor = _binary("bitwise_xor", torch.bitwise_xor)
+bitwise_left_shift = _binary("bitwise_left_shift", torch.bitwise_left_shift)
+bitwise_right_shift = _binary("bitwise_right_shift", torch.bitwise_right_shift)
 
 
 def _integral_meta(name, rule):
@@ -255,8 +257,21 @@ def _integral_meta(name, rule):
     return meta
 
 
-for _op in (bitwise_and, bitwise_or, bitwise_xor, bitwise_not):
+for _op in (bitwise_and, bitwise_or, bitwise_xor, bitwise_not, bitwise_left_shift, bitwise_right_shift):
     META_RULES[_op] = _integral_meta(_op.name, META_RULES[_op])
+
+
+def _shift_meta(rule, name):
+    def meta(*args, **kwargs):
+        out = rule(*args, **kwargs)
+        if out.dtype == torch.bool:  # eager: NotImplementedError, "not implemented for 'Bool'"
+            raise ElementwiseError(f"[meta] core.{name}: not defined for {out.dtype}")
+        return out
+    return meta
+
+
+for _op in (bitwise_left_shift, bitwise_right_shift):
+    META_RULES[_op] = _shift_meta(META_RULES[_op], _op.name)
 
 
 def _int_power(x, n: int):
@@ -435,6 +450,8 @@ def _bitwise(prim):
 DECOMPOSITIONS[bitwise_and] = _bitwise(pm.bitwise_and)
 DECOMPOSITIONS[bitwise_or] = _bitwise(pm.bitwise_or)
 DECOMPOSITIONS[bitwise_xor] = _bitwise(pm.bitwise_xor)
+DECOMPOSITIONS[bitwise_left_shift] = _bitwise(pm.shift_left)
+DECOMPOSITIONS[bitwise_right_shift] = _bitwise(pm.shift_right)
 
 
 # ------------------------------------------------------------------ clamp / lerp / addc*

@@ -21,6 +21,17 @@ __all__ = ["fallback", "FALLBACK_TARGETS", "register_fallback_target"]
 FALLBACK_TARGETS: dict[str, object] = {}
 
 
+# Callables that read their tensor operand's storage rather than its elements: their result
+# depends on where eager put each element, so lowering hands them their operands laid out as
+# eager's are (``decompose`` records those strides, ``inductor/lower.py`` copies where needed).
+STORAGE_READERS = {"as_strided", "as_strided_copy", "as_strided_scatter"}
+
+
+def reads_storage(name: str) -> bool:
+    """``torch.as_strided``, ``Tensor.as_strided``, ``torch.ops.aten.as_strided.default`` ..."""
+    return not STORAGE_READERS.isdisjoint(name.split("."))
+
+
 def register_fallback_target(name: str, fn):
     FALLBACK_TARGETS[name] = fn
     return name
@@ -44,6 +55,11 @@ def resolve(name: str):
         raise KeyError(f"[fallback] no callable registered under {name!r}")
     FALLBACK_TARGETS[name] = obj
     return obj
+
+
+class NotTensors(TypeError):
+    """The callable returns something other than tensors: it cannot be a graph node (capture
+    turns this into a graph break, with the call run by the resumed eager code)."""
 
 
 def _fallback_eager(target, *args, **kwargs):
@@ -71,7 +87,7 @@ def fallback_meta(target, *args, **kwargs):
 
     def to_meta(t):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"[meta] core.fallback({target}): returns {type(t).__name__}, not tensors")
+            raise NotTensors(f"[meta] core.fallback({target}): returns {type(t).__name__}, not tensors")
         return TensorMeta(t.shape, t.stride(), t.dtype, device, False)
     if isinstance(out, (tuple, list)):
         return tuple(to_meta(t) for t in out)

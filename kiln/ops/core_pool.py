@@ -271,6 +271,10 @@ def _adaptive_axis(call, x, dim, n_out):
 
 
 def _adaptive_forward(call, x, output_size):
+    if min(output_size) == 0:  # no bins: eager's empty result, still a function of x (its
+        core = _core()         # gradient: zeros), as an empty slice of x reshaped
+        empty = call(core.slice, x, x.ndim - 1, 0, 0, 1)
+        return call(core.reshape, empty, tuple(x.shape[:-2]) + tuple(output_size))
     xs = _opmath(call, x)
     out = _adaptive_axis(call, _adaptive_axis(call, xs, x.ndim - 1, output_size[1]), x.ndim - 2,
                          output_size[0])
@@ -283,7 +287,7 @@ adaptive_avg_pool2d = define("core", "adaptive_avg_pool2d", lambda x, size: F.ad
 @META_RULES.register(adaptive_avg_pool2d)
 def _adaptive_meta(x, output_size):
     _check_input("adaptive_avg_pool2d", x)
-    if min(x.shape[-2:]) == 0 or min(output_size) <= 0:
+    if min(x.shape[-2:]) == 0 or min(output_size) < 0:  # an output size of 0 is empty, as eager
         raise PoolError(f"[meta] core.adaptive_avg_pool2d: empty input {list(x.shape)} or output "
                         f"size {output_size}")
     return TensorMeta.contiguous(tuple(x.shape[:-2]) + tuple(output_size), x.dtype, x.device,

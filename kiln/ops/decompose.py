@@ -43,6 +43,20 @@ def _mark_composite(created, result, core_name=None):
             p.node.meta["layout_from_meta"] = True
 
 
+def _note_eager_strides(node, result):
+    """A fallback that reads its operands' storage (``as_strided``): the strides eager gives
+    each tensor operand, from the core graph's metas, for lowering to lay them out so (the
+    prims graph's metas are kiln's: a repeat is an expand there, a product contiguous)."""
+    from kiln.meta.tensor_meta import TensorMeta
+    from kiln.ops.core_fallback import reads_storage
+    if not (node.args and isinstance(node.args[0], str) and reads_storage(node.args[0])) \
+            or not isinstance(result, Proxy):
+        return
+    result.node.meta["eager_arg_strides"] = [
+        tuple(a.meta["val"].stride) if isinstance(a, Node) and isinstance(a.meta.get("val"), TensorMeta)
+        else None for a in node.args]
+
+
 def decompose(graph: Graph) -> Graph:
     """Replace every core op by its decomposition into prims (prims pass through)."""
     out = Graph(graph.name)
@@ -76,6 +90,8 @@ def decompose(graph: Graph) -> Graph:
             with out.inherit(origin=_describe(node), source=source):
                 env[node] = rule(*args, **kwargs)
             _mark_composite(out.nodes[first_new:], env[node], target.name)
+            if target.name == "fallback":
+                _note_eager_strides(node, env[node])
         elif node.op == OUTPUT:
             result = map_args(node.args[0], lambda n: env[n])
             out.output(result)

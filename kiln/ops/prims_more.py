@@ -20,7 +20,7 @@ from kiln.ops.registry import LOWERINGS, META_RULES
 
 __all__ = ["floor", "ceil", "trunc", "round", "sin", "cos", "erf", "exp2", "expm1", "log2",
            "log10", "log1p", "bitwise_not", "pow", "fmod", "trunc_div", "bitwise_and", "device_put",
-           "bitwise_or", "bitwise_xor", "slice", "squeeze", "flip", "roll", "cat", "pad", "iota"]
+           "bitwise_or", "bitwise_xor", "shift_left", "shift_right", "slice", "squeeze", "flip", "roll", "cat", "pad", "iota"]
 
 
 def _tensor_first(fn):
@@ -61,6 +61,10 @@ trunc_div = _elementwise("trunc_div", _tensor_first(lambda a, b: torch.div(a, b,
 bitwise_and = _elementwise("bitwise_and", _tensor_first(torch.bitwise_and))
 bitwise_or = _elementwise("bitwise_or", _tensor_first(torch.bitwise_or))
 bitwise_xor = _elementwise("bitwise_xor", _tensor_first(torch.bitwise_xor))
+# Shifts as eager's: a count outside [0, bits) gives 0 (left) or the sign fill (right), where
+# C and Triton leave the result undefined; the codegen spells that out.
+shift_left = _elementwise("shift_left", _tensor_first(torch.bitwise_left_shift))
+shift_right = _elementwise("shift_right", _tensor_first(torch.bitwise_right_shift))
 
 
 # ------------------------------------------------------------------ slice

@@ -26,7 +26,8 @@ _PRINTED: dict = {}  # (floordiv, expr) -> text, shared by every IndexPrinter
 
 
 class IndexPrinter(StrPrinter):
-    """sympy -> integer index arithmetic (floor division and modulo on non-negative ints)."""
+    """sympy -> integer index arithmetic: sympy's floor division and modulo (rounding down), spelled
+    with the backend's truncating ones where the dividend may be negative."""
 
     def __init__(self, floordiv="//"):
         super().__init__()
@@ -46,13 +47,27 @@ class IndexPrinter(StrPrinter):
     def _print_floor(self, expr):
         arg = expr.args[0]
         num, den = arg.as_numer_denom()
-        if den != 1:
-            return f"(({self._print(num)}) {self.floordiv} ({self._print(den)}))"
-        return self._print(arg)
+        if den == 1:
+            return self._print(arg)
+        n, d = self._print(num), self._print(den)
+        if num.is_nonnegative:
+            return f"(({n}) {self.floordiv} ({d}))"
+        # C and Triton integer division truncates toward zero, sympy's floor rounds down: they
+        # differ for a negative numerator, which sympy makes of a flip's index (floor((2 - i0)/2)
+        # is kept as floor(-i0/2) + 1). Subtracting the floor remainder first makes the division
+        # exact, so either rounding gives the floor (the denominator is a positive size).
+        return f"((({n}) - {self._floor_mod(n, d)}) {self.floordiv} ({d}))"
 
     def _print_Mod(self, expr):
         a, b = expr.args
-        return f"(({self._print(a)}) % ({self._print(b)}))"
+        if a.is_nonnegative:
+            return f"(({self._print(a)}) % ({self._print(b)}))"
+        # sympy's Mod by a positive size is in [0, b), C's and Triton's % takes the dividend's sign
+        return self._floor_mod(self._print(a), self._print(b))
+
+    @staticmethod
+    def _floor_mod(a: str, b: str) -> str:
+        return f"(((({a}) % ({b})) + ({b})) % ({b}))"
 
     def _print_Integer(self, expr):
         return str(int(expr))

@@ -196,6 +196,19 @@ HELPERS["kiln_imod"] = r"""template <typename T> static inline T kiln_imod(T a, 
     const T d = ((b == 0) | neg1) ? T(1) : b;
     return neg1 ? T(0) : T(a % d);
 }"""
+# Shifts as eager's: a count outside [0, bits) gives 0 (left) or the sign fill (right: a >>
+# (bits - 1), 0 for unsigned types), where C's shift is undefined; a left shift runs unsigned
+# and wraps to the type (no signed overflow).
+HELPERS["kiln_shl"] = r"""template <typename T> static inline T kiln_shl(T a, T b) {
+    typedef typename std::make_unsigned<T>::type U;
+    const bool ok = (b >= T(0)) & (b < T(sizeof(T) * 8));
+    return ok ? T(U(U(a) << (ok ? b : T(0)))) : T(0);
+}"""
+HELPERS["kiln_shr"] = r"""template <typename T> static inline T kiln_shr(T a, T b) {
+    const T top = T(sizeof(T) * 8 - 1);
+    const bool ok = (b >= T(0)) & (b <= top);
+    return ok ? T(a >> (ok ? b : T(0))) : (std::is_signed<T>::value ? T(a >> top) : T(0));
+}"""
 HELPERS["kiln_sigmoidf"] = "static inline float kiln_sigmoidf(float x) { return 1.0f / (1.0f + kiln_expf(-x)); }"
 # ops whose float32 form is the vectorizable helper above
 VECTOR_MATH = {"exp": "kiln_expf", "log": "kiln_logf", "tanh": "kiln_tanhf", "sigmoid": "kiln_sigmoidf"}
@@ -269,6 +282,8 @@ class CppOps(ScalarOps):
             return args[0]
         if op == "fmod" and dtype.is_floating_point:
             return f"std::fmod({args[0]}, {args[1]})"
+        if op in ("shift_left", "shift_right"):
+            return f"kiln_sh{op[6]}<{ct}>({args[0]}, {args[1]})"
         if op in ("fmod", "trunc_div"):  # integers: see kiln_idiv
             return f"kiln_i{'mod' if op == 'fmod' else 'div'}<{ct}>({args[0]}, {args[1]})"
         return super().call(op, args, dtype, arg_dtypes)

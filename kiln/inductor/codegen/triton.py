@@ -107,6 +107,8 @@ class TritonOps(ScalarOps):
     def call(self, op, args, dtype, arg_dtypes):
         if op in ("trunc_div", "fmod") and not dtype.is_floating_point:
             return int_division(op, args[0], args[1], dtype)
+        if op in ("shift_left", "shift_right"):
+            return shift(op == "shift_left", args[0], args[1], dtype)
         if op == "div" and dtype.is_floating_point and _float_literal(args[1]) == 0.0 \
                 and _float_literal(args[0]) is not None:
             # two constants (the mean of an empty dim: 0 / 0): Python, which folds them, raises
@@ -154,6 +156,20 @@ def _zero_division_value(a: str, dtype) -> str:
         # over 2**31 is uint32 in Triton, and a where of it with -1 does not type)
         return f"(((({a} >> 32) == 0).to(tl.int64) - 1) | 4294967295)"
     return "-1" if dtype.is_signed else str((1 << (8 * dtype.itemsize)) - 1)
+
+
+def shift(left: bool, a: str, b: str, dtype) -> str:
+    """``a << b`` / ``a >> b`` as eager's: a count outside [0, bits) gives 0 (left) or the
+    sign fill (right: ``a >> (bits - 1)``, 0 unsigned), where LLVM's shift is poison. ``a * 0``
+    is a zero of a's type."""
+    bits = 8 * dtype.itemsize
+    sign = "<<" if left else ">>"
+    fill = f"({a} >> {bits - 1})" if not left and dtype.is_signed else f"({a} * 0)"
+    count = _int_literal(b)
+    if count is not None:
+        return f"({a} {sign} {b})" if 0 <= count < bits else fill
+    ok = f"(({b} >= 0) & ({b} < {bits}))"
+    return f"tl.where({ok}, {a} {sign} tl.where({ok}, {b}, 0), {fill})"
 
 
 def int_division(op: str, a: str, b: str, dtype) -> str:

@@ -65,6 +65,7 @@ ENTRIES = [
     E("remainder", lambda a, b: a % nz(b), binary, differentiable=True),
     E("fmod", lambda a, b: torch.fmod(a, nz(b)), binary, differentiable=True),
     E("bitwise", lambda a, b: (a & b) | (a ^ b) | torch.bitwise_not(b), binary, INTS + BOOL),
+    E("shifts", lambda a, b: (a << b) ^ (a >> b) ^ (a >> 1), binary, INTS),
     E("logical", lambda a, b: torch.logical_and(a > 0, b) | torch.logical_or(a, b)
       ^ torch.logical_xor(a, b) | torch.logical_not(a), binary, ALL + BOOL),
     # ---- Python scalars on either side, type promotion with them
