@@ -62,6 +62,7 @@ class ImportedGraph:
     shape_env: object      # kiln ShapeEnv, or None when every size is static
     autocast_devices: tuple  # ambient torch.autocast at import: the graph holds its casts
     grad_after: bool | None  # grad mode the GraphModule leaves set, where it changes it
+    static_inputs: list    # (index, shape, stride) of tensor inputs without a fake tensor
 
 
 class FxImporter:
@@ -75,6 +76,7 @@ class FxImporter:
         self.tx.shape_env.location = None
         self.env: dict = {}        # FX node -> Variable
         self.symbols: dict = {}    # Dynamo's sympy symbol -> kiln's expression
+        self.static_inputs: list = []  # (index, shape, stride) of inputs Dynamo did not describe
 
     # ---------------------------------------------------------------- the walk
     def run(self) -> ImportedGraph:
@@ -118,7 +120,8 @@ class FxImporter:
         env = tx.shape_env if tx.shape_env.hints else None
         tx._tensor_inputs.clear()  # the import outlives the call: it holds none of its tensors
         return ImportedGraph(tx.graph, fetch, _make_rebuild(spec), env, autocast_devices,
-                             tx.grad_enabled if tx.grad_enabled != grad_at_entry else None)
+                             tx.grad_enabled if tx.grad_enabled != grad_at_entry else None,
+                             self.static_inputs)
 
     # ---------------------------------------------------------------- placeholders
     def _placeholder(self, node, index: int) -> Variable:
@@ -175,8 +178,11 @@ class FxImporter:
     def _tensor_meta(self, node, index: int) -> TensorMeta:
         t = self.examples[index]
         fake = node.meta.get("example_value")
-        if fake is None or not isinstance(fake, torch.Tensor):
-            raise Unsupported(f"placeholder {node.name} has no fake tensor (example_value)")
+        if not isinstance(fake, torch.Tensor):
+            # a GraphModule not from Dynamo (torch.fx.symbolic_trace): static sizes, checked
+            # on every call since no Dynamo guard covers them
+            self.static_inputs.append((index, tuple(t.shape), tuple(t.stride())))
+            return TensorMeta.of(t)
         what = f"placeholder {node.name}"
         shape = [self._kiln_size(s, what) for s in fake.shape]
         stride = [self._kiln_size(s, what) for s in fake.stride()]
@@ -295,12 +301,13 @@ def symbol_reads(shape_env) -> dict:
     return {sym: f"({src})" for sym, src in shape_env.sources.items()}
 
 
-def guard_check(shape_env):
+def guard_check(shape_env, static_inputs=()):
     """``check(L) -> bool``: kiln's own shape guards (what its stages decided about the sizes,
-    beyond what Dynamo guards), or None when there are none to check."""
-    if shape_env is None:
-        return None
-    lines = shape_env.guard_lines(symbol_reads(shape_env))
+    beyond what Dynamo guards) and the sizes of inputs no fake tensor described, or None when
+    there is nothing to check."""
+    lines = shape_env.guard_lines(symbol_reads(shape_env)) if shape_env is not None else []
+    for i, shape, stride in static_inputs:
+        lines.append(f"L['args'][{i}].shape == {shape!r} and L['args'][{i}].stride() == {stride!r}")
     if not lines:
         return None
     source = "def check(L):\n    return " + " and ".join(f"({g})" for g in lines) + "\n"
