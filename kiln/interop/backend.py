@@ -116,7 +116,7 @@ class KilnGraphModule:
                 compiled = self._compile_graph(imported.graph)
             except StageError as e:
                 return self._internal_error(e)
-            check = guard_check(imported.shape_env, imported.static_inputs)  # after the stages: they add guards
+            check = guard_check(imported.shape_env, imported.static_inputs, imported.value_inputs)  # after the stages: they add guards
             if imported.autocast_devices:  # called inside torch.autocast: the graph holds the casts
                 from kiln.ops.autocast import run_disabled
                 compiled = run_disabled(compiled, imported.autocast_devices)

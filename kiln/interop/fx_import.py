@@ -25,6 +25,7 @@ capture's ``make_fetch`` builds the function that picks the graph inputs out of 
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 import re
 
@@ -40,7 +41,7 @@ from kiln.capture.values import (ConstantVariable, DictVariable, ListVariable, T
                                  TupleVariable, Variable)
 from kiln.graph import Proxy
 from kiln.meta import TensorMeta
-from kiln.meta.symbolic import SymInt, int_or_expr, py
+from kiln.meta.symbolic import SymInt, int_or_expr, py, size_tuple
 
 # operator.* -> the spelling capture's binary_op / unary_op take
 BINARY = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
@@ -63,6 +64,7 @@ class ImportedGraph:
     autocast_devices: tuple  # ambient torch.autocast at import: the graph holds its casts
     grad_after: bool | None  # grad mode the GraphModule leaves set, where it changes it
     static_inputs: list    # (index, shape, stride) of tensor inputs without a fake tensor
+    value_inputs: list     # (index, value) of one-element tensor inputs read with .item()
 
 
 class FxImporter:
@@ -73,17 +75,20 @@ class FxImporter:
         self.examples = list(example_inputs)
         self.tx = Tracer(name)
         self.tx.root_globals = {}
-        self.tx.shape_env.location = None
+        self._node = None  # the FX node being imported: where a shape guard was decided
+        self.tx.shape_env.location = lambda: provenance(self._node) if self._node is not None else ""
         self.env: dict = {}        # FX node -> Variable
         self.symbols: dict = {}    # Dynamo's sympy symbol -> kiln's expression
         self.static_inputs: list = []  # (index, shape, stride) of inputs Dynamo did not describe
+        self.value_inputs: list = []   # (index, value) of one-element inputs read as numbers
+        self.placeholders: list = []
 
     # ---------------------------------------------------------------- the walk
     def run(self) -> ImportedGraph:
         tx = self.tx
         grad_at_entry = tx.grad_enabled
         nodes = list(self.gm.graph.nodes)
-        placeholders = [n for n in nodes if n.op == "placeholder"]
+        placeholders = self.placeholders = [n for n in nodes if n.op == "placeholder"]
         if len(placeholders) != len(self.examples):
             raise Unsupported(f"{len(placeholders)} placeholders but {len(self.examples)} example inputs")
         # tensor sizes first: a SymInt placeholder of a size some tensor has needs no input
@@ -92,6 +97,7 @@ class FxImporter:
                 self._map_tensor_symbols(node, i)
         ret = None
         for node in nodes:
+            self._node = node
             with tx.graph.inherit(source=provenance(node)):
                 try:
                     if node.op == "placeholder":
@@ -119,9 +125,10 @@ class FxImporter:
         _, fetch = make_fetch(tx.input_sources, {})
         env = tx.shape_env if tx.shape_env.hints else None
         tx._tensor_inputs.clear()  # the import outlives the call: it holds none of its tensors
+        tx.shape_env.location = None  # later stages' guards have no FX node
         return ImportedGraph(tx.graph, fetch, _make_rebuild(spec), env, autocast_devices,
                              tx.grad_enabled if tx.grad_enabled != grad_at_entry else None,
-                             self.static_inputs)
+                             self.static_inputs, self.value_inputs)
 
     # ---------------------------------------------------------------- placeholders
     def _placeholder(self, node, index: int) -> Variable:
@@ -211,15 +218,17 @@ class FxImporter:
         kwargs = {k: self._var(v) for k, v in node.kwargs.items()}
         target = node.target
         if node.op == "call_method":
+            if target == "item" and len(args) == 1 and not kwargs:
+                return self._item(node, args[0])
             return args[0].getattr(tx, target).call(tx, args[1:], kwargs)
         if node.op == "call_module":
             module = self.gm.get_submodule(target)
             return tx.wrap(module, _attr_source(target)).call(tx, args, kwargs)
         if node.op != "call_function":
             raise Unsupported(f"FX op {node.op!r} is not supported")
-        if target is torch._C._set_grad_enabled:  # a `with torch.no_grad():` region's edges
-            tx.grad_enabled = bool(args[0].as_python())
-            return ConstantVariable(None)
+        special = _SPECIAL.get(target)
+        if special is not None:
+            return special(self, args, kwargs)
         if target in BINARY and len(args) == 2 and not kwargs:
             return tx.binary_op(BINARY[target], *args)
         if target in UNARY and len(args) == 1 and not kwargs:
@@ -227,6 +236,38 @@ class FxImporter:
         if target is operator.getitem:
             return tx.getitem(*args)
         return tx.wrap(target, None).call(tx, args, kwargs)
+
+    def _item(self, node, var) -> Variable:
+        """``.item()`` of a one-element graph input: how Dynamo passes a float it left
+        unspecialized (a module's ``eps``, a dropout ``p``). Kiln's ops want Python numbers
+        there, so the value is a constant of this variant, checked on every call."""
+        index = self._input_index(var)
+        if index is None or var.proxy.meta.numel() != 1:
+            raise Unsupported("Tensor.item() of a computed tensor (a data-dependent value)")
+        value = self.examples[index].item()
+        self.value_inputs.append((index, value))
+        return ConstantVariable(value)
+
+    def _input_index(self, var):
+        for i, node in enumerate(self.placeholders):
+            if self.env.get(node) is var:
+                return i
+        return None
+
+    def _set_grad_enabled(self, args, kwargs) -> Variable:
+        """``torch._C._set_grad_enabled``: the edges of a ``with torch.no_grad():`` region."""
+        self.tx.grad_enabled = bool(args[0].as_python())
+        return ConstantVariable(None)
+
+    def _enter_autocast(self, args, kwargs) -> Variable:
+        """Dynamo's ``with torch.autocast(...)``: a region of capture's autocast state, whose
+        casts become explicit ``to_dtype`` nodes (kiln/capture/autocast.py)."""
+        device, dtype, enabled, _cache = [a.as_python() for a in args] + [None] * (4 - len(args))
+        return ConstantVariable(self.tx.autocast.enter(device, True if enabled is None else enabled, dtype))
+
+    def _exit_autocast(self, args, kwargs) -> Variable:
+        self.tx.autocast.exit(args[0].as_python())
+        return ConstantVariable(None)
 
     def _get_attr(self, target: str) -> Variable:
         value = operator.attrgetter(target)(self.gm)
@@ -250,6 +291,44 @@ class FxImporter:
         if isinstance(x, torch.Tensor):
             raise Unsupported("a tensor constant inside the FX graph's arguments")
         return self.tx.wrap_constant(x)
+
+
+def _python_math(fn):
+    """torch's symbolic-number helpers (``torch.sym_max``, ``torch._sym_sqrt`` ...) on Python
+    numbers and kiln SymInts: plain Python arithmetic."""
+    def call(importer, args, kwargs):
+        if kwargs or any(isinstance(a, TensorVariable) for a in args):
+            raise Unsupported(f"{fn.__name__} of a tensor")
+        return ConstantVariable(fn(*[a.as_python() for a in args]))
+    return call
+
+
+def _size(importer, args, kwargs):
+    """``torch.Size([s0, s1, 96])`` in Dynamo's graph: a shape that stays symbolic (torch.Size
+    itself would turn kiln's SymInts into ints, specializing them)."""
+    if kwargs or len(args) > 1:
+        raise Unsupported("torch.Size with more than one argument")
+    items = args[0].as_python() if args else ()
+    return ConstantVariable(size_tuple(tuple(items)))
+
+
+def _sym_sqrt(x):
+    return math.sqrt(x)
+
+
+# call_function targets with a meaning of their own here (not a tensor op)
+_SPECIAL = {
+    torch._C._set_grad_enabled: FxImporter._set_grad_enabled,
+    torch.amp.autocast_mode._enter_autocast: FxImporter._enter_autocast,
+    torch.amp.autocast_mode._exit_autocast: FxImporter._exit_autocast,
+    torch.Size: _size,
+}
+for _fn, _py in ((getattr(torch, "sym_max", None), max), (getattr(torch, "sym_min", None), min),
+                 (getattr(torch, "sym_float", None), float), (getattr(torch, "sym_int", None), int),
+                 (getattr(torch, "sym_not", None), operator.not_),
+                 (getattr(torch, "_sym_sqrt", None), _sym_sqrt)):
+    if _fn is not None:
+        _SPECIAL[_fn] = _python_math(_py)
 
 
 def _attr_source(target: str):
@@ -301,13 +380,15 @@ def symbol_reads(shape_env) -> dict:
     return {sym: f"({src})" for sym, src in shape_env.sources.items()}
 
 
-def guard_check(shape_env, static_inputs=()):
+def guard_check(shape_env, static_inputs=(), value_inputs=()):
     """``check(L) -> bool``: kiln's own shape guards (what its stages decided about the sizes,
     beyond what Dynamo guards) and the sizes of inputs no fake tensor described, or None when
     there is nothing to check."""
     lines = shape_env.guard_lines(symbol_reads(shape_env)) if shape_env is not None else []
     for i, shape, stride in static_inputs:
         lines.append(f"L['args'][{i}].shape == {shape!r} and L['args'][{i}].stride() == {stride!r}")
+    for i, value in value_inputs:
+        lines.append(f"L['args'][{i}].item() == {value!r}")
     if not lines:
         return None
     source = "def check(L):\n    return " + " and ".join(f"({g})" for g in lines) + "\n"

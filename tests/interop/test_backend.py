@@ -149,6 +149,22 @@ def _grad_fn_names(t) -> set:
     return seen
 
 
+def test_gpt2_dynamic_sequence_length_one_kiln_graph():
+    """dynamic=True on GPT-2: Dynamo passes sizes as SymInts (``torch.Size([s0, s1, 96])``)
+    and module floats (eps, dropout p) as unspecialized tensors read with ``.item()``; kiln
+    keeps every size symbolic, so three sequence lengths share one compiled graph."""
+    model, _ = _gpt2()
+    model.eval()
+    compiled = torch.compile(model, backend=BACKEND, dynamic=True)
+    with torch.no_grad():
+        for length in (8, 12, 5):
+            ids = torch.randint(0, 128, (2, length))
+            for a, e in zip(tensors_of(compiled(ids)), tensors_of(model(ids))):
+                torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    stats = _assert_compiled_by_kiln(graphs=1)
+    assert stats["recompiles"] == 0
+
+
 # ------------------------------------------------------------------ Dynamo's graph shapes
 def _check(fn, *args, backend=BACKEND, **compile_kw):
     """Compiled result (and inputs after the call) equal eager's; returns the compiled fn."""
@@ -252,6 +268,34 @@ def test_no_grad_region_inside_the_graph():
     torch.testing.assert_close(w.grad, x)  # only the grad-enabled product is differentiated
     torch.testing.assert_close(out, f(x, w))
     _assert_compiled_by_kiln()
+
+
+def test_autocast_region_inside_the_graph():
+    def f(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ w
+        return y.float().sum(-1), y.dtype
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    compiled = torch.compile(f, backend=BACKEND)
+    (actual, dtype), (expected, eager_dtype) = compiled(x, w), f(x, w)
+    assert dtype == eager_dtype == torch.bfloat16
+    torch.testing.assert_close(actual, expected)
+    _assert_compiled_by_kiln()
+
+
+def test_item_of_an_input_is_checked_per_call():
+    """Dynamo passes a float it left unspecialized as a one-element tensor read with .item();
+    kiln's ops want a number there, so it is a constant of the kiln graph, checked per call:
+    another value compiles another variant, never a stale result."""
+    gm = torch.fx.symbolic_trace(lambda x, s: torch.nn.functional.layer_norm(x, (4,), eps=s.item()) * 2)
+    assert any(n.op == "call_method" and n.target == "item" for n in gm.graph.nodes)
+    x = torch.randn(3, 4)
+    compiled = kiln.interop.backend(gm, [x, torch.tensor(1e-5)])
+    for eps in (1e-5, 0.5, 1e-5):
+        s = torch.tensor(eps)
+        torch.testing.assert_close(compiled(x, s), gm(x, s))
+    stats = _assert_compiled_by_kiln(graphs=2)
+    assert stats["recompiles"] == 1
 
 
 # ------------------------------------------------------------------ GraphModules not from Dynamo
