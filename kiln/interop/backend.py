@@ -35,9 +35,9 @@ _graph_ids = itertools.count()
 def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None):
     """The ``torch_dynamo_backends`` entry point: Dynamo calls it once per captured graph and
     calls what it returns with the graph's inputs."""
-    if mode not in api_args.MODES:
-        raise ValueError(f"kiln backend: unknown mode {mode!r}; expected one of {api_args.MODES}")
-    return KilnGraphModule(gm, example_inputs, mode, dict(options or {}))
+    # torch.compile(..., mode=, options=) reach here; kiln.compile's rules check them
+    options = api_args.check(False, None, "kiln", mode, options, False)
+    return KilnGraphModule(gm, example_inputs, mode, options)
 
 
 class _Variant:

@@ -332,6 +332,24 @@ def test_symbolic_traced_module_with_call_module_and_get_attr():
     assert stats["recompiles"] == 1
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_torch_compile_mode_reaches_the_backend(mode):
+    seen = []
+
+    def recording(gm, example_inputs, **kwargs):
+        seen.append(kwargs)
+        return BACKEND(gm, example_inputs, **kwargs)
+    _check(lambda x: torch.tanh(x) * 3 - x, torch.randn(16), backend=recording, mode=mode)
+    assert seen == [{"mode": mode}]
+    _assert_compiled_by_kiln()
+
+
+def test_unknown_options_key_is_an_error_naming_the_known_ones():
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    with pytest.raises(ValueError, match="unknown options key 'no_such_key'.*max_autotune"):
+        kiln.interop.backend(gm, [torch.randn(2)], options={"no_such_key": True})
+
+
 # ------------------------------------------------------------------ no silent eager
 def test_a_node_kiln_cannot_import_runs_the_graph_module_noted():
     def f(x):
