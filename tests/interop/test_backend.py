@@ -298,6 +298,22 @@ def test_item_of_an_input_is_checked_per_call():
     assert stats["recompiles"] == 1
 
 
+def test_pad_in_training_is_a_kiln_op():
+    """Dynamo records F.pad as the builtin torch._C._nn.pad (F.pad is a Python wrapper): the
+    capture table maps both, so a gradient through it is kiln's (Swin, MobileNetV2 training)."""
+    def f(x):
+        return torch.nn.functional.pad(x.sin(), (1, 2, 0, 1), value=0.5).square().sum()
+    x = torch.randn(2, 3, 4, 4, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    out = torch.compile(f, backend=BACKEND)(x)
+    out.backward()
+    expected = f(x_ref)
+    expected.backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    _assert_compiled_by_kiln()
+
+
 # ------------------------------------------------------------------ GraphModules not from Dynamo
 class _Affine(torch.nn.Module):
     def __init__(self):
