@@ -235,6 +235,9 @@ class FxImporter:
             return tx.unary_op(UNARY[target], *args)
         if target is operator.getitem:
             return tx.getitem(*args)
+        if target is operator.setitem and isinstance(args[0], TensorVariable) and not kwargs:
+            tx.setitem(*args)  # functionalized like capture's STORE_SUBSCR (mutation.setitem)
+            return ConstantVariable(None)
         return tx.wrap(target, None).call(tx, args, kwargs)
 
     def _item(self, node, var) -> Variable:

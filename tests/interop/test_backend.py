@@ -255,6 +255,16 @@ def test_inplace_writes_to_inputs_are_written_back():
     _assert_compiled_by_kiln()
 
 
+def test_setitem_on_a_view_writes_through():
+    def f(x, y):
+        z = x * 2
+        z[:, 1:3] = y  # operator.setitem in Dynamo's graph
+        x[0] = 5.0      # and on an input: written back
+        return z.sum(0)
+    _check(f, torch.randn(4, 5), torch.randn(4, 2))
+    _assert_compiled_by_kiln()
+
+
 def test_no_grad_region_inside_the_graph():
     def f(x, w):
         with torch.no_grad():
