@@ -325,6 +325,8 @@ _SPECIAL = {
     torch.amp.autocast_mode._enter_autocast: FxImporter._enter_autocast,
     torch.amp.autocast_mode._exit_autocast: FxImporter._exit_autocast,
     torch.Size: _size,
+    # torch's API-usage telemetry (transformers' masks call it): no value depends on it
+    torch._C._log_api_usage_once: lambda importer, args, kwargs: ConstantVariable(None),
 }
 for _fn, _py in ((getattr(torch, "sym_max", None), max), (getattr(torch, "sym_min", None), min),
                  (getattr(torch, "sym_float", None), float), (getattr(torch, "sym_int", None), int),
