@@ -554,6 +554,9 @@ TORCH_FUNCTIONS.update({
     torch.unbind: unbind, torch.cat: cat, torch.concat: cat, torch.concatenate: cat,
     torch.stack: stack, torch.flip: flip, torch.roll: roll,
     torch.tril: tri(core.tril), torch.triu: tri(core.triu), F.pad: pad,
+    # F.pad is a Python wrapper of this builtin, which is what Dynamo's graphs call
+    # (torch.compile(backend="kiln"), kiln/interop/)
+    torch._C._nn.pad: pad,
 })
 
 TENSOR_METHODS = {n: unary(op) for n, op in _UNARY.items()}

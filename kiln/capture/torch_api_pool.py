@@ -112,6 +112,7 @@ FUNCTIONS = {
     F.max_pool2d: max_pool2d, torch.max_pool2d: max_pool2d,
     F.avg_pool2d: avg_pool2d,
     F.adaptive_avg_pool2d: adaptive_avg_pool2d, F.interpolate: interpolate,
+    torch._C._nn.adaptive_avg_pool2d: adaptive_avg_pool2d,  # F's builtin (same signature)
     torch.cumsum: cumsum, torch.cumprod: cumprod, torch.norm: norm, torch.linalg.vector_norm: vector_norm,
 }
 
