@@ -66,6 +66,12 @@ def size_symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, positive=True)
 
 
+def int_or_expr(expr):
+    """A sympy expression as an int when it is a number (so static code paths see ints)."""
+    expr = sympy.sympify(expr)
+    return int(expr) if expr.is_Integer else expr
+
+
 # ------------------------------------------------------------------ printing
 class PythonSizePrinter(sympy.printing.str.StrPrinter):
     """sympy -> Python integer arithmetic over named symbols (guards, the wrapper)."""
