@@ -9,6 +9,7 @@ key and hard-linked to the others *from that shared path*, and the batch's libra
 from it too. A process that stored its own object of the first kernel alone in between (another
 graph, or a pool of another size, splits its batches differently) had its object linked under
 the other kernels' keys, and loaded for them."""
+import ctypes
 import hashlib
 import multiprocessing
 import os
@@ -49,7 +50,6 @@ def _exports(path: str):
     os.close(fd)
     shutil.copyfile(path, copy)
     try:
-        import ctypes
         lib = ctypes.CDLL(copy)
 
         def has(name):
