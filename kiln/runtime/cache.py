@@ -12,7 +12,8 @@ process (removed at exit). Folders are checked once per process, entries at each
 
 Entries: each is a file next to a ``.sha256`` sidecar holding the digest of its bytes. A store
 writes both (temp file + ``os.replace`` each) under an exclusive ``flock`` of the entry's
-folder; a load verifies the digest and reads or maps the file under a shared one, so a reader
+folder (``store_many`` places one file under several keys, each from the caller's own
+file); a load verifies the digest and reads or maps the file under a shared one, so a reader
 never sees a digest and content that disagree, nor an entry vanish between its check and its
 use. A corrupt, truncated or unreadable entry (a directory where a file should be, say) is
 reported on the ``cache`` log channel, evicted and rebuilt, never trusted; callers evict
@@ -296,21 +297,35 @@ def store(path: str, data: bytes):
         _replace_with(path + ".sha256", hashlib.sha256(data).hexdigest().encode())
 
 
-def store_link(src: str, dst: str):
-    """The entry ``dst`` with the bytes of entry ``src``: a hard link (one file, one mapping
-    when loaded), or a copy where links are not possible."""
-    d = _prepare_dir(dst)
-    with _folder_lock(d, exclusive=True):
-        tmp = os.path.join(d, f".tmp-link-{os.getpid()}-{threading.get_ident()}-{os.path.basename(dst)}")
-        try:
-            os.link(src, tmp)
-            os.replace(tmp, dst)
-        except OSError:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            with open(src, "rb") as f:
-                _replace_with(dst, f.read())
-        _replace_with(dst + ".sha256", digest_file(dst).encode())
+def store_many(paths: list, data: bytes):
+    """The entries ``paths``, each with the bytes ``data`` and their digest: one file,
+    hard-linked (one mapping when loaded), or copies where links are not possible. Every entry
+    is placed from this caller's own file, never from another entry's path: a concurrent store
+    may replace that entry meanwhile with other bytes that are right for its key only (the
+    object of one kernel built alone, where ``data`` holds several), which would land under
+    the other keys, lacking their symbols."""
+    digest = hashlib.sha256(data).hexdigest().encode()
+    own = None
+    try:
+        for path in paths:
+            d = _prepare_dir(path)
+            with _folder_lock(d, exclusive=True):
+                if own is None:
+                    fd, own = tempfile.mkstemp(dir=d, prefix=".tmp-")  # 0600
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                tmp = os.path.join(d, f".tmp-link-{os.getpid()}-{threading.get_ident()}-{os.path.basename(path)}")
+                try:
+                    os.link(own, tmp)
+                    os.replace(tmp, path)
+                except OSError:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+                    _replace_with(path, data)
+                _replace_with(path + ".sha256", digest)
+    finally:
+        if own is not None and os.path.exists(own):
+            os.unlink(own)
 
 
 def commit_entry(path: str):

@@ -6,11 +6,13 @@ import functools
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
 import threading
 import time
+import warnings
 
 from kiln import counters, log
 from kiln.config import config
@@ -171,50 +173,103 @@ def _so_path(key: str) -> str:
 
 
 _NAME = re.compile(r'extern "C"[^(]*?\b(\w+)\s*\(')
+_mapped: dict = {}  # path -> (st_dev, st_ino) of the file this process dlopened there
 
 
-def _open_entry(so_path: str):
-    """(the loaded library, None) or (None, why it is unusable): the entry verified and mapped
-    under the cache's shared lock."""
+def exports(source: str) -> list:
+    """The ``extern "C"`` symbols of a kernel's source: what its cache entry must define (the
+    key covers the whole source; a batch's object defines more, which is harmless)."""
+    return _NAME.findall(source)
+
+
+def _dlopen(path: str) -> ctypes.CDLL:
+    """``ctypes.CDLL(path)`` (called under the entry's shared lock: the file stays put). glibc
+    answers a path it has opened before with the library it mapped then, whatever file is there
+    now, so a path whose file was replaced since (an entry evicted and rebuilt, or stored again
+    by another process) is opened through a hard link of a name of its own, which maps the new
+    file."""
+    st = os.stat(path)
+    ident = (st.st_dev, st.st_ino)
+    with _lock:
+        seen = _mapped.get(path)
+    if seen is None or seen == ident:
+        lib = ctypes.CDLL(path)
+        with _lock:
+            _mapped.setdefault(path, ident)
+        return lib
+    alias = os.path.join(os.path.dirname(path), f".tmp-load-{os.getpid()}-{threading.get_ident()}-"
+                         f"{ident[1]}-{os.path.basename(path)}")
+    try:
+        try:
+            os.link(path, alias)
+        except OSError:
+            shutil.copyfile(path, alias)
+        return ctypes.CDLL(alias)
+    finally:
+        if os.path.exists(alias):
+            os.unlink(alias)
+
+
+def _missing(lib: ctypes.CDLL, names) -> list:
+    out = []
+    for n in names:
+        try:
+            lib[n]  # (a lookup that does not cache the function on the library)
+        except AttributeError:
+            out.append(n)
+    return out
+
+
+def _open_entry(so_path: str, needed=()):
+    """(the loaded library, None) or (None, why it is unusable): the entry verified, mapped and
+    checked to define the symbols ``needed``, under the cache's shared lock."""
     with cache.reading(so_path) as ok:
         if not ok:
             return None, None
         try:
-            return ctypes.CDLL(so_path), None
+            lib = _dlopen(so_path)
         except OSError as e:
             return None, f"its digest matches but it does not load: {str(e).strip()[:200]}"
+        missing = _missing(lib, needed)
+        if missing:
+            return None, f"it lacks the symbol{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+        return lib, None
 
 
 def load_cpp(source: str, name: str | None = None) -> ctypes.CDLL:
     """The shared object for source: from memory, from the disk cache, or built now. An entry
-    that verifies but does not load (garbage, empty) is evicted and rebuilt in this call."""
+    that verifies but does not load (garbage, empty) or lacks a symbol of the source (another
+    kernel's object: a warning names the kernel) is evicted and rebuilt in this call."""
     key = _key(source)
     with _lock:
         lib = _loaded.get(key)
     if lib is not None:
         return lib
+    needed = exports(source)
     if name is None:
-        m = _NAME.search(source)
-        name = m.group(1) if m else key[:12]
+        name = needed[0] if needed else key[:12]
     so_path = _so_path(key)
-    lib, why = _open_entry(so_path)
+    lib, why = _open_entry(so_path, needed)
     if lib is not None:
         counters.bump("disk_cache_hits")
         log.log("cache", "cpp kernel %s from disk", key[:12])
         log.detail("cache", "  %s", so_path)
     else:
         if why is not None:
+            if why.startswith("it lacks"):
+                warnings.warn(f"kiln: the cached shared object of kernel {name} ({so_path}) {why}; "
+                              f"evicting it and building {name} again", RuntimeWarning, stacklevel=2)
             cache.evict(so_path, why)
         so_path = _so_path(key)  # (a refused cache moved the root: the rebuild goes to the private one)
         log.log("cache", "cpp kernel %s not cached: building it", key[:12])
         log.detail("cache", "  -> %s", so_path)
         _build(source, so_path, name)
-        lib, why = _open_entry(so_path)
+        lib, why = _open_entry(so_path, needed)
         if lib is None:
             raise CppBuildError(f"[build] kernel {name} was built but does not load from {so_path}: "
                                 f"{why or 'the entry vanished'}")
     with _lock:
-        _loaded[key] = lib
+        lib = _loaded.setdefault(key, lib)
     return lib
 
 
@@ -327,15 +382,16 @@ def _build_batch(batch: list) -> int:
             log.log("kernels", "a batch of %d C++ kernels did not build; building them one by one: %s",
                     len(batch), e)
             return 0
-        first = _so_path(keys[0])
         with open(out, "rb") as f:
-            cache.store(first, f.read())
-    for key in keys[1:]:
-        cache.store_link(first, _so_path(key))
-    lib = ctypes.CDLL(first)
+            cache.store_many([_so_path(k) for k in keys], f.read())
+    # each kernel's function from the batch's object where its first entry still holds it;
+    # one that another process replaced meanwhile (its own object of that one kernel) leaves
+    # the others to load_cpp, from their own entries
+    lib, _ = _open_entry(_so_path(keys[0]))
     with _lock:
-        for key in keys:
-            _loaded.setdefault(key, lib)
+        for key, src in batch:
+            if lib is not None and not _missing(lib, exports(src)):
+                _loaded.setdefault(key, lib)
     counters.bump("kernel_builds", len(batch))
     log.detail("kernels", "built %d C++ kernels into one object in %.0f ms%s", len(batch),
                (time.perf_counter() - t0) * 1e3, " (precompiled prelude)" if header is not None else "")
