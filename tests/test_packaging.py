@@ -24,7 +24,7 @@ def _pyproject():
 
 
 def _kiln(*args, cwd=ROOT, pythonpath=ROOT):
-    env = dict(os.environ, PYTHONPATH=pythonpath, KILN_CPU_BACKEND="cpp")
+    env = dict(os.environ, PYTHONPATH=pythonpath)
     return subprocess.run([sys.executable, "-m", "kiln", *args], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=300)
 
