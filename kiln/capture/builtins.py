@@ -342,6 +342,15 @@ def _dataclass_replace(tx, obj, **changes):
     return dataclass_replace(tx, obj, changes)
 
 
+def _usage_log(tx, *args, **kwargs):
+    # torch's API-usage telemetry (torchvision's ops and models, transformers' masks): nothing
+    # a compiled program computes with; Dynamo drops it as well
+    return ConstantVariable(None)
+
+
+BUILTIN_HANDLERS[torch._C._log_api_usage_once] = _usage_log
+
+
 @handles(torch._assert)
 def _torch_assert(tx, condition, message=None):
     # ``assert`` spelled so tracers see it (timm checks image sizes with it): a condition known

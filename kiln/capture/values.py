@@ -605,6 +605,8 @@ class FunctionVariable(Variable):
             return self.self_var
         if name == "__code__":
             return ConstantVariable(self.code)
+        if name == "__class__":  # torchvision's _log_api_usage_once reads obj.__class__.__name__
+            return ConstantVariable(self.python_type())
         raise Unsupported(f"attribute {name!r} of {self} is not supported")
 
     def call(self, tx, args, kwargs):

@@ -115,6 +115,11 @@ def add_channel_bias(out, bias):
     return value
 
 
+def symbolic(meta) -> bool:
+    """Sizes or strides with symbols: the layout rules here compare them, so they keep out."""
+    return has_symbols(tuple(meta.shape) + tuple(meta.stride))
+
+
 def splits_bias(device) -> bool:
     """Whether a convolution's bias is added by the kernel after it (``add_channel_bias``):
     on CUDA, and wherever ``conv_layout="channels_last"`` forces CUDA's treatment (tests)."""

@@ -198,7 +198,8 @@ def _conv_lowering(ctx, meta, x, weight, bias=None, *rest, **kwargs):
     convolution), which the kernel reading the result can do for free."""
     if ctx.conv_channels_last and len(x.shape) == 4:
         x = _conv_layout.realize_channels_last(ctx, x)
-    if isinstance(bias, L.TValue) and _conv_layout.splits_bias(meta.device) and bias.dtype == meta.dtype:
+    if isinstance(bias, L.TValue) and _conv_layout.splits_bias(meta.device) and \
+            bias.dtype == meta.dtype and not _conv_layout.symbolic(meta):
         out = L.extern_rule(ctx, meta, x, weight, None, *rest, **kwargs)
         return _conv_layout.add_channel_bias(out, bias)
     return L.extern_rule(ctx, meta, x, weight, bias, *rest, **kwargs)

@@ -49,3 +49,32 @@ def test_torch_assert_on_sizes_is_checked_at_trace_time():
     assert_close(kiln.compile(f, fullgraph=True)(x), x * 2)
     with pytest.raises(AssertionError, match="width must be 8"):
         kiln.compile(f)(torch.randn(3, 5))
+
+
+def test_torchvisions_usage_log_is_traced_through():
+    # torchvision.utils._log_api_usage_once(fn): reads fn.__class__.__name__ and calls torch's
+    # telemetry; both must trace (ConvNeXt and EfficientNet broke at every stochastic depth)
+    def log_usage(obj):
+        module = obj.__module__
+        if not module.startswith("torchvision"):
+            return
+        name = obj.__class__.__name__
+        if isinstance(obj, types.FunctionType):
+            name = obj.__name__
+        torch._C._log_api_usage_once(f"{module}.{name}")
+
+    log_usage = _in_module(log_usage, "torchvision.utils")
+
+    def depth(x, p, training):
+        log_usage(depth)
+        return x if not training or p == 0.0 else x * 2
+    depth = _in_module(depth, "torchvision.ops.stochastic_depth")
+
+    def f(x):
+        return depth(x * 2, 0.1, False) + 1
+
+    x = torch.randn(4)
+    out = kiln.explain(f)(x)
+    assert (out.graph_count, out.graph_break_count) == (1, 0), out.break_reasons
+    kiln.reset()
+    assert_close(kiln.compile(f, fullgraph=True)(x), f(x))

@@ -152,3 +152,18 @@ def test_ensure_layout_views_a_result_whose_strides_differ_only_on_size_one_dims
     copied = ensure_layout(other, (4, 8, 3, 3), (72, 1, 24, 8))
     assert copied.stride() == (72, 1, 24, 8) and copied.data_ptr() != other.data_ptr()
     assert torch.equal(copied, other)
+
+
+def test_symbolic_sizes_keep_the_bias_in_the_library_call():
+    # the layout rules compare strides: with symbolic sizes they stay out (a torchvision
+    # ConvNeXt resumed at a graph break with dynamic sizes raised in lowering on the H200)
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3, padding=1).eval()
+    kiln.reset()
+    with torch.no_grad(), kiln.config.patch(conv_layout="channels_last"):
+        compiled = kiln.compile(lambda x: F.relu(conv(x)), dynamic=True)
+        for size in (8, 12, 16):
+            x = torch.randn(2, 3, size, size)
+            assert_close(compiled(x), F.relu(conv(x)))
+    stats = kiln.stats()
+    assert stats["fallbacks"] == 0 and stats.get("eager_runs", 0) == 0, stats
