@@ -24,7 +24,12 @@ def _pyproject():
 
 
 def _kiln(*args, cwd=ROOT, pythonpath=ROOT):
-    env = dict(os.environ, PYTHONPATH=pythonpath)
+    # the given kiln first, then whatever the suite's own path held (the device installs the
+    # bytecode package into a --target directory named only there); never the checkout itself,
+    # which would make a copy of kiln outside it see the checkout's benchmarks
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                 if p and os.path.abspath(p) != ROOT]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pythonpath, *inherited]))
     return subprocess.run([sys.executable, "-m", "kiln", *args], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=300)
 

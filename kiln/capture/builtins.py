@@ -351,6 +351,34 @@ def _usage_log(tx, *args, **kwargs):
 BUILTIN_HANDLERS[torch._C._log_api_usage_once] = _usage_log
 
 
+def _torch_function_overrides(tx, *args):
+    # torch's __torch_function__ dispatch test (torch.nn.functional runs it on entry): a traced
+    # tensor is a plain tensor, so False; a user object overriding __torch_function__ is
+    # outside what kiln captures
+    from kiln.capture.values_python import ObjectVariable
+    todo = list(args)
+    while todo:
+        v = todo.pop()
+        if isinstance(v, ObjectVariable) and hasattr(v.cls, "__torch_function__"):
+            raise Unsupported(f"{v} overrides __torch_function__")
+        todo.extend(getattr(v, "items", None) or ())
+    return ConstantVariable(False)
+
+
+for _fn in (torch._C._has_torch_function, torch._C._has_torch_function_unary,
+            torch._C._has_torch_function_variadic):
+    BUILTIN_HANDLERS[_fn] = _torch_function_overrides
+
+
+@handles(torch.backends.mha.get_fastpath_enabled)
+def _mha_fastpath(tx):
+    # nn.MultiheadAttention's (and TransformerEncoderLayer's) switch between torch's fused
+    # inference kernel (torch._native_multi_head_attention: opaque to kiln, no fusion, no
+    # gradient) and its composite of linear and scaled_dot_product_attention. Both compute the
+    # same attention; kiln traces the composite, which it fuses and differentiates.
+    return ConstantVariable(False)
+
+
 @handles(torch._assert)
 def _torch_assert(tx, condition, message=None):
     # ``assert`` spelled so tracers see it (timm checks image sizes with it): a condition known
@@ -359,6 +387,24 @@ def _torch_assert(tx, condition, message=None):
     if condition.truth(tx):
         return ConstantVariable(None)
     raise Unsupported("torch._assert's condition is false at trace time")
+
+
+def _torch_check(name):
+    # torch._check and its typed kin (torch.nn.functional checks mask shapes with them): as
+    # torch._assert, a condition true at trace time costs nothing; a false or unknown one breaks
+    # so the call raises eager's error, with its message, itself
+    def check(tx, *args, **kwargs):
+        cond = args[1] if name == "_check_with" else (args[0] if args else kwargs.get("cond"))
+        if cond is not None and cond.truth(tx):
+            return ConstantVariable(None)
+        raise Unsupported(f"torch.{name}'s condition is false at trace time")
+    return check
+
+
+for _name in ("_check", "_check_with", "_check_index", "_check_value", "_check_type",
+              "_check_not_implemented"):
+    if hasattr(torch, _name):
+        BUILTIN_HANDLERS[getattr(torch, _name)] = _torch_check(_name)
 
 
 def _is_compiling(tx):

@@ -272,6 +272,12 @@ TENSOR_ATTRIBUTES = {
     "ndim": lambda t: t.ndim,
     "requires_grad": lambda t: t.meta.requires_grad,
     "is_cuda": lambda t: t.device.type == "cuda",
+    # kiln captures strided dense tensors only (a nested, sparse or quantized input is refused
+    # at the frame's entry), so these are known False; nn.MultiheadAttention branches on them
+    "is_nested": lambda t: False,
+    "is_sparse": lambda t: False,
+    "is_quantized": lambda t: False,
+    "is_meta": lambda t: t.device.type == "meta",
 }
 
 # Tensor attributes that are tensors (views), computed with core ops.

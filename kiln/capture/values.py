@@ -478,6 +478,8 @@ class ModuleVariable(Variable):
             return written
         if isinstance(self.module, torch.nn.ModuleDict) and name in ("items", "keys", "values"):
             return _Thunk(lambda: self.module_dict_method(tx, name))
+        if name in ("children", "named_children") and _plain_module_method(self.module, name):
+            return _Thunk(lambda: self.direct_children(tx, named=name == "named_children"))
         from kiln.capture.values_python import user_class_attribute
         out = user_class_attribute(tx, self, name)  # properties, static/class methods
         if out is not None:
@@ -506,6 +508,24 @@ class ModuleVariable(Variable):
         if isinstance(self.module, torch.nn.ModuleDict):  # iterating a ModuleDict gives its keys
             return [ConstantVariable(k) for k in self._dict_keys(tx)]
         return [tx.wrap(m, ItemSource(self.source, i)) for i, m in enumerate(self._children(tx))]
+
+    def direct_children(self, tx, named: bool):
+        """``children()`` / ``named_children()`` (timm's stages loop ``for b in
+        self.children()``), as a tuple of trackers: torch's generator, computed now, guarded on
+        the names of the module's submodules (a None entry is skipped, as torch skips it)."""
+        modules = self.module._modules
+        keys = list(modules.keys())
+        tx.guards.add(self.source, f"list({{}}._modules.keys()) == {keys!r}")
+        holder = tx.attr_source(self.source, "_modules")
+        out, seen = [], set()
+        for k in keys:
+            m = modules[k]
+            if m is None or id(m) in seen:  # torch yields each submodule once
+                continue
+            seen.add(id(m))
+            child = tx.wrap(m, ItemSource(holder, k))
+            out.append(TupleVariable([ConstantVariable(k), child]) if named else child)
+        return TupleVariable(out)
 
     def module_dict_method(self, tx, name):
         """``items()`` / ``keys()`` / ``values()`` of a ModuleDict, as a tuple of trackers."""
@@ -538,6 +558,11 @@ class ModuleVariable(Variable):
 
     def __repr__(self):
         return f"Module({type(self.module).__name__} at {self.source})"
+
+
+def _plain_module_method(module, name) -> bool:
+    """True when ``module.<name>`` is torch.nn.Module's own method, not a user override."""
+    return getattr(type(module), name, None) is getattr(torch.nn.Module, name)
 
 
 class _Thunk(Variable):
@@ -673,6 +698,19 @@ class BuiltinVariable(Variable):
         return f"Builtin({getattr(self.fn, '__name__', self.fn)})"
 
 
+# torch's Python modules whose functions, where the capture table has no entry, are inlined as
+# user code: torch.nn.functional's helpers (_canonical_mask, _none_or_dtype, _mha_shape_check,
+# _in_projection_packed) and functions built from other torch calls (multi_head_attention_forward,
+# which nn.MultiheadAttention and so torchvision's ViT call). The table's entries still win, so an
+# op kiln maps directly is never traced through torch's Python implementation.
+INLINED_TORCH_MODULES = frozenset({"torch.nn.functional"})
+
+
+def _inlined_torch_python(fn) -> bool:
+    return isinstance(fn, types.FunctionType) and fn.__module__ in INLINED_TORCH_MODULES \
+        and not controls.is_disabled(fn)
+
+
 class TorchFunctionVariable(Variable):
     def __init__(self, fn, source=None):
         self.fn = fn
@@ -687,6 +725,8 @@ class TorchFunctionVariable(Variable):
     def call(self, tx, args, kwargs):
         name = torch_api.callable_name(self.fn)
         adapter = torch_api.TORCH_FUNCTIONS.get(self.fn)
+        if adapter is None and _inlined_torch_python(self.fn):
+            return FunctionVariable(self.fn, source=self.source).call(tx, args, kwargs)
         if adapter is None:
             adapter, why = fallback_adapter(self.fn, name)
             if adapter is None:

@@ -41,7 +41,10 @@ pytestmark = pytest.mark.skipif(not _fsdp2_available(), reason="no torch.distrib
 def ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp2")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1",
+               # the gloo ranks train on the CPU; with a GPU visible, FSDP2 would put the
+               # sharded parameters on it while the batches stay on the CPU
+               CUDA_VISIBLE_DEVICES="")
     world = 2
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "fsdp2_worker.py"), str(r), str(world),
                                str(tmp / "init"), str(tmp / f"rank{r}.json")],

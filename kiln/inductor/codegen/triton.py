@@ -220,7 +220,9 @@ def triton_index_value(e, printer, ranges) -> str:
     index = ir.simplify_index(e.index, ranges)
     if not index.free_symbols:
         return triton_const(int(index), e.dtype)
-    return f"({printer.doprint(index)}).to({TL_DTYPES[compute_dtype(e.dtype)]})"
+    # tl.cast, not .to(): Triton passes an int argument equal to 1 as a constexpr Python int,
+    # which has no .to(); an index of only such symbols is then a Python int.
+    return f"tl.cast({printer.doprint(index)}, {TL_DTYPES[compute_dtype(e.dtype)]})"
 
 
 def triton_bounds_check(reg: str, bound: int) -> list[str]:
