@@ -142,10 +142,15 @@ def _callee_wrapper(cf, where):
     module of a later call may be another instance (the next of twelve blocks)."""
     from kiln.api import CompiledFunction, CompiledModule
     from kiln.capture import controls
-    from kiln.capture.values import FunctionVariable, ModuleVariable
+    from kiln.capture.values import FunctionVariable, ModuleVariable, TorchFunctionVariable
 
     def wrap(v):
         target = owner = None
+        if isinstance(v, TorchFunctionVariable):
+            # torch's own Python function (inlined, capture/values.py), which broke inside: it
+            # runs natively at the break, as the call would have had it not been inlined; the
+            # break is reported with its reason
+            return None
         if isinstance(v, FunctionVariable) and v.fn is not None:
             if controls.is_disabled(v.fn) or getattr(v.fn, "_kiln_graph_break", False):
                 return None

@@ -370,6 +370,12 @@ for _fn in (torch._C._has_torch_function, torch._C._has_torch_function_unary,
     BUILTIN_HANDLERS[_fn] = _torch_function_overrides
 
 
+@handles(torch.jit.annotate)
+def _jit_annotate(tx, the_type, value):
+    # TorchScript's type annotation (torch.nn.functional's pools with indices call it): the value
+    return value
+
+
 @handles(torch.backends.mha.get_fastpath_enabled)
 def _mha_fastpath(tx):
     # nn.MultiheadAttention's (and TransformerEncoderLayer's) switch between torch's fused

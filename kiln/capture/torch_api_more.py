@@ -249,6 +249,19 @@ def expand(self, *sizes, implicit=False):
     return core.expand(self, _sizes(sizes))
 
 
+def broadcast_tensors(*tensors):
+    """Each tensor expanded to the shapes' broadcast (a view, differentiable through expand);
+    torch.functional's wrapper (smooth_l1_loss, huber_loss) calls torch.broadcast_tensors."""
+    from kiln.ops.promotion import broadcast_shapes
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+        tensors = tuple(tensors[0])
+    try:
+        shape = broadcast_shapes(*[tuple(t.shape) for t in tensors])
+    except ValueError as e:  # eager's RuntimeError, raised by eager itself
+        raise Unsupported(f"broadcast_tensors: {e}") from None
+    return tuple(t if tuple(t.shape) == shape else core.expand(t, shape) for t in tensors)
+
+
 def expand_as(self, other):
     return core.expand(self, tuple(other.shape))
 
@@ -553,6 +566,7 @@ TORCH_FUNCTIONS.update({
     torch.narrow: narrow, torch.select: select, torch.split: split, torch.chunk: chunk,
     torch.unbind: unbind, torch.cat: cat, torch.concat: cat, torch.concatenate: cat,
     torch.stack: stack, torch.flip: flip, torch.roll: roll,
+    torch.broadcast_tensors: broadcast_tensors,
     torch.tril: tri(core.tril), torch.triu: tri(core.triu), F.pad: pad,
     # F.pad is a Python wrapper of this builtin, which is what Dynamo's graphs call
     # (torch.compile(backend="kiln"), kiln/interop/)

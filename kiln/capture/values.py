@@ -698,17 +698,35 @@ class BuiltinVariable(Variable):
         return f"Builtin({getattr(self.fn, '__name__', self.fn)})"
 
 
-# torch's Python modules whose functions, where the capture table has no entry, are inlined as
-# user code: torch.nn.functional's helpers (_canonical_mask, _none_or_dtype, _mha_shape_check,
-# _in_projection_packed) and functions built from other torch calls (multi_head_attention_forward,
-# which nn.MultiheadAttention and so torchvision's ViT call). The table's entries still win, so an
-# op kiln maps directly is never traced through torch's Python implementation.
-INLINED_TORCH_MODULES = frozenset({"torch.nn.functional"})
+# torch's Python modules whose functions, where the capture table has no entry and a fallback
+# node cannot serve, are inlined as user code: torch.nn.functional's helpers (_canonical_mask,
+# _none_or_dtype, _mha_shape_check), the functions it builds from other torch calls
+# (multi_head_attention_forward, which nn.MultiheadAttention and so torchvision's ViT call; the
+# losses, with a gradient), and the argument parsers they call (_Reduction.get_enum, _pair). The
+# table's entries still win, so an op kiln maps directly is never traced through torch's Python.
+INLINED_TORCH_MODULES = frozenset({"torch.nn.functional", "torch.nn._reduction",
+                                   "torch.nn.modules.utils", "torch.functional"})
 
 
 def _inlined_torch_python(fn) -> bool:
     return isinstance(fn, types.FunctionType) and fn.__module__ in INLINED_TORCH_MODULES \
         and not controls.is_disabled(fn)
+
+
+def _fallback_serves(tx, adapter, args, kwargs) -> bool:
+    """Whether the fallback node (one opaque call, kept where it works: a no-grad loss, a pool
+    with indices) takes this call: it has a tensor argument and no gradient is needed through
+    it. Otherwise torch's Python body is traced, which fuses and differentiates."""
+    if adapter is None:
+        return False
+    todo, tensors = list(args) + list(kwargs.values()), []
+    while todo:
+        v = todo.pop()
+        if isinstance(v, TensorVariable):
+            tensors.append(v.proxy)
+        elif isinstance(v, (ListVariable, TupleVariable)):
+            todo.extend(v.items)
+    return bool(tensors) and not (tx.grad_enabled and any(p.meta.requires_grad for p in tensors))
 
 
 class TorchFunctionVariable(Variable):
@@ -725,10 +743,15 @@ class TorchFunctionVariable(Variable):
     def call(self, tx, args, kwargs):
         name = torch_api.callable_name(self.fn)
         adapter = torch_api.TORCH_FUNCTIONS.get(self.fn)
-        if adapter is None and _inlined_torch_python(self.fn):
-            return FunctionVariable(self.fn, source=self.source).call(tx, args, kwargs)
         if adapter is None:
             adapter, why = fallback_adapter(self.fn, name)
+            if _inlined_torch_python(self.fn):
+                if _fallback_serves(tx, adapter, args, kwargs):
+                    try:  # the fallback refuses before it records anything (no tensor result)
+                        return tx.call_adapter(adapter, args, kwargs, name)
+                    except Unsupported:
+                        pass
+                return FunctionVariable(self.fn, source=self.source).call(tx, args, kwargs)
             if adapter is None:
                 raise Unsupported(f"call to {name} is not supported (not in the capture table; {why})")
         return tx.call_adapter(adapter, args, kwargs, name)
