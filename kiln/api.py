@@ -432,7 +432,29 @@ class CompiledFunction:
     def _capture(self, cache, ctx, L, args, kwargs, grad, reason):
         """The driver's capture stage for this call: ``(capture, None)``, or ``(None, result)``
         where the compile stops here (``result``: an entry that runs eagerly, or None: the call
-        runs eagerly). Automatic dynamic marks the sizes and values that changed first."""
+        runs eagerly)."""
+        try:
+            capture = self._trace_marked(cache, L, args, kwargs)
+        except Unsupported as e:
+            capture = self._at_graph_break(cache, ctx, e, args, kwargs)
+            if capture is None or isinstance(capture, CacheEntry):
+                return None, capture
+        except Exception as e:  # noqa: BLE001 - an internal error in capture
+            return None, self._internal_error(cache, StageError("capture", f"{type(e).__name__}: {e}"), e,
+                                              L, None, grad)
+        if reason is not None and self._plain_python_tail(cache, capture):
+            cache.eager_reason = (f"{self.name} holds no tensor work and a value it was traced "
+                                  f"with changed ({reason}); it runs as plain Python from now on")
+            cache.eager_quiet = True
+            log.log("recompiles", "%s", cache.eager_reason)
+            return None, None
+        ctx.record("capture", "bytecode", capture.bytecode)
+        ctx.record("capture", "guards", capture.guard_source)
+        return capture, None
+
+    def _trace_marked(self, cache, L, args, kwargs):
+        """``_trace`` with this thread marked as compiling (calls of compiled functions made
+        while tracing run natively), after automatic dynamic marked what changed."""
         _local.compiling = True
         try:
             if self.dynamic is None and cache.entries:
@@ -444,27 +466,9 @@ class CompiledFunction:
                 from kiln.runtime.builder import prestart_if_gpu
                 prestart_if_gpu()  # build workers warm up while capture and lowering run
             with context.timed("capture"):
-                capture = self._trace(cache, args, kwargs)
-        except Unsupported as e:
-            _local.compiling = False
-            capture = self._at_graph_break(cache, ctx, e, args, kwargs)
-            if capture is None or isinstance(capture, CacheEntry):
-                return None, capture
-        except Exception as e:  # noqa: BLE001 - an internal error in capture
-            _local.compiling = False
-            return None, self._internal_error(cache, StageError("capture", f"{type(e).__name__}: {e}"), e,
-                                              L, None, grad)
+                return self._trace(cache, args, kwargs)
         finally:
             _local.compiling = False
-        if reason is not None and self._plain_python_tail(cache, capture):
-            cache.eager_reason = (f"{self.name} holds no tensor work and a value it was traced "
-                                  f"with changed ({reason}); it runs as plain Python from now on")
-            cache.eager_quiet = True
-            log.log("recompiles", "%s", cache.eager_reason)
-            return None, None
-        ctx.record("capture", "bytecode", capture.bytecode)
-        ctx.record("capture", "guards", capture.guard_source)
-        return capture, None
 
     def _at_graph_break(self, cache, ctx, e: Unsupported, args, kwargs):
         """Capture stopped at ``e``: the capture up to the break with its glue (breaks.py); None
