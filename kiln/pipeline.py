@@ -4,8 +4,9 @@
       capture            bytecode -> core graph + guards (+ the glue at a graph break)
       compile_graph      the graph stages, also the backward's and the interop backend's driver:
         meta             propagate_meta
-        autograd         joint graph -> forward + backward graphs (autograd/); the forward goes
-                         on below now, the backward at its first backward() (compile_backward)
+        autograd         joint graph -> partition cache, else the partitioner -> forward +
+                         backward graphs (autograd/); the forward goes on below now, the
+                         backward at its first backward() (compile_backward)
         decomposition    decompose, dce, cse
         graph cache      a compiled graph from an earlier process (runtime/graph_cache.py)
         lowering         lower: prims -> loop IR
@@ -283,7 +284,7 @@ def compile_training(graph: Graph, backend: str, strategy: str | None = None):
     finally:
         if spec is not None and ctx is not None and spec.start in ctx.before_build:
             ctx.before_build.remove(spec.start)
-    return autograd.runtime(graph.name, part, forward, backward, spec if trains else None)
+    return autograd.runtime(graph.name, part, forward, backward, spec)
 
 
 def partition_cached(joint, strategy, name):
