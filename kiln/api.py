@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import re
 import threading
-import time
 import types
 from typing import Any, Callable
 
@@ -20,7 +19,7 @@ from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
 from kiln.code_caches import CodeCaches
 from kiln.config import config
 from kiln.observe import logs
-from kiln.pipeline import StageError, compile_graph
+from kiln.pipeline import RECORDERS, StageError, compile_frame, compile_graph, emit
 from kiln.runtime import profiler_regions
 
 _profiling = profiler_regions.enabled  # one C call per compiled call (kiln/runtime/profiler_regions.py)
@@ -147,8 +146,8 @@ _CACHE_GEN = [0]  # moves on when _CODE_CACHES is cleared
 def caches_of(code) -> list:
     """Every CodeCache of ``code`` (one per set of compile options)."""
     return [c for (k, _), c in _CODE_CACHES.items() if getattr(k, "__code__", k) is code]
-# Compile contexts of recent compiles, newest last (explain and the debug dump read them).
-_RECORDERS: list[list] = []
+# Lists that get the context of every compile (kiln.explain, the demo): the driver's
+_RECORDERS = RECORDERS
 
 
 def _unwrap(fn):
@@ -407,130 +406,101 @@ class CompiledFunction:
             return self._trace(cache, args, kwargs)
 
     def _compile(self, cache, L, args, kwargs, grad):
+        """A miss: the recompile limit, then the driver (``pipeline.compile_frame``)."""
         reason = None
         if cache.entries:
+            reason = self._why_miss(cache, L, grad)
             limit = config.recompile_limit if self.recompile_limit is None else self.recompile_limit
             if starts_in_loop(self.code):  # one entry per iteration that looks different
                 limit = max(limit, config.loop_resume_limit)
             if len(cache.entries) >= limit:
                 if self.fullgraph:  # as torch.compile: no eager fallback under fullgraph=True
                     raise GraphBreakError(f"recompile limit ({limit}) reached for {self.name} under "
-                                          f"fullgraph=True (last miss: {self._why_miss(cache, L, grad)})")
+                                          f"fullgraph=True (last miss: {reason})")
                 cache.eager_reason = (f"recompile limit ({limit}) reached for "
                                       f"{self.name}; it runs eagerly from now on "
-                                      f"(last miss: {self._why_miss(cache, L, grad)})")
+                                      f"(last miss: {reason})")
                 log.log("recompiles", "%s", cache.eager_reason)
                 counters.bump("fallbacks")
                 return None  # the caller runs it eagerly, noted (_run_eagerly)
-            reason = self._why_miss(cache, L, grad)
             log.log("recompiles", "recompiling %s (%s:%d): %s", self.name, self.code.co_filename,
                     self.code.co_firstlineno, reason)
             logs.recompile_detail(cache.entries, L, self.globals)
             counters.bump("recompiles")
-        with context.compiling(self.name) as ctx:
-            if reason is not None:  # the dump and the report show why this recompile happened
-                ctx.events.append({"kind": "recompile", "reason": reason})
-            for rec in _RECORDERS:
-                rec.append(ctx)
-            t0 = time.perf_counter()
-            _local.compiling = True
-            try:
-                if self.dynamic is None and cache.entries:
-                    _note_changed_sizes(cache, L, self.globals)
-                if self.dynamic is not False and cache.entries:
-                    _note_changed_ints(cache, L, self.globals)
-                    _note_changed_floats(cache, L, self.globals)
-                if self.backend == "kiln":
-                    from kiln.runtime.builder import prestart_if_gpu
-                    prestart_if_gpu()  # build workers warm up while capture and lowering run
-                try:
-                    with context.timed("capture"):
-                        capture = self._trace(cache, args, kwargs)
-                finally:
-                    _local.compiling = False
-            except Unsupported as e:
-                ctx.graph_breaks.append(e)
-                counters.bump("graph_breaks")
-                if e.__cause__ is not None and not isinstance(e.__cause__, Unsupported):
-                    # An op refused its arguments at capture (bad shapes, dim, dtype): most
-                    # likely the user's error. Run eagerly so torch raises its own exception
-                    # from the user's line; the cache stays unpoisoned for good inputs.
-                    log.log("graph_breaks", "%s; running %s eagerly this call", e, self.name)
-                    if self.fullgraph:
-                        self.fn(*args, **kwargs)  # raises the user's error if eager rejects it too
-                        raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
-                    _local.eager_call = (f"capture refused an op's arguments, eager torch ran it "
-                                         f"(this call only): {e.reason}", e.filename, e.lineno)
-                    return None
-                if config.debug:
-                    from kiln.observe.debug import write_dump
-                    write_dump(ctx, None)
-                if self.fullgraph:
-                    raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
-                log.log("graph_breaks", "%s", e)
-                from kiln.breaks import retrace_at_break
-                capture = retrace_at_break(self, cache, e, args, kwargs)
-                if capture is None:
-                    return None
-            except Exception as e:  # noqa: BLE001 - an internal error in capture
-                return self._internal_error(cache, StageError("capture", f"{type(e).__name__}: {e}"), e,
-                                            L, None, grad)
-            if reason is not None and self._plain_python_tail(cache, capture):
-                cache.eager_reason = (f"{self.name} holds no tensor work and a value it was traced "
-                                      f"with changed ({reason}); it runs as plain Python from now on")
-                cache.eager_quiet = True
-                log.log("recompiles", "%s", cache.eager_reason)
-                return None
-            ctx.record("capture", "bytecode", capture.bytecode)
-            ctx.record("capture", "guards", capture.guard_source)
-            state = capture.break_state
-            needed = state is None or bool(capture.graph.output_node.args[0])
-            if needed:  # a prefix that computes nothing the rest needs is no graph
-                ctx.record("capture", "captured_graph", capture.graph)
-            ctx.guards.extend(capture.guards)
-            logs.captured(self.name, capture)
-            try:
-                if config.verify:
-                    from kiln.meta.verify import verify_meta
-                    context.run_pass("meta", verify_meta, capture.graph, capture.fetch(L))
-                if not needed:
-                    compiled = None
-                elif api_args.autotune(self.mode, self.options) and not config.triton_autotune:
-                    with config.patch(triton_autotune=True):
-                        compiled = self.compile_graph(capture.graph, self.backend)
-                else:
-                    compiled = self.compile_graph(capture.graph, self.backend)
-            except StageError as e:
-                return self._internal_error(cache, e, e.__cause__ or e, L, capture, grad)
-            except Exception as e:  # noqa: BLE001 - the meta verifier found a wrong meta
-                return self._internal_error(cache, StageError("meta", f"{type(e).__name__}: {e}"), e,
-                                            L, capture, grad)
-            if capture.shape_env is not None:
-                # later stages may have recorded guards on symbolic sizes too
-                capture.refresh_guards()
-                ctx.guards[:] = capture.guards
-                ctx.record("capture", "guards", capture.guard_source)
-                ctx.record("capture", "shape_env", "\n".join(capture.shape_env.describe()))
-                log.log("dynamic", "shape guards of %s:\n  %s", self.name,
-                        "\n  ".join(capture.shape_env.guard_lines()) or "(none)")
-            logs.guards(self.name, capture)
-            if self.mode in api_args.CUDAGRAPH_MODES and compiled is not None:
-                from kiln.runtime import cudagraphs
-                compiled = cudagraphs.wrap(compiled, capture.graph, self.name,
-                                           dynamic=capture.shape_env is not None)
-            entry = (CacheEntry if state is None else BreakEntry)(capture, compiled, grad, ctx.compile_id)
-            cache.entries.append(entry)
-            cache.compiles += 1
-            counters.bump("frames_compiled")
-            if compiled is not None:
-                counters.bump("graphs_compiled")
-            total = time.perf_counter() - t0
-            log.log("perf", "compiled %s in %.1f ms: %s", self.name, total * 1e3,
-                    ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in ctx.stage_times.items()))
-            if config.debug:
-                from kiln.observe.debug import write_dump
-                write_dump(ctx, compiled)
-            return entry
+        return compile_frame(self, cache, L, args, kwargs, grad, reason)
+
+    def _capture(self, cache, ctx, L, args, kwargs, grad, reason):
+        """The driver's capture stage for this call: ``(capture, None)``, or ``(None, result)``
+        where the compile stops here (``result``: an entry that runs eagerly, or None: the call
+        runs eagerly)."""
+        try:
+            capture = self._trace_marked(cache, L, args, kwargs)
+        except Unsupported as e:
+            capture = self._at_graph_break(cache, ctx, e, args, kwargs)
+            if capture is None or isinstance(capture, CacheEntry):
+                return None, capture
+        except Exception as e:  # noqa: BLE001 - an internal error in capture
+            return None, self._internal_error(cache, StageError("capture", f"{type(e).__name__}: {e}"), e,
+                                              L, None, grad)
+        if reason is not None and self._plain_python_tail(cache, capture):
+            cache.eager_reason = (f"{self.name} holds no tensor work and a value it was traced "
+                                  f"with changed ({reason}); it runs as plain Python from now on")
+            cache.eager_quiet = True
+            log.log("recompiles", "%s", cache.eager_reason)
+            return None, None
+        ctx.record("capture", "bytecode", capture.bytecode)
+        ctx.record("capture", "guards", capture.guard_source)
+        return capture, None
+
+    def _trace_marked(self, cache, L, args, kwargs):
+        """``_trace`` with this thread marked as compiling (calls of compiled functions made
+        while tracing run natively), after automatic dynamic marked what changed."""
+        _local.compiling = True
+        try:
+            if self.dynamic is None and cache.entries:
+                _note_changed_sizes(cache, L, self.globals)
+            if self.dynamic is not False and cache.entries:
+                _note_changed_ints(cache, L, self.globals)
+                _note_changed_floats(cache, L, self.globals)
+            if self.backend == "kiln":
+                from kiln.runtime.builder import prestart_if_gpu
+                prestart_if_gpu()  # build workers warm up while capture and lowering run
+            with context.timed("capture"):
+                return self._trace(cache, args, kwargs)
+        finally:
+            _local.compiling = False
+
+    def _at_graph_break(self, cache, ctx, e: Unsupported, args, kwargs):
+        """Capture stopped at ``e``: the capture up to the break with its glue (breaks.py); None
+        where the call runs eagerly, or an ``EagerEntry`` after an internal error there."""
+        ctx.graph_breaks.append(e)
+        counters.bump("graph_breaks")
+        if e.__cause__ is not None and not isinstance(e.__cause__, Unsupported):
+            # An op refused its arguments at capture (bad shapes, dim, dtype): most
+            # likely the user's error. Run eagerly so torch raises its own exception
+            # from the user's line; the cache stays unpoisoned for good inputs.
+            log.log("graph_breaks", "%s; running %s eagerly this call", e, self.name)
+            if self.fullgraph:
+                self.fn(*args, **kwargs)  # raises the user's error if eager rejects it too
+                raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
+            _local.eager_call = (f"capture refused an op's arguments, eager torch ran it "
+                                 f"(this call only): {e.reason}", e.filename, e.lineno)
+            return None
+        emit("compiled", ctx, compiled=None)  # the dump of a compile that stopped at the break
+        if self.fullgraph:
+            raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
+        log.log("graph_breaks", "%s", e)
+        from kiln.breaks import retrace_at_break
+        return retrace_at_break(self, cache, e, args, kwargs)
+
+    def _add_entry(self, cache, capture, compiled, grad, compile_id) -> CacheEntry:
+        entry = (CacheEntry if capture.break_state is None else BreakEntry)(capture, compiled, grad, compile_id)
+        cache.entries.append(entry)
+        cache.compiles += 1
+        counters.bump("frames_compiled")
+        if compiled is not None:
+            counters.bump("graphs_compiled")
+        return entry
 
     def _plain_python_tail(self, cache, capture) -> bool:
         """A resume function (outside loops) whose captures hold no tensor op and no break: the

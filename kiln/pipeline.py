@@ -1,27 +1,42 @@
-"""The pipeline: one straight-line function, one call per stage.
+"""The driver: one compile of one frame, top to bottom, one call per stage.
 
-    captured core graph
-      -> meta          (propagate_meta)
-      -> autograd      (joint graph, partition; forward and backward each compiled below)
-      -> decomp        (decompose, dce, cse)
-      -> lowering      (lower: prims -> loop IR)
-      -> scheduling    (schedule: fusion into kernels)
-      -> codegen       (Triton | C++ kernels, Python wrapper)
-      -> build         (runtime: gcc / Triton, disk cache)
+    compile_frame        a call of a CompiledFunction (kiln/api.py) that missed its cache
+      capture            bytecode -> core graph + guards (+ the glue at a graph break)
+      compile_graph      the graph stages, also the backward's and the interop backend's driver:
+        meta             propagate_meta
+        autograd         joint graph -> partition cache, else the partitioner -> forward +
+                         backward graphs (autograd/); the forward goes on below now, the
+                         backward at its first backward() (compile_backward)
+        decomposition    decompose, dce, cse
+        graph cache      a compiled graph from an earlier process (runtime/graph_cache.py)
+        lowering         lower: prims -> loop IR
+        scheduling       schedule: fusion into kernels
+        codegen          Triton | C++ kernels, the Python wrapper
+        build            runtime: gcc / Triton, disk cache
+        wrap             writeback of mutated inputs
+      wrap               CUDA graphs (mode="reduce-overhead")
+
+kiln/observe follows a compile through the driver's events (``subscribe``), not through calls
+from the stages.
 """
 from __future__ import annotations
 
+import functools
 import os
+import time
 
 import torch
 
-from kiln import context, counters, log
+from kiln import api_args, autograd, context, counters, log
+from kiln.autograd import speculate
 from kiln.config import config
 from kiln.context import run_pass
+from kiln.eager_runs import note_eager_run
 from kiln.graph import cse, dce, verify
 from kiln.graph.graph import Graph
 from kiln.graph.node import Node
 from kiln.meta.propagate import propagate_meta
+from kiln.observe import logs
 from kiln.ops.decompose import decompose
 
 
@@ -93,6 +108,233 @@ def _stage(stage, fn, ir, *args, **kwargs):
         raise StageError(stage, f"{fn.__name__}: {type(e).__name__}: {e}") from e
 
 
+
+# ---------------------------------------------------------------------- events
+# Observers of the driver, called in order as fn(event, ctx, **fields). Events: "started"
+# (reason: why it recompiles, or None), "captured" (name, capture), "guards" (name, capture),
+# "compiled" (compiled: the graph's result, or None where the compile stopped at capture).
+SUBSCRIBERS: list = []
+# Lists that get the context of every compile that starts (kiln.explain, the demo, tests)
+RECORDERS: list[list] = []
+
+
+def subscribe(fn):
+    SUBSCRIBERS.append(fn)
+    return fn
+
+
+def emit(event: str, ctx, **fields):
+    for fn in SUBSCRIBERS:
+        fn(event, ctx, **fields)
+
+
+@subscribe
+def _observe(event, ctx, name=None, capture=None, compiled=None, reason=None):
+    """kiln/observe's part in a compile: the recorders, the capture and guard logs, the
+    KILN_DEBUG dump."""
+    if event == "started":
+        if reason is not None:  # the dump and the report show why this recompile happened
+            ctx.events.append({"kind": "recompile", "reason": reason})
+        for rec in RECORDERS:
+            rec.append(ctx)
+    elif event == "captured":
+        logs.captured(name, capture)
+    elif event == "guards":
+        logs.guards(name, capture)
+    elif event == "compiled" and config.debug:
+        from kiln.observe.debug import write_dump  # its loop-IR printer imports the inductor
+        write_dump(ctx, compiled)
+
+
+# ---------------------------------------------------------------------- the driver
+def compile_frame(frame, cache, L, args, kwargs, grad: bool, reason: str | None = None):
+    """Compile the call ``frame(*args, **kwargs)`` (``frame``: an ``api.CompiledFunction``;
+    ``L``: the call's locals; ``cache``: its code's ``api.CodeCache``). Returns the cache entry
+    the call runs, or None (it runs eagerly). Fallbacks are the frame's: ``frame._capture``
+    stops at capture, ``frame._internal_error`` makes an entry that runs eagerly."""
+    with context.compiling(frame.name) as ctx:
+        emit("started", ctx, reason=reason)
+        t0 = time.perf_counter()
+        # capture: bytecode -> core graph + guards (+ the glue at a graph break)
+        capture, stopped = frame._capture(cache, ctx, L, args, kwargs, grad, reason)
+        if capture is None:
+            return stopped
+        needed = capture.break_state is None or bool(capture.graph.output_node.args[0])
+        if needed:  # a prefix that computes nothing the rest needs is no graph
+            ctx.record("capture", "captured_graph", capture.graph)
+        ctx.guards.extend(capture.guards)
+        emit("captured", ctx, name=frame.name, capture=capture)
+        # meta -> autograd -> decomposition -> graph cache -> lowering -> scheduling -> codegen
+        # -> build -> writeback
+        try:
+            compiled = _compile_captured(frame, capture, L) if needed else None
+        except StageError as e:
+            return frame._internal_error(cache, e, e.__cause__ or e, L, capture, grad)
+        except Exception as e:  # noqa: BLE001 - the meta verifier found a wrong meta
+            return frame._internal_error(cache, StageError("meta", f"{type(e).__name__}: {e}"), e,
+                                         L, capture, grad)
+        _final_guards(frame.name, ctx, capture)
+        # wrap: CUDA graphs
+        if frame.mode in api_args.CUDAGRAPH_MODES and compiled is not None:
+            from kiln.runtime import cudagraphs  # CUDA graphs need torch.cuda: only when asked
+            compiled = cudagraphs.wrap(compiled, capture.graph, frame.name,
+                                       dynamic=capture.shape_env is not None)
+        entry = frame._add_entry(cache, capture, compiled, grad, ctx.compile_id)
+        total = time.perf_counter() - t0
+        log.log("perf", "compiled %s in %.1f ms: %s", frame.name, total * 1e3,
+                ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in ctx.stage_times.items()))
+        emit("compiled", ctx, compiled=compiled)
+        return entry
+
+
+def _compile_captured(frame, capture, L):
+    """The graph stages for a captured frame, with the frame's options (``frame.compile_graph``:
+    ``compile_graph``, or kiln.distributed's split at DDP buckets)."""
+    if config.verify:
+        from kiln.meta.verify import verify_meta
+        context.run_pass("meta", verify_meta, capture.graph, capture.fetch(L))
+    if api_args.autotune(frame.mode, frame.options) and not config.triton_autotune:
+        with config.patch(triton_autotune=True):
+            return frame.compile_graph(capture.graph, frame.backend)
+    return frame.compile_graph(capture.graph, frame.backend)
+
+
+def _final_guards(name, ctx, capture):
+    if capture.shape_env is not None:
+        # later stages may have recorded guards on symbolic sizes too
+        capture.refresh_guards()
+        ctx.guards[:] = capture.guards
+        ctx.record("capture", "guards", capture.guard_source)
+        ctx.record("capture", "shape_env", "\n".join(capture.shape_env.describe()))
+        log.log("dynamic", "shape guards of %s:\n  %s", name,
+                "\n  ".join(capture.shape_env.guard_lines()) or "(none)")
+    emit("guards", ctx, name=name, capture=capture)
+
+
+def compile_graph(graph: Graph, backend: str = "kiln"):
+    """The graph stages: a captured graph of core ops -> a callable taking the graph's inputs.
+    A captured graph that mutates its inputs (``graph.input_mutations``, set by capture) gets
+    them written back after each call (``capture.mutation.WritebackGraph``)."""
+    compiled = _compile_graph(graph, backend)
+    if getattr(graph, "input_mutations", None):  # wrap: the writeback
+        from kiln.capture.mutation import with_writeback
+        compiled = with_writeback(compiled, graph)
+    return compiled
+
+
+def _compile_graph(graph: Graph, backend: str):
+    graph = _stage("meta", propagate_meta, graph)
+    if config.verify:
+        _stage("meta", verify, graph, ("core", "prims"), name="verify_captured")
+    if backend == "eager":
+        return EagerGraph(graph, "backend='eager'")
+    if any(getattr(getattr(n.meta.get("val"), "device", None), "type", None) == "meta" for n in graph.nodes):
+        return EagerGraph(graph, "tensors on the meta device have no data to compute on")
+    if needs_autograd(graph):
+        return compile_training(graph, backend)
+    prims_graph = _stage("decomp", decompose, graph)
+    prims_graph = _stage("decomp", dce, prims_graph)
+    prims_graph = _stage("decomp", cse, prims_graph)
+    # eager's strides for the outputs, from the captured graph's metas: lowering allocates
+    # them so (the prims' own metas are contiguous)
+    prims_graph.output_strides = output_strides(graph)
+    # a training forward (compile_training): its saved tensors keep the layouts the
+    # backward was built against (inductor/conv_layout.py)
+    prims_graph.saves_for_backward = getattr(graph, "saves_for_backward", False)
+    if config.verify:
+        _stage("decomp", verify, prims_graph, ("prims",), name="verify_prims")
+    if backend == "aot_eager":
+        return EagerGraph(prims_graph, "backend='aot_eager'", prims_graph.output_strides)
+    if backend != "kiln":
+        raise ValueError(f"unknown backend {backend!r}; expected 'eager', 'aot_eager' or 'kiln'")
+    return compile_prims_graph(prims_graph)
+
+
+# ---------------------------------------------------------------------- autograd
+def compile_training(graph: Graph, backend: str, strategy: str | None = None):
+    """The autograd stage: the joint graph, cut (partition cache, then the partitioner) into a
+    forward and a backward graph. The forward goes through the stages after autograd now (its
+    placeholders never require grad: no recursion); the backward at its first ``backward()``,
+    or in a speculation thread while the forward builds (``compile_backward``). Returns a
+    ``CompiledAutograd``, or the forward alone when no output can carry a gradient."""
+    strategy = strategy or autograd.config_strategy()
+    joint = _stage("autograd", autograd.build_joint, graph)
+    if config.verify:
+        _stage("autograd", verify, joint.graph, ("core",), name="verify_joint")
+    part = _stage("autograd", partition_cached, joint, strategy, graph.name, name="partition")
+    ctx = context.current()
+    if ctx is not None:
+        ctx.record("autograd", "joint_graph", joint.graph)
+        ctx.record("autograd", "forward_graph", part.forward)
+        ctx.record("autograd", "backward_graph", part.backward)
+    if config.verify:
+        _stage("autograd", verify, part.forward, ("core",), name="verify_forward")
+        _stage("autograd", verify, part.backward, ("core",), name="verify_backward")
+    autograd.log_partition(graph.name, part)
+    compile_id = None if ctx is None else ctx.compile_id
+    backward = functools.partial(compile_backward, name=graph.name, backend=backend, compile_id=compile_id)
+    trains = bool(part.grad_input_indices) and any(part.diff_outputs)
+    spec = None
+    if trains and speculate.eligible([n.meta["val"] for n in part.forward.placeholders], bool(RECORDERS)):
+        spec = speculate.BackwardSpeculation(graph.name, part, backward)
+        speculate.before_forward_build(spec)
+    part.forward.saves_for_backward = trains  # lowering keeps the saved tensors' layouts
+    try:
+        forward = compile_graph(part.forward, backend)
+    finally:
+        if spec is not None and ctx is not None and spec.start in ctx.before_build:
+            ctx.before_build.remove(spec.start)
+    return autograd.runtime(graph.name, part, forward, backward, spec)
+
+
+def partition_cached(joint, strategy, name):
+    """The partition, with the strategy's answer from the partition cache when an earlier
+    process already cut this joint graph (runtime/graph_cache.py: ``partition_key``)."""
+    from kiln.runtime import graph_cache
+
+    if not graph_cache.enabled():
+        return autograd.partition(joint, strategy, name)
+    key = graph_cache.partition_key(joint, strategy)
+    saved = graph_cache.load_plan(key, joint)
+    if saved is not None:
+        try:
+            part = autograd.partition(joint, strategy, name, saved=saved)
+        except AssertionError as e:  # the saved set does not cover what the backward reads
+            graph_cache.drop_plan(key, str(e))
+        else:
+            counters.bump("partition_cache_hits")
+            log.log("cache", "partition of %s from disk (%d saved)", name, len(saved))
+            return part
+    part = autograd.partition(joint, strategy, name)
+    graph_cache.store_plan(key, part.saved)
+    return part
+
+
+def compile_backward(graph: Graph, *, name: str, backend: str, compile_id):
+    """A backward graph (autograd's, with its inputs' real metas) through the graph stages,
+    in a compile context of its own; an eager-ops graph, with a warning, when a stage fails
+    (an error under ``strict``)."""
+    with context.compiling(f"{name}_backward") as ctx:
+        ctx.record("autograd", "backward_graph", graph)
+        emit("started", ctx)  # kiln.explain around a training step sees the backward too
+        ctx.events.append({"kind": "backward_of", "compile_id": compile_id})
+        try:
+            with torch.no_grad():
+                compiled = compile_graph(graph, backend)
+        except StageError as e:
+            counters.bump("fallbacks")
+            if config.strict:
+                raise
+            note_eager_run(f"internal error: {e}; the backward graph runs with eager torch ops",
+                           name=f"{name}_backward")  # noted once, when the backward compiles
+            compiled = EagerGraph(graph, f"backward fallback: {e}")
+        emit("compiled", ctx, compiled=compiled)  # the backward's own dump folder
+    log.log("aot", "compiled the backward of %s (%s)", name, type(compiled).__name__)
+    return compiled
+
+
+# ---------------------------------------------------------------------- after autograd
+
 def needs_autograd(graph: Graph) -> bool:
     if not torch.is_grad_enabled():
         return False
@@ -109,70 +351,20 @@ def choose_target(device: torch.device) -> str:
     return "cpp"
 
 
-def compile_graph(graph: Graph, backend: str = "kiln"):
-    """Compile a captured graph of core ops into a callable taking the graph's inputs.
-    A captured graph that mutates its inputs (``graph.input_mutations``, set by capture) gets
-    them written back after each call (``capture.mutation.WritebackGraph``)."""
-    compiled = _compile_graph(graph, backend)
-    if getattr(graph, "input_mutations", None):
-        from kiln.capture.mutation import with_writeback
-        compiled = with_writeback(compiled, graph)
-    return compiled
-
-
-def _compile_graph(graph: Graph, backend: str):
-    graph = _stage("meta", propagate_meta, graph)
-    if config.verify:
-        _stage("meta", verify, graph, ("core", "prims"), name="verify_captured")
-    if backend == "eager":
-        return EagerGraph(graph, "backend='eager'")
-    if any(getattr(getattr(n.meta.get("val"), "device", None), "type", None) == "meta" for n in graph.nodes):
-        return EagerGraph(graph, "tensors on the meta device have no data to compute on")
-    if needs_autograd(graph):
-        # The autograd stage: joint graph -> forward + backward graphs, each compiled by a
-        # call back into compile_graph (their placeholders never require grad, so no recursion).
-        from kiln.autograd import compile_autograd
-        return compile_autograd(graph, backend)
-    prims_graph = _stage("decomp", decompose, graph)
-    prims_graph = _stage("decomp", dce, prims_graph)
-    prims_graph = _stage("decomp", cse, prims_graph)
-    # eager's strides for the outputs, from the captured graph's metas: lowering allocates
-    # them so (the prims' own metas are contiguous)
-    prims_graph.output_strides = output_strides(graph)
-    # a training forward (autograd/__init__.py): its saved tensors keep the layouts the
-    # backward was built against (inductor/conv_layout.py)
-    prims_graph.saves_for_backward = getattr(graph, "saves_for_backward", False)
-    if config.verify:
-        _stage("decomp", verify, prims_graph, ("prims",), name="verify_prims")
-    if backend == "aot_eager":
-        return EagerGraph(prims_graph, "backend='aot_eager'", prims_graph.output_strides)
-    if backend != "kiln":
-        raise ValueError(f"unknown backend {backend!r}; expected 'eager', 'aot_eager' or 'kiln'")
-    return compile_prims_graph(prims_graph)
-
-
 def compile_prims_graph(prims_graph: Graph) -> CompiledGraph:
+    """The stages after decomposition: graph cache -> lowering -> scheduling -> codegen -> build."""
     from kiln.inductor.codegen.wrapper import generate_wrapper
     from kiln.inductor.lower import lower
     from kiln.inductor.scheduler import schedule
     from kiln.runtime import graph_cache
-
-    key, device = None, _graph_device(prims_graph)
-    if graph_cache.enabled():  # a compiled graph from an earlier process: no codegen, no builds
-        target = choose_target(device)
-        key = graph_cache.graph_key(prims_graph, target)
-        hit = graph_cache.load(key)
-        if hit is not None:
-            try:
-                call = _stage("build", build, hit, {k.name: k for k in hit.kernels}, target)
-            except StageError as e:  # its digest matched, yet it does not build: heal it
-                graph_cache.evict(key, str(e))
-            else:
-                counters.bump("graph_cache_hits")
-                log.log("cache", "compiled graph %s from disk (%d kernels)", key[:12], len(hit.kernels))
-                compiled = _compiled(prims_graph, device, call, hit, hit.kernels, hit.extern_count, target)
-                return _heal_on_first_call(compiled, prims_graph, key)
     from kiln.runtime.builder import prestart
+
+    device = _graph_device(prims_graph)
+    key = graph_cache.graph_key(prims_graph, choose_target(device)) if graph_cache.enabled() else None
+    if key is not None:  # graph cache: a compiled graph from an earlier process, no codegen, no builds
+        hit = _cached_graph(prims_graph, device, key)
+        if hit is not None:
+            return hit
     prestart(choose_target(device))  # build workers start while lowering and codegen run
     program = _stage("lowering", lower, prims_graph)
     sched = _stage("scheduling", schedule, program)
@@ -181,7 +373,7 @@ def compile_prims_graph(prims_graph: Graph) -> CompiledGraph:
     wrapper = _stage("codegen", generate_wrapper, sched, generated, target)
     launches = _aot_launches(prims_graph, program, generated, target)
     call = _stage("build", build, wrapper, generated, target, launches)
-    if key is not None and choose_target(program.device) == choose_target(device):
+    if key is not None and target == choose_target(device):  # graph cache: for the next process
         graph_cache.store(key, wrapper, generated, len(sched.externs), launches)
     if log.enabled("output_code"):
         log.log("output_code", "wrapper:\n%s", wrapper.source)
@@ -189,6 +381,26 @@ def compile_prims_graph(prims_graph: Graph) -> CompiledGraph:
             log.log("output_code", "kernel %s:\n%s", k.name, k.source)
     return _compiled(prims_graph, program.device, call, wrapper, list(generated.values()),
                      len(sched.externs), target)
+
+
+def _cached_graph(prims_graph: Graph, device, key: str) -> CompiledGraph | None:
+    """The graph cache's entry for ``key``, built (its kernels from the disk cache); None on a
+    miss, or where the entry does not build (then it is evicted)."""
+    from kiln.runtime import graph_cache
+
+    hit = graph_cache.load(key)
+    if hit is None:
+        return None
+    target = choose_target(device)
+    try:
+        call = _stage("build", build, hit, {k.name: k for k in hit.kernels}, target)
+    except StageError as e:  # its digest matched, yet it does not build: heal it
+        graph_cache.evict(key, str(e))
+        return None
+    counters.bump("graph_cache_hits")
+    log.log("cache", "compiled graph %s from disk (%d kernels)", key[:12], len(hit.kernels))
+    compiled = _compiled(prims_graph, device, call, hit, hit.kernels, hit.extern_count, target)
+    return _heal_on_first_call(compiled, prims_graph, key)
 
 
 def _heal_on_first_call(compiled: CompiledGraph, prims_graph: Graph, key: str) -> CompiledGraph:

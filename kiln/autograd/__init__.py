@@ -3,81 +3,33 @@
     captured core graph (inputs require grad)
       -> build_joint     forward + backward from the VJP rules (rules.py)   -> JointGraph
       -> partition       min-cut: what to save, what to recompute          -> forward, backward
-      -> compile_graph   the forward now; the backward lazily, on first backward
-      -> CompiledAutograd (KilnFunction.apply)
+      -> runtime         the compiled forward, and a compiler for the backward graph
+                         (compile_backward: it compiles lazily, on first backward)
+                         -> CompiledAutograd (KilnFunction.apply)
+
+The stage compiles nothing itself: the driver (``pipeline.compile_training``) runs these steps,
+compiles the forward graph and hands ``runtime`` the compiler for the backward.
 """
 from __future__ import annotations
 
-from kiln import context, log
+from kiln import log
 from kiln.autograd import speculate
-from kiln.autograd.function import DOUBLE_BACKWARD_ERROR, CompiledAutograd, KilnFunction
+from kiln.autograd.function import DOUBLE_BACKWARD_ERROR, CompiledAutograd, KilnFunction, compile_backward
 from kiln.autograd.joint import JointGraph, build_joint, nbytes
 from kiln.autograd.partition import Partition, partition
 from kiln.autograd.rules import sum_to_shape
 from kiln.config import config
 
 
-def compile_autograd(graph, backend: str = "kiln", strategy: str | None = None):
-    """The autograd stage and the compiles after it; returns a CompiledAutograd, or the
-    compiled forward alone when no output can carry a gradient."""
-    from kiln.pipeline import _stage, compile_graph
-
-    strategy = strategy or config_strategy()
-    joint = _stage("autograd", build_joint, graph)
-    if config.verify:
-        from kiln.graph import verify
-        _stage("autograd", verify, joint.graph, ("core",), name="verify_joint")
-    part = _stage("autograd", _partition_named, joint, strategy, graph.name, name="partition")
-    ctx = context.current()
-    if ctx is not None:
-        ctx.record("autograd", "joint_graph", joint.graph)
-        ctx.record("autograd", "forward_graph", part.forward)
-        ctx.record("autograd", "backward_graph", part.backward)
-    if config.verify:
-        from kiln.graph import verify
-        _stage("autograd", verify, part.forward, ("core",), name="verify_forward")
-        _stage("autograd", verify, part.backward, ("core",), name="verify_backward")
-    log_partition(graph.name, part)
-    trains = bool(part.grad_input_indices) and any(part.diff_outputs)
-    spec = None
-    if trains and speculate.eligible([n.meta["val"] for n in part.forward.placeholders]):
-        spec = speculate.BackwardSpeculation(graph.name, part, backend, None if ctx is None else ctx.compile_id)
-        speculate.before_forward_build(spec)
-    part.forward.saves_for_backward = trains  # lowering keeps the saved tensors' layouts
-    try:
-        forward = compile_graph(part.forward, backend)
-    finally:
-        if spec is not None and ctx is not None and spec.start in ctx.before_build:
-            ctx.before_build.remove(spec.start)
-    if not trains:
+def runtime(name: str, part: Partition, forward, backward_compiler, speculation=None):
+    """What the compiled training graph runs: a ``CompiledAutograd`` over the compiled
+    ``forward``, whose backward graph ``backward_compiler(graph)`` compiles on first use; or
+    the forward alone when no output can carry a gradient."""
+    if not (part.grad_input_indices and any(part.diff_outputs)):
         return _ForwardOnly(forward, part.num_user_outputs)
-    if spec is not None:
-        spec.start()  # a forward that built nothing (a graph without kernels) starts it here
-    return CompiledAutograd(graph.name, part, forward, backend, speculation=spec)
-
-
-def _partition_named(joint, strategy, name):
-    """The partition, with the strategy's answer from the partition cache when an earlier
-    process already cut this joint graph (runtime/graph_cache.py: ``partition_key``)."""
-    from kiln import counters
-    from kiln.runtime import graph_cache
-
-    if not graph_cache.enabled():
-        return partition(joint, strategy, name)
-    key = graph_cache.partition_key(joint, strategy)
-    saved = graph_cache.load_plan(key, joint)
-    if saved is not None:
-        try:
-            part = partition(joint, strategy, name, saved=saved)
-        except AssertionError as e:  # the saved set does not cover what the backward reads
-            graph_cache.drop_plan(key, str(e))
-        else:
-            counters.bump("partition_cache_hits")
-            log.log("cache", "partition of %s from disk (%d saved)", name, len(saved))
-            return part
-    part = partition(joint, strategy, name)
-    graph_cache.store_plan(key, part.saved)
-    return part
+    if speculation is not None:
+        speculation.start()  # a forward that built nothing (a graph without kernels) starts it here
+    return CompiledAutograd(name, part, forward, backward_compiler, speculation=speculation)
 
 
 # The partitioner's strategy: "min_cut" (rematerialize cheap pointwise work) or "save_all".
@@ -115,5 +67,5 @@ class _ForwardOnly:
         return tuple(self.forward(*inputs)[:self.n])
 
 
-__all__ = ["compile_autograd", "build_joint", "partition", "JointGraph", "Partition",
+__all__ = ["runtime", "compile_backward", "speculate", "build_joint", "partition", "JointGraph", "Partition",
            "CompiledAutograd", "KilnFunction", "DOUBLE_BACKWARD_ERROR", "sum_to_shape", "nbytes"]

@@ -3,7 +3,8 @@
 ``CompiledAutograd`` is what ``pipeline.compile_graph`` returns for a graph that needs
 gradients. Calling it runs ``KilnFunction.apply``, whose forward runs the compiled forward
 graph and saves the activations the partitioner chose; its backward runs the compiled backward
-graph, compiling it on first use (with the saved tensors' real strides).
+graph, compiling it on first use (with the saved tensors' real strides) through the compiler
+the driver handed over (``pipeline.compile_backward``: the graph stages after capture).
 """
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ import threading
 import sympy
 import torch
 
-from kiln import context, counters, log
+from kiln import log
 from kiln.autograd.partition import Partition
-from kiln.config import config
 from kiln.graph.graph import Graph
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, map_args
 from kiln.meta.symbolic import concretize, free_symbols, shape_env_of, symbol_values
@@ -27,12 +27,12 @@ DOUBLE_BACKWARD_ERROR = "kiln: double backward through a compiled graph is not s
 class CompiledAutograd:
     """Callable with the captured graph's inputs; returns its outputs, connected to autograd."""
 
-    def __init__(self, name: str, part: Partition, forward, backend: str, speculation=None):
+    def __init__(self, name: str, part: Partition, forward, compiler, speculation=None):
         self.name = name
         self._speculation = speculation  # autograd/speculate.py: the backward compiling already
         self.part = part
         self.forward = forward
-        self.backend = backend
+        self.compiler = compiler  # backward graph -> compiled backward (the driver's, passed in)
         self.num_user_outputs = part.num_user_outputs
         self.diff_outputs = part.diff_outputs
         self.grad_input_indices = part.grad_input_indices
@@ -43,8 +43,6 @@ class CompiledAutograd:
         self.symbolic = bool(free_symbols(self.forward_metas))
         self._backward: dict = {}
         self._lock = threading.Lock()
-        ctx = context.current()  # the forward's compile: the backward's dump points back to it
-        self.compile_id = None if ctx is None else ctx.compile_id
         # explain / the debug dump read these like any compiled graph's
         self.kernel_count = getattr(forward, "kernel_count", 0)
         self.extern_count = getattr(forward, "extern_count", 0)
@@ -99,37 +97,13 @@ class CompiledAutograd:
     def _compile_backward(self, saved, tangents, metas=None):
         if metas is None:
             metas = [TensorMeta.of(t).with_(requires_grad=False) for t in list(saved) + list(tangents)]
-        return compile_backward(self.part, self.name, self.backend, self.compile_id, metas)
+        return compile_backward(self.part, self.compiler, metas)
 
 
-def compile_backward(part: Partition, name: str, backend: str, compile_id, metas):
-    """The backward graph of ``part`` compiled for these input metas (saved, then tangents);
-    an eager-ops graph, with a warning, when a stage fails (an error under ``strict``)."""
-    from kiln.pipeline import EagerGraph, StageError, compile_graph
-
-    graph = copy_graph(part.backward, metas)
-    with context.compiling(f"{name}_backward") as ctx:
-        ctx.record("autograd", "backward_graph", graph)
-        from kiln.api import _RECORDERS  # kiln.explain around a training step sees the backward too
-        for rec in _RECORDERS:
-            rec.append(ctx)
-        ctx.events.append({"kind": "backward_of", "compile_id": compile_id})
-        try:
-            with torch.no_grad():
-                compiled = compile_graph(graph, backend)
-        except StageError as e:
-            counters.bump("fallbacks")
-            if config.strict:
-                raise
-            from kiln.eager_runs import note_eager_run  # noted once, when the backward compiles
-            note_eager_run(f"internal error: {e}; the backward graph runs with eager torch ops",
-                           name=f"{name}_backward")
-            compiled = EagerGraph(graph, f"backward fallback: {e}")
-        if config.debug:  # the backward's own dump folder: prims graph, loop IR, kernels
-            from kiln.observe.debug import write_dump
-            write_dump(ctx, compiled)
-    log.log("aot", "compiled the backward of %s (%s)", name, type(compiled).__name__)
-    return compiled
+def compile_backward(part: Partition, compiler, metas):
+    """The backward graph of ``part`` for these input metas (saved, then tangents), compiled by
+    ``compiler`` (``pipeline.compile_backward``: it falls back to eager ops itself)."""
+    return compiler(copy_graph(part.backward, metas))
 
 
 def _layout_key(meta, t, sizes):

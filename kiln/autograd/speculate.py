@@ -24,12 +24,14 @@ from __future__ import annotations
 import threading
 
 from kiln import context, log
+from kiln.autograd import function
 from kiln.config import config
+from kiln.meta.symbolic import free_symbols
 
 
 class BackwardSpeculation:
-    def __init__(self, name: str, part, backend: str, compile_id):
-        self.name, self.part, self.backend, self.compile_id = name, part, backend, compile_id
+    def __init__(self, name: str, part, compiler):
+        self.name, self.part, self.compiler = name, part, compiler  # compiler: the driver's
         self.metas = [n.meta["val"].with_(requires_grad=False) for n in part.backward.placeholders]
         self.result = None
         self.error: BaseException | None = None
@@ -46,9 +48,8 @@ class BackwardSpeculation:
         log.log("aot", "compiling the backward of %s while its forward builds", self.name)
 
     def _run(self):
-        from kiln.autograd.function import compile_backward
         try:
-            self.result = compile_backward(self.part, self.name, self.backend, self.compile_id, self.metas)
+            self.result = function.compile_backward(self.part, self.compiler, self.metas)
         except BaseException as e:  # noqa: BLE001 - the caller compiles again and reports it
             self.error = e
 
@@ -68,13 +69,13 @@ class BackwardSpeculation:
         return self.result
 
 
-def eligible(forward_metas) -> bool:
-    from kiln.api import _RECORDERS
-    from kiln.meta.symbolic import free_symbols
+def eligible(forward_metas, recording: bool = False) -> bool:
+    """Whether to speculate; ``recording``: a kiln.explain (or the demo) records every compile
+    in order (``pipeline.RECORDERS``)."""
     wanted = config.speculative_backward
     if wanted is None:  # auto: graphs on CUDA (see config.speculative_backward)
         wanted = any(getattr(m, "device", None) is not None and m.device.type == "cuda" for m in forward_metas)
-    return bool(wanted) and not config.debug and not _RECORDERS and not free_symbols(forward_metas)
+    return bool(wanted) and not config.debug and not recording and not free_symbols(forward_metas)
 
 
 def before_forward_build(spec: BackwardSpeculation):

@@ -20,6 +20,7 @@ from kiln.capture.torch_modules import is_torch_module
 from kiln.capture import mutation, torch_api, torch_ops
 from kiln.capture.builtins import is_builtin
 from kiln.capture.autocast import AutocastState, wrap_autocast
+from kiln.capture.binding import CLOSURE_KEY, _placeholder_name, _unbind, bind_arguments, frame_locals  # noqa: F401 (re-exported)
 from kiln.capture.controls import dim_marks, is_disabled
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, Source,
@@ -134,7 +135,22 @@ class Tracer:
         return self.wrap(value, None)
 
     def wrap(self, value, source: Source | None, guard: bool = True) -> Variable:
+        """The Variable for a real value reached through ``source`` (None: made in the trace),
+        with the guards that make specializing on it safe (``guard``). Tried in order: values
+        of kiln's own making and special objects, numbers and constants, containers and user
+        objects, then callables and opaque values; the first that knows the value wins."""
         guard = guard and source is not None
+        var = self._wrap_special(value, source, guard)
+        if var is None:
+            var = self._wrap_constant_value(value, source, guard)
+        if var is None:
+            var = self._wrap_container(value, source, guard)
+        if var is None:
+            var = self._wrap_callable(value, source, guard)
+        return var
+
+    def _wrap_special(self, value, source, guard):
+        """Tensors, a resume function's markers, torch.autocast, stdlib objects, enums."""
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
         if value is set_grad_mode:  # a resume function's prologue re-entering a grad-mode block
@@ -146,7 +162,7 @@ class Tracer:
                 self.guards.identity(source, value)
             from kiln.capture.values_python import ContextExitVariable
             exit_var = ContextExitVariable(lambda: setattr(self, "grad_enabled", value.prev))
-            exit_var.grad_prev = value.prev  # a later break rebuilds it (resume._grad_prev)
+            exit_var.grad_prev = value.prev  # a later break rebuilds it (resume_glue._grad_prev)
             return exit_var
         special = wrap_autocast(self, value, source, guard)  # torch.autocast and its queries
         if special is None:  # os.environ, loggers, warnings.warn (values_stdlib.py)
@@ -161,6 +177,10 @@ class Tracer:
             if guard:
                 self.guards.identity(source, value)
             return ConstantVariable(value, source)
+        return None
+
+    def _wrap_constant_value(self, value, source, guard):
+        """Python numbers (symbolic where automatic dynamic says so) and constants."""
         if type(value) is int and guard and self.dynamic is not False \
                 and source.expr() in self.auto_dynamic_ints:
             var = self._wrap_dynamic_int(value, source)
@@ -182,6 +202,10 @@ class Tracer:
         if type(value) in (set, frozenset) and source is None and all(is_constant(v) for v in value):
             from kiln.capture.values_python import SetVariable  # a set computed on constants
             return SetVariable([ConstantVariable(v) for v in value])
+        return None
+
+    def _wrap_container(self, value, source, guard):
+        """Lists, tuples, dicts (one tracker per mutable object) and user objects."""
         if type(value) in (list, dict, collections.OrderedDict) or is_user_object(value):
             seen = self.side_effects.tracker_of(value)  # one tracker per mutable object
             if seen is not None:
@@ -213,6 +237,10 @@ class Tracer:
                  for i, (k, v) in enumerate(value.items())}, source))
         if is_python_dict_subclass(type(value)):  # dict's behaviour, the subclass's methods
             return wrap_dict_subclass(self, value, source, guard)
+        return None
+
+    def _wrap_callable(self, value, source, guard):
+        """Modules, functions, methods, torch's callables; anything else is opaque."""
         grad_mode = wrap_grad_mode_value(self, value, source, guard)  # torch.no_grad() objects
         if grad_mode is not None:
             return grad_mode
@@ -624,95 +652,6 @@ def _is_hashable(value) -> bool:
         return True
     except TypeError:
         return False
-
-
-def _placeholder_name(source: Source) -> str:
-    parts = []
-    s = source
-    while s is not None:
-        if isinstance(s, AttrSource):
-            parts.append(s.attr)
-        elif isinstance(s, ItemSource):
-            parts.append(str(s.key))
-        elif isinstance(s, LocalSource):
-            parts.append(s.name)
-        else:
-            parts.append(getattr(s, "name", "g"))
-        s = s.parent
-    parts = [p for p in reversed(parts) if p not in ("self", "L")]
-    return "_".join(parts) or "input"
-
-
-def bind_arguments(fn: FunctionVariable, tx: Tracer, args, kwargs) -> dict:
-    """Map a call's Variables onto the callee's parameter names, with defaults filled in."""
-    code = fn.code
-    proto = types.FunctionType(code, {}, code.co_name, None,
-                               tuple(types.CellType() for _ in code.co_freevars))
-    if fn.fn is not None:
-        defaults = fn.fn.__defaults__ or ()
-        kwdefaults = fn.fn.__kwdefaults__ or {}
-        dsrc = tx.attr_source(fn.source, "__defaults__")
-        ksrc = tx.attr_source(fn.source, "__kwdefaults__")
-        proto.__defaults__ = tuple(
-            LazyVariable(v, ItemSource(dsrc, i) if dsrc else None) for i, v in enumerate(defaults)) or None
-        proto.__kwdefaults__ = {k: LazyVariable(v, ItemSource(ksrc, k) if ksrc else None)
-                                for k, v in kwdefaults.items()} or None
-    else:
-        proto.__defaults__ = tuple(fn.defaults) or None
-        proto.__kwdefaults__ = dict(fn.kwdefaults) or None
-    try:
-        bound = inspect.signature(proto).bind(*args, **kwargs)
-    except TypeError as e:
-        raise Unsupported(f"calling {fn.qualname}: {e}") from None
-    bound.apply_defaults()
-    out = {}
-    # inspect renames comprehension's implicit ".0" parameter; the code's own names win.
-    nparams = code.co_argcount + code.co_kwonlyargcount
-    nparams += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
-    params = inspect.signature(proto).parameters.items()
-    for code_name, (name, param) in zip(code.co_varnames[:nparams], params):
-        value = bound.arguments[name]
-        if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            value = TupleVariable(list(value))
-        elif param.kind is inspect.Parameter.VAR_KEYWORD:
-            value = DictVariable(dict(value))
-        out[code_name] = value
-    return out
-
-
-def frame_locals(fn, args: tuple, kwargs: dict) -> dict:
-    """``L`` for a call ``fn(*args, **kwargs)``: what guards, fetch and input_sources read.
-
-    It is the frame's locals at entry, as CPython's ``frame.f_locals`` has them: every
-    parameter by name (``self`` for a bound method; defaults filled in; ``*args`` as a tuple,
-    ``**kwargs`` as a dict), and every free variable of a closure by name.
-    """
-    func, bound_self = _unbind(fn)
-    sig_args = (bound_self, *args) if bound_self is not None else tuple(args)
-    # the code's own parameters, not a functools.wraps target's (@torch.autocast(...) wrappers)
-    ba = inspect.signature(func, follow_wrapped=False).bind(*sig_args, **kwargs)
-    ba.apply_defaults()
-    L = dict(ba.arguments)
-    for name, cell in zip(func.__code__.co_freevars, func.__closure__ or ()):
-        try:
-            L[name] = cell.cell_contents
-        except ValueError:
-            pass
-    if func.__closure__:
-        L[CLOSURE_KEY] = func.__closure__  # the cells, for replaying writes to free variables
-    return L
-
-
-CLOSURE_KEY = "<closure>"
-
-
-def _unbind(fn):
-    if isinstance(fn, types.MethodType):
-        return fn.__func__, fn.__self__
-    if isinstance(fn, types.FunctionType):
-        return fn, None
-    raise Unsupported(f"capturing {type(fn).__name__} objects is not supported (need a function "
-                      "or a bound method)")
 
 
 def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
