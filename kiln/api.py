@@ -491,7 +491,7 @@ class CompiledFunction:
             logs.captured(self.name, capture)
             try:
                 if config.verify:
-                    from kiln.meta.verify import verify_meta
+                    from kiln.graph.verify_meta import verify_meta
                     context.run_pass("meta", verify_meta, capture.graph, capture.fetch(L))
                 if not needed:
                     compiled = None

@@ -21,7 +21,7 @@ from kiln.context import run_pass
 from kiln.graph import cse, dce, verify
 from kiln.graph.graph import Graph
 from kiln.graph.node import Node
-from kiln.meta.propagate import propagate_meta
+from kiln.graph.propagate import propagate_meta
 from kiln.ops.decompose import decompose
 
 

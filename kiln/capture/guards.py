@@ -447,3 +447,12 @@ def explain_failure(guard_set: "GuardSet", L: dict, G: dict) -> str | None:
         if not ok:
             return _describe(name, check, value)
     return None
+
+
+def add_default_guards(guards: GuardSet, reads: dict):
+    """Guards on torch's default dtype and device read during a trace (``reads``, from
+    ``meta.defaults.watching``)."""
+    if "dtype" in reads:
+        guards.add(ExprSource("torch.get_default_dtype()"), f"{{}} == {reads['dtype']}")
+    if "device" in reads:
+        guards.add(ExprSource("torch.get_default_device()"), f"{{}} == torch.device({str(reads['device'])!r})")

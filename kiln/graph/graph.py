@@ -10,8 +10,8 @@ import torch
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, Node, flatten_args, map_args
 from kiln.graph.proxy import Proxy
 from kiln.meta.tensor_meta import WrappedNumberMeta
-from kiln.ops import registry
-from kiln.ops.registry import META_RULES
+from kiln.graph import registry
+from kiln.graph.registry import META_RULES
 
 # Multi-output ops return tuples; consumers pick an element with this op.
 getitem = registry.define("graph", "getitem", operator.getitem)
@@ -235,9 +235,8 @@ class Graph:
 
     def as_function(self):
         """exec() the printed source and return the function: proof that the printout runs."""
-        from kiln.ops import core, prims  # noqa: F401  (names the source refers to)
-
-        namespace = {"torch": torch, "core": core, "prims": prims, "graph": _GraphNamespace,
+        namespace = {"torch": torch, "core": _OpNamespace("core"), "prims": _OpNamespace("prims"),
+                     "graph": _GraphNamespace,
                      "constants": self.constants, "inf": math.inf, "nan": math.nan}
         exec(compile(self.python(), f"<kiln graph {self.name}>", "exec"), namespace)
         return namespace[self.name]
@@ -245,6 +244,20 @@ class Graph:
 
 class _GraphNamespace:
     getitem = getitem
+
+
+class _OpNamespace:
+    """``core.add`` in a printed graph: the op of that qualified name, found in the registry
+    (the graph sits below the op vocabularies, so it names their ops instead of importing them)."""
+
+    def __init__(self, namespace: str):
+        self._namespace = namespace
+
+    def __getattr__(self, name: str):
+        try:
+            return registry.lookup(self._namespace, name)
+        except KeyError:
+            raise AttributeError(f"no op {self._namespace}.{name} is defined") from None
 
 
 _RESERVED = {"torch", "core", "prims", "graph", "constants", "inf", "nan", "def", "return",
