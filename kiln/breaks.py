@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import types
 
-from kiln import api_args, context, log
+from kiln import api, api_args, context, log
 from kiln.eager_runs import note_eager_run
-from kiln.capture import Unsupported, trace
+from kiln.capture import Unsupported, controls, trace
 from kiln.capture.resume import CannotResume, build_glue, plan_break
+from kiln.api import CompiledFunction, CompiledModule
+from kiln.capture.values import FunctionVariable, ModuleVariable
 
 
 def retrace_at_break(cf, cache, err, args, kwargs):
@@ -57,7 +59,6 @@ def retrace_at_break(cf, cache, err, args, kwargs):
 
 def _capture_with_glue(cf, cache, plan, err, args, kwargs):
     """Trace ``cf``'s call up to ``plan``'s stop and build the glue there."""
-    from kiln import api
 
     api._local.compiling = True
     try:
@@ -101,8 +102,6 @@ def _opts(cf):
 
 
 def _resume_maker(cf, where):
-    from kiln.api import CompiledFunction
-
     family = cf.resume_family  # shared down the chain: a resume code gets one CompiledFunction
 
     def make(code, closure, eager):
@@ -140,9 +139,6 @@ def _callee_wrapper(cf, where):
     over compiled; a module's method as ``(compiled function, module variable)``, which the
     glue binds to the module it loads at run time: modules are guarded by type, so the
     module of a later call may be another instance (the next of twelve blocks)."""
-    from kiln.api import CompiledFunction, CompiledModule
-    from kiln.capture import controls
-    from kiln.capture.values import FunctionVariable, ModuleVariable
 
     def wrap(v):
         target = owner = None

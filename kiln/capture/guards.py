@@ -14,6 +14,8 @@ import re
 
 import torch
 
+from kiln.meta.symbolic import py
+
 
 # ------------------------------------------------------------------ sources
 class Source:
@@ -249,7 +251,6 @@ class GuardSet:
 
     def shape_checks(self, names: dict) -> list[tuple[Source | None, str]]:
         """(source, check) for every symbolic check and ShapeEnv guard, over symbol ``names``."""
-        from kiln.meta.symbolic import py
         out = [(src, f"{{}}.{acc} == {py(expr, names)}") for src, acc, expr in self.symbolic]
         if self.shape_env is not None:
             out += [(None, g) for g in self.shape_env.guard_lines(names)]

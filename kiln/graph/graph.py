@@ -12,6 +12,8 @@ from kiln.graph.proxy import Proxy
 from kiln.meta.tensor_meta import WrappedNumberMeta
 from kiln.graph import registry
 from kiln.graph.registry import META_RULES
+from kiln.meta import TensorMeta
+from kiln.meta.symbolic import concretize, symbol_values
 
 # Multi-output ops return tuples; consumers pick an element with this op.
 getitem = registry.define("graph", "getitem", operator.getitem)
@@ -75,8 +77,6 @@ class Graph:
         return node
 
     def get_attr(self, name: str, tensor: torch.Tensor) -> Node:
-        from kiln.meta import TensorMeta
-
         name = self._unique_name(name)
         self.constants[name] = tensor
         node = Node(self, name, GET_ATTR, name)
@@ -173,7 +173,6 @@ class Graph:
             numbers = numbers or type(node.meta.get("val")) is WrappedNumberMeta
             env[node] = value
         # symbolic sizes in arguments take the values the real inputs have
-        from kiln.meta.symbolic import concretize, symbol_values
         sizes = {**(sizes or {}), **symbol_values([n.meta.get("val") for n in placeholders], inputs)}
         for node in self.nodes:
             if node.op == CALL:

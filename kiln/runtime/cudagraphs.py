@@ -53,6 +53,7 @@ import torch
 
 from kiln import log
 from kiln.autograd.function import CompiledAutograd
+from kiln.config import config
 
 
 
@@ -246,7 +247,6 @@ class CudaGraphRunner:
     def _record(self) -> _Slot:
         """One more recording of the graph over the static inputs, with outputs of its own (in a
         private pool, or the shared one: see the module doc)."""
-        from kiln.config import config
         self.recordings += 1
         static = self.static_inputs
         stream = torch.cuda.Stream()

@@ -34,6 +34,9 @@ import torch
 from kiln import log
 from kiln.config import config
 from kiln.runtime import cache
+from kiln.graph.node import GET_ATTR, PLACEHOLDER
+from kiln.meta.symbolic import SymInt, shape_env_of
+from kiln.meta.tensor_meta import TensorMeta
 
 # settings that cannot change what a graph compiles to
 _IRRELEVANT_SETTINGS = {"cache_dir", "debug", "debug_dir", "verify", "strict", "disable", "graph_cache",
@@ -80,7 +83,6 @@ def _versions(target: str) -> str:
 
 
 def _size_text(v) -> str:
-    from kiln.meta.symbolic import SymInt
     if isinstance(v, SymInt):
         return f"{v.expr}~{v.hint}"
     return str(v)
@@ -103,9 +105,6 @@ def enabled() -> bool:
 
 
 def graph_key(prims_graph, target: str) -> str:
-    from kiln.graph.node import GET_ATTR, PLACEHOLDER
-    from kiln.meta.symbolic import shape_env_of
-
     metas = []
     for n in prims_graph.nodes:
         if n.op == PLACEHOLDER:
@@ -254,7 +253,6 @@ def store(key: str, wrapper, generated: dict, extern_count: int, launches: dict)
 
 # ---------------------------------------------------------------------- partition plans
 def _val_text(v) -> str:
-    from kiln.meta.tensor_meta import TensorMeta
     if isinstance(v, TensorMeta):
         return _meta_text(v) + f"/{bool(v.requires_grad)}"
     if isinstance(v, (tuple, list)):
@@ -266,8 +264,6 @@ def partition_key(joint, strategy: str) -> str:
     """Everything the partitioner reads: the joint graph's text, every node's meta (sizes,
     strides, dtype, device, requires_grad), which nodes are primals, forward outputs, tangents
     and grads, and the strategy (plus kiln's sources, torch and the settings, as for graphs)."""
-    from kiln.meta.symbolic import shape_env_of
-    from kiln.meta.tensor_meta import TensorMeta
 
     g = joint.graph
     vals = [n.meta.get("val") for n in g.nodes]
