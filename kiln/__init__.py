@@ -13,11 +13,10 @@ from kiln.observe.explain import ExplainOutput, explain
 # layer is loaded (docs/architecture.md, "Layers").
 from kiln import api as _api, pipeline as _pipeline  # noqa: E402
 from kiln.capture import module_call as _module_call  # noqa: E402
-from kiln.runtime import cudagraphs as _cudagraphs, graph_cache as _graph_cache  # noqa: E402
+from kiln.runtime import cudagraphs as _cudagraphs  # noqa: E402
 
 _module_call.COMPILED_MODULE = _api.CompiledModule
 _cudagraphs.COMPILED_GRAPH = _pipeline.CompiledGraph
-_graph_cache.RECORDERS = _api._RECORDERS
 
 
 def stats() -> dict[str, int]:

@@ -148,7 +148,7 @@ def caches_of(code) -> list:
     """Every CodeCache of ``code`` (one per set of compile options)."""
     return [c for (k, _), c in _CODE_CACHES.items() if getattr(k, "__code__", k) is code]
 # Compile contexts of recent compiles, newest last (explain and the debug dump read them).
-_RECORDERS: list[list] = []
+_RECORDERS = context.RECORDERS
 
 
 def _unwrap(fn):

@@ -10,11 +10,13 @@ from __future__ import annotations
 import types
 
 from kiln import api, api_args, context, log
-from kiln.eager_runs import note_eager_run
+from kiln.api import CompiledFunction, CompiledModule
 from kiln.capture import Unsupported, controls, trace
 from kiln.capture.resume import CannotResume, build_glue, plan_break
-from kiln.api import CompiledFunction, CompiledModule
 from kiln.capture.values import FunctionVariable, ModuleVariable
+from kiln.eager_runs import note_eager_run
+from kiln.module_hooks import HookedForward
+from kiln.pipeline import StageError
 
 
 def retrace_at_break(cf, cache, err, args, kwargs):
@@ -40,7 +42,6 @@ def retrace_at_break(cf, cache, err, args, kwargs):
         _record(err, [], True, cache.eager_reason)
         return None
     except Exception as e:  # noqa: BLE001 - an internal error while building the resume path
-        from kiln.pipeline import StageError
         return cf._internal_error(cache, StageError("capture", f"graph break at {err.filename}:"
                                                     f"{err.lineno}: {type(e).__name__}: {e}"), e)
     capture.glue = glue
@@ -164,7 +165,6 @@ def _callee_wrapper(cf, where):
             return None
         compiled = CompiledFunction(target, **_opts(cf))
         if isinstance(v, ModuleVariable):  # m(...): its hooks run around the compiled forward
-            from kiln.module_hooks import HookedForward
             return HookedForward(compiled), owner
         return compiled if owner is None else (compiled, owner)
     return wrap

@@ -17,6 +17,9 @@ from kiln.counters import stage_seconds
 
 _ids = itertools.count()
 _local = threading.local()
+# Lists that get the context of every compile that starts (kiln.explain, the demo, tests):
+# the api appends, the graph cache stays off while one listens (they read every stage's output)
+RECORDERS: list[list] = []
 
 # Stage names in pipeline order; compile_times is reported in this order.
 STAGES = ("capture", "meta", "autograd", "decomp", "lowering", "scheduling", "codegen", "build")

@@ -8,7 +8,7 @@ import operator
 import torch
 
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, Node, flatten_args, map_args
-from kiln.graph.proxy import Proxy
+from kiln.graph.proxy import Proxy, pop_active, push_active
 from kiln.meta.tensor_meta import WrappedNumberMeta
 from kiln.graph import registry
 from kiln.graph.registry import META_RULES
@@ -131,7 +131,6 @@ class Graph:
     @contextlib.contextmanager
     def inherit(self, **meta):
         """Nodes created inside this block get these meta entries (provenance, stage)."""
-        from kiln.graph.proxy import pop_active, push_active
 
         old = self._inherited_meta
         self._inherited_meta = {**old, **meta}

@@ -31,7 +31,7 @@ import platform
 
 import torch
 
-from kiln import log
+from kiln import context, log
 from kiln.config import config
 from kiln.runtime import cache
 from kiln.graph.node import GET_ATTR, PLACEHOLDER
@@ -72,7 +72,7 @@ def kiln_source_digest() -> str:
 def _versions(target: str) -> str:
     parts = [torch.__version__, platform.machine(), platform.python_version()]
     if target == "triton":
-        import triton
+        import triton  # optional dependency: loaded only for Triton kernels
         parts += [triton.__version__, os.environ.get("TRITON_INTERPRET", "0")]
         if torch.cuda.is_available():
             parts += [torch.cuda.get_device_name(), str(torch.cuda.get_device_capability())]
@@ -93,15 +93,10 @@ def _meta_text(m) -> str:
             f"{m.dtype}/{m.device}")
 
 
-# The lists that get every compile's context (api._RECORDERS: kiln.explain, the demo): the
-# api sits above the runtime, so kiln/__init__.py hands the list down.
-RECORDERS: list = []
-
-
 def enabled() -> bool:
     if not config.graph_cache or config.debug:
         return False
-    return not RECORDERS  # kiln.explain and the demo read every stage's artifacts
+    return not context.RECORDERS  # kiln.explain and the demo read every stage's artifacts
 
 
 def graph_key(prims_graph, target: str) -> str:

@@ -108,7 +108,7 @@ class FastLauncher:
         self.bound: dict = {}  # grid -> _Bound
         self.failed = False
         if get_device is None:
-            from triton.runtime import driver
+            from triton.runtime import driver  # optional dependency: loaded only for Triton kernels
 
             from kiln.runtime.builder import wait_triton_driver
             wait_triton_driver()
@@ -286,7 +286,7 @@ def _hook_set(hook) -> bool:
 
 def _launch_hooks():
     try:
-        from triton import knobs
+        from triton import knobs  # optional dependency: loaded only for Triton kernels
         hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     except Exception:  # noqa: BLE001 - older Triton: hooks live on CompiledKernel
         try:

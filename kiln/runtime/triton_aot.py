@@ -35,7 +35,7 @@ def supported() -> str | None:
         import torch
         if not torch.cuda.is_available():
             return "no CUDA device"
-        import triton
+        import triton  # optional dependency: loaded only for Triton kernels
         from triton.runtime import driver
         from triton.runtime.jit import JITFunction
     except Exception as e:  # noqa: BLE001
@@ -54,7 +54,7 @@ def current_target() -> list:
     if torch.version.hip is None:
         major, minor = torch.cuda.get_device_capability()
         return ["cuda", major * 10 + minor, 32]
-    from triton.runtime import driver
+    from triton.runtime import driver  # optional dependency: loaded only for Triton kernels
 
     from kiln.runtime.builder import wait_triton_driver
     wait_triton_driver()
