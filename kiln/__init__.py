@@ -9,6 +9,15 @@ from kiln.api import (CompiledFunction, CompiledModule, GraphBreakError, compile
 from kiln.config import config
 from kiln.observe.explain import ExplainOutput, explain
 
+# The few objects a lower layer needs from a higher one are handed down here, where every
+# layer is loaded (docs/architecture.md, "Layers").
+from kiln import api as _api, pipeline as _pipeline  # noqa: E402
+from kiln.capture import module_call as _module_call  # noqa: E402
+from kiln.runtime import cudagraphs as _cudagraphs  # noqa: E402
+
+_module_call.COMPILED_MODULE = _api.CompiledModule
+_cudagraphs.COMPILED_GRAPH = _pipeline.CompiledGraph
+
 
 def stats() -> dict[str, int]:
     """Counters: frames_compiled, recompiles, graph_breaks, kernels_generated, cache_hits,

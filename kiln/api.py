@@ -146,8 +146,8 @@ _CACHE_GEN = [0]  # moves on when _CODE_CACHES is cleared
 def caches_of(code) -> list:
     """Every CodeCache of ``code`` (one per set of compile options)."""
     return [c for (k, _), c in _CODE_CACHES.items() if getattr(k, "__code__", k) is code]
-# Lists that get the context of every compile (kiln.explain, the demo): the driver's
-_RECORDERS = RECORDERS
+# Compile contexts of recent compiles, newest last (explain and the debug dump read them).
+_RECORDERS = context.RECORDERS
 
 
 def _unwrap(fn):

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import types
 
-from kiln import api_args, context, log
-from kiln.eager_runs import note_eager_run
-from kiln.capture import Unsupported, trace
+from kiln import api, api_args, context, log
+from kiln.api import CompiledFunction, CompiledModule
+from kiln.capture import Unsupported, controls, trace
 from kiln.capture.resume import CannotResume, build_glue, plan_break
+from kiln.capture.values import FunctionVariable, ModuleVariable, TorchFunctionVariable
+from kiln.eager_runs import note_eager_run
+from kiln.module_hooks import HookedForward
+from kiln.pipeline import StageError
 
 
 def retrace_at_break(cf, cache, err, args, kwargs):
@@ -38,7 +42,6 @@ def retrace_at_break(cf, cache, err, args, kwargs):
         _record(err, [], True, cache.eager_reason)
         return None
     except Exception as e:  # noqa: BLE001 - an internal error while building the resume path
-        from kiln.pipeline import StageError
         return cf._internal_error(cache, StageError("capture", f"graph break at {err.filename}:"
                                                     f"{err.lineno}: {type(e).__name__}: {e}"), e)
     capture.glue = glue
@@ -57,7 +60,6 @@ def retrace_at_break(cf, cache, err, args, kwargs):
 
 def _capture_with_glue(cf, cache, plan, err, args, kwargs):
     """Trace ``cf``'s call up to ``plan``'s stop and build the glue there."""
-    from kiln import api
 
     api._local.compiling = True
     try:
@@ -101,8 +103,6 @@ def _opts(cf):
 
 
 def _resume_maker(cf, where):
-    from kiln.api import CompiledFunction
-
     family = cf.resume_family  # shared down the chain: a resume code gets one CompiledFunction
 
     def make(code, closure, eager):
@@ -140,9 +140,6 @@ def _callee_wrapper(cf, where):
     over compiled; a module's method as ``(compiled function, module variable)``, which the
     glue binds to the module it loads at run time: modules are guarded by type, so the
     module of a later call may be another instance (the next of twelve blocks)."""
-    from kiln.api import CompiledFunction, CompiledModule
-    from kiln.capture import controls
-    from kiln.capture.values import FunctionVariable, ModuleVariable, TorchFunctionVariable
 
     def wrap(v):
         target = owner = None
@@ -173,7 +170,6 @@ def _callee_wrapper(cf, where):
             return None
         compiled = CompiledFunction(target, **_opts(cf))
         if isinstance(v, ModuleVariable):  # m(...): its hooks run around the compiled forward
-            from kiln.module_hooks import HookedForward
             return HookedForward(compiled), owner
         return compiled if owner is None else (compiled, owner)
     return wrap

@@ -6,12 +6,20 @@ IR. ``kiln.explain``, ``KILN_DEBUG`` dumps and the HTML report all read this rec
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import threading
 import time
 
+from kiln import log
+from kiln.config import config
+from kiln.counters import stage_seconds
+
 _ids = itertools.count()
 _local = threading.local()
+# Lists that get the context of every compile that starts (kiln.explain, the demo, tests):
+# the api appends, the graph cache stays off while one listens (they read every stage's output)
+RECORDERS: list[list] = []
 
 # Stage names in pipeline order; compile_times is reported in this order.
 STAGES = ("capture", "meta", "autograd", "decomp", "lowering", "scheduling", "codegen", "build")
@@ -44,12 +52,19 @@ class CompileContext:
 
     def add_time(self, stage: str, seconds: float):
         self.stage_times[stage] = self.stage_times.get(stage, 0.0) + seconds
-        from kiln.counters import stage_seconds
         stage_seconds[stage] += seconds
 
 
 def current() -> CompileContext | None:
     return getattr(_local, "ctx", None)
+
+
+def _compile_id():
+    ctx = getattr(_local, "ctx", None)
+    return None if ctx is None else ctx.compile_id
+
+
+log.compile_id = _compile_id  # each log line names the compile that logged it
 
 
 @contextlib.contextmanager
@@ -84,7 +99,6 @@ _STARTUP_FROZEN_MAX = 10_000
 
 
 def _startup_frozen() -> int:
-    import gc
     return gc.get_freeze_count()
 
 
@@ -93,16 +107,12 @@ STARTUP_FROZEN = _startup_frozen()
 
 def program_froze_heap() -> bool:
     """True when the process froze its own heap (``gc.freeze()``) since or before kiln's import."""
-    import gc
     if STARTUP_FROZEN > _STARTUP_FROZEN_MAX:
         return True
     return gc.get_freeze_count() > STARTUP_FROZEN
 
 
 def gc_pause():
-    import gc
-
-    from kiln.config import config
     with _gc_lock:
         _gc_state["depth"] += 1
         if _gc_state["depth"] != 1:
@@ -135,8 +145,6 @@ def run_pass(stage: str, fn, ir, *args, name: str | None = None, **kwargs):
         ctx.add_time(stage, dt)
         ctx.pass_times.append((stage, name, dt))
         ctx.record(stage, name, out)
-    from kiln import log
-
     log.pass_done(stage, name, dt, out)
     return out
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln import context, counters, log
+from kiln import context, counters, log, pipeline
 from kiln.api import CompiledFunction, CompiledModule
 from kiln.graph.graph import Graph, getitem
 from kiln.graph.node import CALL, GET_ATTR, PLACEHOLDER, Node, map_args
@@ -195,16 +195,14 @@ def _contiguous(t):
 def compile_split(graph: Graph, backend: str, bucket_bytes_cap: int):
     """``pipeline.compile_graph`` for a DDP module's forward: the graph split at bucket
     boundaries, each piece compiled on its own (one autograd node each)."""
-    from kiln.pipeline import compile_graph
-
     pieces = split_at_buckets(graph, bucket_bytes_cap) if torch.is_grad_enabled() else None
     if pieces is None:
-        return compile_graph(graph, backend)
+        return pipeline.compile_graph(graph, backend)
     ctx = context.current()
     for i, piece in enumerate(pieces):
         if ctx is not None:
             ctx.record("distributed", f"ddp_piece_{i}", piece.graph)
-        piece.compiled = compile_graph(piece.graph, backend)
+        piece.compiled = pipeline.compile_graph(piece.graph, backend)
     log.log("graph", "DDP split: %s compiled as %d graphs (bucket cap %d bytes; parameter bytes %s)",
             graph.name, len(pieces), bucket_bytes_cap, [p.param_bytes for p in pieces])
     counters.bump("graphs_compiled", len(pieces) - 1)  # the caller counts one

@@ -16,7 +16,6 @@ report shows.
 """
 from __future__ import annotations
 
-import json
 import linecache
 import os
 import sys
@@ -26,6 +25,9 @@ from kiln import counters, log
 
 _RECORDS: dict = {}            # (where the code is, or name; reason) -> the record of its runs
 _LISTENERS: list[list] = []    # kiln.explain's lists: records of the runs during its call
+# fn(record) at the first run of each (frame, reason), after its warning: kiln/observe writes
+# the KILN_DEBUG run folder's list (observe sits above this module)
+SUBSCRIBERS: list = []
 _COUNTS = counters.counters
 
 
@@ -69,9 +71,8 @@ def _announce(rec):
     text = f"kiln: {rec['name']}{where} runs eagerly: {rec['reason']}" + (f"\n    {source}" if source else "")
     warnings.warn(text, RuntimeWarning, stacklevel=_user_level())
     log.log("graph_breaks", "%s", text)
-    from kiln.config import config
-    if config.debug:
-        _write_debug_file()
+    for fn in SUBSCRIBERS:
+        fn(rec)
 
 
 _KILN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -83,16 +84,6 @@ def _user_level() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(_KILN_DIR):
         frame, level = frame.f_back, level + 1
     return level
-
-
-def _write_debug_file():
-    """The run folder's list of eager runs (the report reads it; a run folder has no compile
-    for a frame that never compiled, such as one past the recompile limit)."""
-    from kiln.observe.debug import run_dir
-    path = os.path.join(run_dir(), "eager_runs.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(records(), f, indent=2)
-    os.replace(path + ".tmp", path)
 
 
 def records() -> list[dict]:

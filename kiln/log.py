@@ -46,6 +46,11 @@ CHANNELS = {
 
 _enabled: dict[str, bool] = {}  # channel -> verbose?
 _configured = False
+# The log sits below the compiler's stages and its observers, which plug in here:
+# kiln/context.py names the running compile's id, and kiln/observe/logs.py formats each
+# pass's lines (``fn(stage, name, seconds, out)``, called while a channel is on).
+compile_id = lambda: None  # noqa: E731
+PASS_SUBSCRIBERS: list = []
 
 
 class _StderrHandler(logging.Handler):
@@ -112,11 +117,7 @@ def verbose(channel: str) -> bool:
 
 
 def _emit(channel, msg, args):
-    from kiln import context
-
-    ctx = context.current()
-    logging.getLogger(f"kiln.{channel}").info(
-        msg, *args, extra={"compile_id": None if ctx is None else ctx.compile_id})
+    logging.getLogger(f"kiln.{channel}").info(msg, *args, extra={"compile_id": compile_id()})
 
 
 def log(channel: str, msg, *args):
@@ -143,9 +144,9 @@ def warn(msg, *args):
 
 def pass_done(stage: str, name: str, seconds: float, out):
     """Called by ``context.run_pass`` after every pass: the per-pass lines of the channels
-    (kiln/observe/logs.py formats them)."""
+    (kiln/observe/logs.py formats them: ``PASS_SUBSCRIBERS``)."""
     if not _configured:
         configure()
     if _enabled:
-        from kiln.observe import logs
-        logs.pass_done(stage, name, seconds, out)
+        for fn in PASS_SUBSCRIBERS:
+            fn(stage, name, seconds, out)

@@ -35,7 +35,7 @@ from kiln.eager_runs import note_eager_run
 from kiln.graph import cse, dce, verify
 from kiln.graph.graph import Graph
 from kiln.graph.node import Node
-from kiln.meta.propagate import propagate_meta
+from kiln.graph.propagate import propagate_meta
 from kiln.observe import logs
 from kiln.ops.decompose import decompose
 
@@ -115,7 +115,7 @@ def _stage(stage, fn, ir, *args, **kwargs):
 # "compiled" (compiled: the graph's result, or None where the compile stopped at capture).
 SUBSCRIBERS: list = []
 # Lists that get the context of every compile that starts (kiln.explain, the demo, tests)
-RECORDERS: list[list] = []
+RECORDERS: list[list] = context.RECORDERS  # kiln.explain's and the demo's (the bottom layer holds it)
 
 
 def subscribe(fn):
@@ -191,7 +191,7 @@ def _compile_captured(frame, capture, L):
     """The graph stages for a captured frame, with the frame's options (``frame.compile_graph``:
     ``compile_graph``, or kiln.distributed's split at DDP buckets)."""
     if config.verify:
-        from kiln.meta.verify import verify_meta
+        from kiln.graph.verify_meta import verify_meta
         context.run_pass("meta", verify_meta, capture.graph, capture.fetch(L))
     if api_args.autotune(frame.mode, frame.options) and not config.triton_autotune:
         with config.patch(triton_autotune=True):

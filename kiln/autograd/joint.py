@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from kiln.graph.graph import Graph, getitem
-from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, Node, map_args
+from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, Node, flatten_args, map_args
 from kiln.graph.proxy import Proxy
 from kiln.meta.symbolic import hint_of, same_shape
 from kiln.meta.tensor_meta import TensorMeta
@@ -189,7 +189,6 @@ def _element(graph: Graph, node: Node, i: int) -> Proxy:
 
 
 def _flat_nodes(obj):
-    from kiln.graph.node import flatten_args
     return [a for a in flatten_args(obj) if isinstance(a, Node)]
 
 

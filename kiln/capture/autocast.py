@@ -36,6 +36,7 @@ from kiln.graph.node import flatten_args
 from kiln.ops import autocast as policy_table
 from kiln.ops import core
 from kiln.ops.registry import Op
+from kiln.ops.core_fallback import resolve
 
 AUTOCAST_CLASSES = tuple(c for c in (
     torch.autocast,
@@ -199,7 +200,6 @@ def _explicit_dtype(args, kwargs) -> bool:
 
 def _fallback_unknown(name: str) -> str | None:
     """None if autocast leaves this fallback's inputs and inner ops alone, else why not known."""
-    from kiln.ops.core_fallback import resolve
 
     try:
         fn = resolve(name)

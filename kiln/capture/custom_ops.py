@@ -26,6 +26,7 @@ from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
 from kiln.ops.core_custom import CustomOpMetaError, custom_op, custom_op_mutating
 from kiln.ops.core_fallback import register_fallback_target
+from kiln.graph.node import flatten_args
 
 # torch's own namespaces (torch 2.13 with torch.distributed loaded): their ops keep the aten
 # path (capture/torch_ops.py: torch-level rules or fallback nodes). Collectives and FSDP's
@@ -166,7 +167,6 @@ def _needs_grad(p) -> bool:
 
 
 def _flat(obj) -> list:
-    from kiln.graph.node import flatten_args
     return list(flatten_args(obj))
 
 

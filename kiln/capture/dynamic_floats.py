@@ -25,6 +25,7 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.guards import Source
 from kiln.graph.node import PLACEHOLDER, Node, flatten_args
 from kiln.meta.tensor_meta import WrappedNumberMeta
+from kiln.graph import Proxy
 
 
 class FloatCarrierSource(Source):
@@ -43,7 +44,6 @@ def wrap_dynamic_float(tx, value: float, source: Source):
     """The tracker of a dynamic float: a tensor variable over its carrier placeholder."""
     from kiln.capture.tracer import _placeholder_name
     from kiln.capture.values import TensorVariable
-    from kiln.graph import Proxy
     seen = tx.float_inputs.get(source.expr())
     if seen is not None:
         return seen

@@ -14,6 +14,8 @@ import re
 
 import torch
 
+from kiln.meta.symbolic import py
+
 
 # ------------------------------------------------------------------ sources
 class Source:
@@ -249,7 +251,6 @@ class GuardSet:
 
     def shape_checks(self, names: dict) -> list[tuple[Source | None, str]]:
         """(source, check) for every symbolic check and ShapeEnv guard, over symbol ``names``."""
-        from kiln.meta.symbolic import py
         out = [(src, f"{{}}.{acc} == {py(expr, names)}") for src, acc, expr in self.symbolic]
         if self.shape_env is not None:
             out += [(None, g) for g in self.shape_env.guard_lines(names)]
@@ -447,3 +448,12 @@ def explain_failure(guard_set: "GuardSet", L: dict, G: dict) -> str | None:
         if not ok:
             return _describe(name, check, value)
     return None
+
+
+def add_default_guards(guards: GuardSet, reads: dict):
+    """Guards on torch's default dtype and device read during a trace (``reads``, from
+    ``meta.defaults.watching``)."""
+    if "dtype" in reads:
+        guards.add(ExprSource("torch.get_default_dtype()"), f"{{}} == {reads['dtype']}")
+    if "device" in reads:
+        guards.add(ExprSource("torch.get_default_device()"), f"{{}} == torch.device({str(reads['device'])!r})")

@@ -83,10 +83,15 @@ def call_module(tx, mv, args, kwargs):
     return _call_with_hooks(tx, mv, list(args), dict(kwargs), pre, post)
 
 
+# kiln.compile's module wrapper (api.CompiledModule): the api sits above capture, so
+# kiln/__init__.py hands it down.
+COMPILED_MODULE: type = type(None)
+
+
 def _is_compiled_module(module) -> bool:
     """A ``kiln.compile``-d module whose forward is the original's compiled (not CompiledDDP)."""
-    from kiln.api import CompiledModule
-    return isinstance(module, CompiledModule) and type(module).forward is CompiledModule.forward
+    cls = COMPILED_MODULE
+    return isinstance(module, cls) and type(module).forward is cls.forward
 
 
 def _call_compiled_module(tx, mv, args, kwargs):

@@ -36,6 +36,8 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.mutation import Alias, Storage, ViewStep
 from kiln.meta import TensorMeta
 from kiln.ops import core
+from kiln.meta.symbolic import has_symbols
+from kiln.ops.registry import META_RULES
 
 
 def mem_key(t: torch.Tensor):
@@ -166,7 +168,6 @@ def _steps(shape, plan, total):
 
 
 def _check_meta(var, what):
-    from kiln.meta.symbolic import has_symbols
     meta = var._proxy.meta
     if has_symbols(meta.shape) or has_symbols(meta.stride):
         raise Unsupported(f"{what} has symbolic (dynamic) sizes and shares memory with another input")
@@ -270,7 +271,6 @@ class GroupStorage(Storage):
 def scatter_chain(base, chain, new):
     """The value of ``base`` with ``new`` written through view chain ``chain``. ``base`` may be
     a TensorMeta when every step's inverse needs only its shape (reshape, permute)."""
-    from kiln.ops.registry import META_RULES
 
     values = [base]
     for step in chain[:-1]:

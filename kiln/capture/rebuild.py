@@ -12,7 +12,7 @@ from kiln.capture.side_effects import build_extra, extra_spec, replay
 from kiln.capture.values import (ConstantVariable, DictVariable, ListVariable, TensorVariable,
                                  TupleVariable, Variable)
 from kiln.capture.errors import Unsupported
-from kiln.meta.symbolic import SymInt
+from kiln.meta.symbolic import SymInt, py
 from kiln.meta.tensor_meta import WrappedNumberMeta
 
 
@@ -47,7 +47,6 @@ def _symint_spec(value):
     depends on symbols (a dynamic int counter's ``n + 1``): evaluated per call from the
     call's own inputs instead of specializing on the traced value; None when a symbol has no
     source to read it from."""
-    from kiln.meta.symbolic import py
     env, expr = value.env, value.expr
     reads = {}
     for sym in expr.free_symbols:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 
+from kiln.meta.symbolic import SymInt
+
 
 def view_rebuild(var):
     """``(root, steps)`` when the glue can take ``var`` again as a real view of its storage's
@@ -29,7 +31,6 @@ def view_rebuild(var):
 
 
 def _has_symbols(v) -> bool:
-    from kiln.meta.symbolic import SymInt
     if isinstance(v, dict):
         v = tuple(v.values())
     if isinstance(v, (tuple, list)):

@@ -25,6 +25,8 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.fallback import fallback_adapter
 from kiln.capture.values import ConstantVariable, TensorVariable, Variable
 from kiln.graph import Proxy
+from kiln.graph.proxy import active_graph
+from kiln.ops import core
 
 _OVERLOAD_ORDER = ("default", "Tensor", "Scalar")  # tried first, in this order, like torch
 
@@ -252,7 +254,6 @@ def _call_form(schema, bound, args, kwargs):
 
 
 def _slice(x, dim=0, start=None, end=None, step=1):
-    from kiln.ops import core
     return core.slice(x, dim, start, end, step)
 
 
@@ -320,7 +321,6 @@ def _all_numbers(pos, kw) -> bool:
 def _on_numbers(overload):
     """The op run on its (specialized, guarded) numbers at trace time: a constant of the graph,
     as ``torch.tensor(3.3)`` is."""
-    from kiln.graph.proxy import active_graph
 
     def adapter(*args, **kwargs):
         out = overload(*args, **kwargs)

@@ -24,7 +24,7 @@ from kiln.capture.binding import CLOSURE_KEY, _placeholder_name, _unbind, bind_a
 from kiln.capture.controls import dim_marks, is_disabled
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, Source,
-                                 IntCarrierSource, closure_source, make_fetch)
+                                 IntCarrierSource, add_default_guards, closure_source, make_fetch)
 from kiln.capture.dynamic_floats import check_float_outputs, wrap_dynamic_float
 from kiln.capture.fast_sources import fast_map
 from kiln.capture.rebuild import _make_rebuild, _output_spec, _set_grad_after
@@ -732,7 +732,7 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
     # guards the ambient autocast state; a region still open at a break is re-entered for real
     # by the glue (resume.py), so the resume function sees it as ambient autocast
     autocast_devices = tx.autocast.finish(tx.graph, at_break=break_state is not None)
-    defaults.add_guards(tx.guards, default_reads)
+    add_default_guards(tx.guards, default_reads)
     guard_source, guard_fn = tx.guards.compile(L, func.__globals__)
     result = CaptureResult(
         graph=tx.graph, input_sources=input_sources, fetch=fetch, fetch_source=fetch_source,

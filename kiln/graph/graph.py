@@ -8,10 +8,12 @@ import operator
 import torch
 
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, Node, flatten_args, map_args
-from kiln.graph.proxy import Proxy
+from kiln.graph.proxy import Proxy, pop_active, push_active
 from kiln.meta.tensor_meta import WrappedNumberMeta
-from kiln.ops import registry
-from kiln.ops.registry import META_RULES
+from kiln.graph import registry
+from kiln.graph.registry import META_RULES
+from kiln.meta import TensorMeta
+from kiln.meta.symbolic import concretize, symbol_values
 
 # Multi-output ops return tuples; consumers pick an element with this op.
 getitem = registry.define("graph", "getitem", operator.getitem)
@@ -75,8 +77,6 @@ class Graph:
         return node
 
     def get_attr(self, name: str, tensor: torch.Tensor) -> Node:
-        from kiln.meta import TensorMeta
-
         name = self._unique_name(name)
         self.constants[name] = tensor
         node = Node(self, name, GET_ATTR, name)
@@ -131,7 +131,6 @@ class Graph:
     @contextlib.contextmanager
     def inherit(self, **meta):
         """Nodes created inside this block get these meta entries (provenance, stage)."""
-        from kiln.graph.proxy import pop_active, push_active
 
         old = self._inherited_meta
         self._inherited_meta = {**old, **meta}
@@ -173,7 +172,6 @@ class Graph:
             numbers = numbers or type(node.meta.get("val")) is WrappedNumberMeta
             env[node] = value
         # symbolic sizes in arguments take the values the real inputs have
-        from kiln.meta.symbolic import concretize, symbol_values
         sizes = {**(sizes or {}), **symbol_values([n.meta.get("val") for n in placeholders], inputs)}
         for node in self.nodes:
             if node.op == CALL:
@@ -235,9 +233,8 @@ class Graph:
 
     def as_function(self):
         """exec() the printed source and return the function: proof that the printout runs."""
-        from kiln.ops import core, prims  # noqa: F401  (names the source refers to)
-
-        namespace = {"torch": torch, "core": core, "prims": prims, "graph": _GraphNamespace,
+        namespace = {"torch": torch, "core": _OpNamespace("core"), "prims": _OpNamespace("prims"),
+                     "graph": _GraphNamespace,
                      "constants": self.constants, "inf": math.inf, "nan": math.nan}
         exec(compile(self.python(), f"<kiln graph {self.name}>", "exec"), namespace)
         return namespace[self.name]
@@ -245,6 +242,20 @@ class Graph:
 
 class _GraphNamespace:
     getitem = getitem
+
+
+class _OpNamespace:
+    """``core.add`` in a printed graph: the op of that qualified name, found in the registry
+    (the graph sits below the op vocabularies, so it names their ops instead of importing them)."""
+
+    def __init__(self, namespace: str):
+        self._namespace = namespace
+
+    def __getattr__(self, name: str):
+        try:
+            return registry.lookup(self._namespace, name)
+        except KeyError:
+            raise AttributeError(f"no op {self._namespace}.{name} is defined") from None
 
 
 _RESERVED = {"torch", "core", "prims", "graph", "constants", "inf", "nan", "def", "return",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from kiln.graph.graph import Graph
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER
-from kiln.ops.registry import Op
+from kiln.graph.registry import Op
 
 
 class GraphVerificationError(AssertionError):

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from kiln.meta.symbolic import has_symbols
 from kiln.meta.tensor_meta import contiguous_strides
+from kiln.ops import prims
+from kiln.inductor.lowering import TValue
 
 
 def value_strides(v) -> tuple:
@@ -85,8 +87,6 @@ def layout_hint(target, meta, args, from_meta=False) -> tuple | None:
     """The layout eager would give the result of ``target(*args)``, or None (contiguous).
     ``from_meta``: the result of a reducing core op's decomposition (``decompose``), which eager
     allocates with the strides of its meta."""
-    from kiln.inductor.lowering import TValue
-    from kiln.ops import prims
     shape = tuple(meta.shape)
     if len(shape) < 2 or has_symbols(shape) or has_symbols(tuple(meta.stride)):
         return None

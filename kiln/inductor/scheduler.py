@@ -453,7 +453,6 @@ def sink_pointwise(program: ir.LoopProgram) -> ir.LoopProgram:
     matmul, and GELU's backward reads the same pre-activation after the other matmul; sunk next
     to each other they fuse into one kernel that reads the pre-activation once, and each value
     lives shorter. A buffer never moves past a scatter into a buffer it reads."""
-    from kiln.config import config
     if not config.sink_pointwise:
         return program
     order = list(program.buffers)

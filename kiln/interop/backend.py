@@ -27,7 +27,10 @@ from kiln.capture.errors import Unsupported
 from kiln.config import config
 from kiln.eager_runs import note_eager_run
 from kiln.interop.fx_import import FxImporter, guard_check
+from kiln.observe.debug import write_dump
+from kiln.ops.autocast import run_disabled
 from kiln.pipeline import StageError, compile_graph
+from kiln.runtime import cudagraphs
 
 _graph_ids = itertools.count()
 
@@ -118,10 +121,8 @@ class KilnGraphModule:
                 return self._internal_error(e)
             check = guard_check(imported.shape_env, imported.static_inputs, imported.value_inputs)  # after the stages: they add guards
             if imported.autocast_devices:  # called inside torch.autocast: the graph holds the casts
-                from kiln.ops.autocast import run_disabled
                 compiled = run_disabled(compiled, imported.autocast_devices)
             if self.mode in api_args.CUDAGRAPH_MODES:
-                from kiln.runtime import cudagraphs
                 compiled = cudagraphs.wrap(compiled, imported.graph, self.name,
                                            dynamic=imported.shape_env is not None)
             variant = _Variant(imported, compiled, check)
@@ -131,7 +132,6 @@ class KilnGraphModule:
             log.log("perf", "compiled %s (torch.compile backend) in %.1f ms", self.name,
                     (time.perf_counter() - t0) * 1e3)
             if config.debug:
-                from kiln.observe.debug import write_dump
                 write_dump(ctx, compiled)
             return variant
 

@@ -1,5 +1,8 @@
-"""The FakeTensor stage: metadata (shape, stride, dtype, device) without data."""
-from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
-from kiln.meta.propagate import propagate_meta
+"""The FakeTensor stage's data: metadata (shape, stride, dtype, device) without data.
 
-__all__ = ["TensorMeta", "contiguous_strides", "propagate_meta"]
+Propagation over a graph (``kiln.graph.propagate``) and its verifier (``kiln.graph.verify_meta``)
+sit in the graph package: they walk nodes, and the graph sits above the metas its nodes hold.
+"""
+from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
+
+__all__ = ["TensorMeta", "contiguous_strides"]

@@ -4,7 +4,7 @@ Factories without ``dtype=``/``device=`` (``torch.ones(4)``), a Python float mee
 tensor, and ``torch.tensor(data)`` depend on ``torch.get_default_dtype()`` and
 ``torch.get_default_device()``. Capture reads them through ``default_dtype()`` and
 ``default_device()``, which note the read for the trace running in this thread (``watching``),
-and the trace guards each value it read, so a compiled function recompiles after
+and the trace guards each value it read (``capture.guards.add_default_guards``), so a compiled function recompiles after
 ``torch.set_default_dtype`` or ``torch.set_default_device`` instead of returning the old dtype
 or device. A trace that read neither guards neither (no cost per call).
 """
@@ -46,11 +46,3 @@ def watching():
             for k, v in reads.items():
                 prev.setdefault(k, v)
 
-
-def add_guards(guards, reads: dict):
-    """Guards on the defaults in ``reads`` (a ``GuardSet``)."""
-    from kiln.capture.guards import ExprSource  # noqa: PLC0415 - capture sits above meta
-    if "dtype" in reads:
-        guards.add(ExprSource("torch.get_default_dtype()"), f"{{}} == {reads['dtype']}")
-    if "device" in reads:
-        guards.add(ExprSource("torch.get_default_device()"), f"{{}} == torch.device({str(reads['device'])!r})")

@@ -17,6 +17,7 @@ import sympy
 
 from kiln import log
 from kiln.meta import sympy_compat  # noqa: F401  (sympy 1.14's Mod squares inner Mods)
+from kiln.meta.tensor_meta import TensorMeta
 
 
 def is_symbolic(x) -> bool:
@@ -434,7 +435,6 @@ def symbolic_meta(t, dims, source: str, env: ShapeEnv):
     transposed, permuted): each stride is the product of the sizes inside it. A stride no
     size explains (a slice with a step) becomes a symbol of its own; stride 0 stays 0.
     """
-    from kiln.meta.tensor_meta import TensorMeta
     shape = [env.create_size(t.shape[d], f"{source}.size({d})") if d in dims else int(t.shape[d])
              for d in range(t.dim())]
     stride = [None] * t.dim()
@@ -547,7 +547,6 @@ def is_int_like(x) -> bool:
 
 def expr_meta(meta):
     """meta with its sizes and strides as ints or sympy expressions (lowering's view)."""
-    from kiln.meta.tensor_meta import TensorMeta
     if isinstance(meta, tuple):  # a library op's several results
         return tuple(expr_meta(m) for m in meta)
     if not isinstance(meta, TensorMeta):

@@ -41,6 +41,15 @@ def run_dir() -> str:
     return _run_dir
 
 
+def write_eager_runs(records: list[dict]):
+    """The run folder's list of eager runs (the report reads it; a run folder has no compile
+    for a frame that never compiled, such as one past the recompile limit)."""
+    path = os.path.join(run_dir(), "eager_runs.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(records, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
 def graph_symbols(graph) -> dict:
     """{symbol name: traced value} of every symbolic size or stride the graph's metas hold."""
     out: dict = {}

@@ -8,8 +8,8 @@ import time
 
 import torch
 
-import kiln
 from kiln import api
+from kiln.observe.explain import explain as kiln_explain
 
 
 def transform(x, bias):
@@ -52,8 +52,8 @@ def main(argv=None):
     dis.dis(transform, file=buf)
     _section("0. Python bytecode (what capture interprets)", buf.getvalue())
 
-    kiln.reset()
-    compiled = kiln.compile(transform)
+    api.reset()
+    compiled = api.compile(transform)
     recorder: list = []
     api._RECORDERS.append(recorder)
     try:
@@ -73,7 +73,7 @@ def main(argv=None):
 
     expected = transform(x, bias)
     same = torch.equal(out, expected)
-    explain = kiln.explain(transform)(x, bias)
+    explain = kiln_explain(transform)(x, bias)
     times = {stage: f"{t * 1e3:.1f} ms" for stage, t in ctx.stage_times.items()}
     _section("8. Result", f"bitwise equal to eager: {same}\n"
              f"graphs: {explain.graph_count}, graph breaks: {explain.graph_break_count}, "

@@ -7,6 +7,7 @@ from typing import Any, Callable
 import torch
 
 from kiln import api, context, eager_runs
+from kiln.observe.logs import kernel_line
 
 
 @dataclasses.dataclass
@@ -47,7 +48,6 @@ class CompileSummary:
     compile_times: dict
 
     def __str__(self):
-        from kiln.observe.logs import kernel_line
         total = sum(self.compile_times.values())
         ops = f"{self.graph.ops_count()} ops" if self.graph is not None else "no graph"
         lines = [f"--- compile {self.compile_id}: {self.name} ({ops}, {len(self.kernels)} kernels, "

@@ -10,6 +10,7 @@ import os
 import re
 
 from kiln import log
+from kiln.capture.guards import explain_failure
 
 _ORIGIN_LINE = re.compile(r"\[(.+?):(\d+): ")
 
@@ -105,7 +106,6 @@ def recompile_detail(entries, L, G):
     """+recompiles: the first failing check of every cache entry, newest first."""
     if not log.verbose("recompiles"):
         return
-    from kiln.capture.guards import explain_failure
     for i, entry in enumerate(reversed(entries)):
         guard_set = getattr(entry.capture, "guard_set", None)
         why = explain_failure(guard_set, L, G) if guard_set is not None else None

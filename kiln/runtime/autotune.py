@@ -22,27 +22,10 @@ import threading
 import time
 
 from kiln import log
+from kiln.inductor.codegen.tuning import TuneSpec, cpp_enabled, enabled  # noqa: F401 (codegen's side)
 from kiln.runtime import cache
 
 _lock = threading.Lock()
-
-
-class TuneSpec:
-    """Variants of one kernel: [(source, [config dict, ...])], the kernel's name, and its
-    launch sizes (the scalars after the pointers; the first is xnumel)."""
-    __slots__ = ("name", "variants", "scalars")
-
-    def __init__(self, name, variants, scalars):
-        self.name, self.variants, self.scalars = name, variants, tuple(scalars)
-
-
-def enabled() -> bool:
-    from kiln.config import config
-    from kiln.inductor.codegen.triton import interpreting
-    setting = config.triton_autotune
-    if setting == "interpret":
-        return True
-    return bool(setting) and not interpreting()
 
 
 def _device_name() -> str:
@@ -130,12 +113,6 @@ class Autotuned:
 # ---------------------------------------------------------------------- C++ chunk sizes
 REPEATS = 5
 cpp_stats = {"tuned": 0, "disk_hits": 0}  # tests read these
-
-
-def cpp_enabled() -> bool:
-    """C++ kernels are tuned whenever the switch is on (the Triton interpreter is irrelevant)."""
-    from kiln.config import config
-    return bool(config.triton_autotune)
 
 
 class CppAutotuned:

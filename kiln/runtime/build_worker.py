@@ -102,7 +102,7 @@ _driver_set = [None]
 
 
 def _target_driver(target):
-    import triton
+    import triton  # optional dependency: loaded only for Triton kernels
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
 
@@ -129,7 +129,7 @@ def _target_driver(target):
 
 
 def _tl_dtype(name):
-    import triton.language as tl
+    import triton.language as tl  # optional dependency: loaded only for Triton kernels
     return tl.int1 if name == "bool" else getattr(tl, name)
 
 
@@ -246,7 +246,7 @@ def _early_launchers():
         return
     _early["installed"] = True
     try:
-        import triton.compiler as tc
+        import triton.compiler as tc  # optional dependency: loaded only for Triton kernels
         from triton.backends.nvidia import driver as nvidia
     except Exception:  # noqa: BLE001 - another backend
         return

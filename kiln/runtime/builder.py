@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import threading
 
-from kiln import log
+from kiln import counters, log
 from kiln.config import config
 from kiln.runtime import pool
 
@@ -163,7 +163,6 @@ def _load_unique(kernels, target: str, launches: dict) -> list:
         from kiln.runtime.cpp_build import load_cpp_threads
         fn = load_cpp_function(k.source, k.name, len(k.args), nsizes + 1)  # + kiln_chunk
         return CppAutotuned(k.name, k.source, fn, load_cpp_threads(k.source, k.name), tune["cpp_chunks"], nsizes)
-    from kiln import counters
     from kiln.runtime import cpp_pch
     from kiln.runtime.cpp_build import CompilerCrash, build_missing
     builds = counters.counters["kernel_builds"]

@@ -32,6 +32,7 @@ import time
 from kiln import log
 from kiln.config import config
 from kiln.runtime import cache
+from kiln.inductor.codegen.cpp import PRELUDE
 
 HEADER = "kiln_prelude.h"
 _state: dict = {}  # header directory -> "building" | "failed" | path of the header (ready)
@@ -102,7 +103,6 @@ def reap_stale(folder: str):
 
 
 def _prelude() -> str:
-    from kiln.inductor.codegen.cpp import PRELUDE
     return PRELUDE
 
 

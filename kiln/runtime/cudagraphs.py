@@ -52,18 +52,23 @@ from __future__ import annotations
 import torch
 
 from kiln import log
+from kiln.config import config
 
+
+
+# The driver's compiled graph (pipeline.CompiledGraph): the driver sits above the runtime, so
+# kiln/__init__.py hands it down.
+COMPILED_GRAPH: type = type(None)
 
 
 def refusal(compiled, graph, dynamic=False) -> str | None:
     """Why compiled cannot be recorded, or None."""
-    from kiln.autograd.function import CompiledAutograd
-    from kiln.pipeline import CompiledGraph
+    from kiln.autograd.function import CompiledAutograd  # autograd loads at its first compile, not at kiln's import
     if isinstance(compiled, CompiledAutograd):
         return "the graph needs autograd (training); reduce-overhead records inference graphs only"
     if getattr(graph, "input_mutations", None):
         return "the graph mutates its inputs"
-    if not isinstance(compiled, CompiledGraph):
+    if not isinstance(compiled, COMPILED_GRAPH):
         return f"the graph runs as {type(compiled).__name__}, not as generated kernels"
     if compiled.target != "triton" or not torch.cuda.is_available():
         return "the graph runs on the CPU; CUDA graphs need CUDA tensors"
@@ -242,7 +247,6 @@ class CudaGraphRunner:
     def _record(self) -> _Slot:
         """One more recording of the graph over the static inputs, with outputs of its own (in a
         private pool, or the shared one: see the module doc)."""
-        from kiln.config import config
         self.recordings += 1
         static = self.static_inputs
         stream = torch.cuda.Stream()

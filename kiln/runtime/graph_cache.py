@@ -31,9 +31,12 @@ import platform
 
 import torch
 
-from kiln import log
+from kiln import context, log
 from kiln.config import config
 from kiln.runtime import cache
+from kiln.graph.node import GET_ATTR, PLACEHOLDER
+from kiln.meta.symbolic import SymInt, shape_env_of
+from kiln.meta.tensor_meta import TensorMeta
 
 # settings that cannot change what a graph compiles to
 _IRRELEVANT_SETTINGS = {"cache_dir", "debug", "debug_dir", "verify", "strict", "disable", "graph_cache",
@@ -52,8 +55,7 @@ def kiln_source_digest() -> str:
     pinned = os.environ.get("_KILN_TEST_SOURCE_DIGEST")
     if pinned:
         return pinned
-    import kiln
-    root = os.path.dirname(os.path.abspath(kiln.__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kiln/
     h = hashlib.sha256()
     for d, dirs, files in os.walk(root):
         dirs[:] = sorted(x for x in dirs if x != "__pycache__")
@@ -70,7 +72,7 @@ def kiln_source_digest() -> str:
 def _versions(target: str) -> str:
     parts = [torch.__version__, platform.machine(), platform.python_version()]
     if target == "triton":
-        import triton
+        import triton  # optional dependency: loaded only for Triton kernels
         parts += [triton.__version__, os.environ.get("TRITON_INTERPRET", "0")]
         if torch.cuda.is_available():
             parts += [torch.cuda.get_device_name(), str(torch.cuda.get_device_capability())]
@@ -81,7 +83,6 @@ def _versions(target: str) -> str:
 
 
 def _size_text(v) -> str:
-    from kiln.meta.symbolic import SymInt
     if isinstance(v, SymInt):
         return f"{v.expr}~{v.hint}"
     return str(v)
@@ -95,14 +96,10 @@ def _meta_text(m) -> str:
 def enabled() -> bool:
     if not config.graph_cache or config.debug:
         return False
-    from kiln import api
-    return not api._RECORDERS  # kiln.explain and the demo read every stage's artifacts
+    return not context.RECORDERS  # kiln.explain and the demo read every stage's artifacts
 
 
 def graph_key(prims_graph, target: str) -> str:
-    from kiln.graph.node import GET_ATTR, PLACEHOLDER
-    from kiln.meta.symbolic import shape_env_of
-
     metas = []
     for n in prims_graph.nodes:
         if n.op == PLACEHOLDER:
@@ -251,7 +248,6 @@ def store(key: str, wrapper, generated: dict, extern_count: int, launches: dict)
 
 # ---------------------------------------------------------------------- partition plans
 def _val_text(v) -> str:
-    from kiln.meta.tensor_meta import TensorMeta
     if isinstance(v, TensorMeta):
         return _meta_text(v) + f"/{bool(v.requires_grad)}"
     if isinstance(v, (tuple, list)):
@@ -263,8 +259,6 @@ def partition_key(joint, strategy: str) -> str:
     """Everything the partitioner reads: the joint graph's text, every node's meta (sizes,
     strides, dtype, device, requires_grad), which nodes are primals, forward outputs, tangents
     and grads, and the strategy (plus kiln's sources, torch and the settings, as for graphs)."""
-    from kiln.meta.symbolic import shape_env_of
-    from kiln.meta.tensor_meta import TensorMeta
 
     g = joint.graph
     vals = [n.meta.get("val") for n in g.nodes]

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from kiln import counters, log
 from kiln.runtime import triton_binary
+from kiln.config import config
+from kiln.inductor.codegen.triton import interpreting
 
 
 def _int_class(v: int):
@@ -81,7 +83,6 @@ def _call_digest(cls) -> str | None:
 def _direct(run):
     """(launch, (cooperative, pdl, None, None)) for a launcher of a known kind that needs no
     scratch memory, else None. ``KILN_CONFIG=triton_direct_launch=0`` turns it off."""
-    from kiln.config import config
     if not config.triton_direct_launch:
         return None
     cls = type(run)
@@ -107,7 +108,7 @@ class FastLauncher:
         self.bound: dict = {}  # grid -> _Bound
         self.failed = False
         if get_device is None:
-            from triton.runtime import driver
+            from triton.runtime import driver  # optional dependency: loaded only for Triton kernels
 
             from kiln.runtime.builder import wait_triton_driver
             wait_triton_driver()
@@ -145,7 +146,6 @@ class FastLauncher:
         return kernel
 
     def _record_key(self, args, kwargs):
-        from kiln.config import config
         if not config.triton_binary_records:
             return None
         try:
@@ -253,7 +253,6 @@ class LaunchLine:
         return None
 
     def _first(self, args):
-        from kiln.config import config
         lau = self.launcher
         out = lau.slow(self.grid, args, self.kwargs)
         b = lau.bound.get(self.grid)
@@ -287,7 +286,7 @@ def _hook_set(hook) -> bool:
 
 def _launch_hooks():
     try:
-        from triton import knobs
+        from triton import knobs  # optional dependency: loaded only for Triton kernels
         hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     except Exception:  # noqa: BLE001 - older Triton: hooks live on CompiledKernel
         try:
@@ -300,8 +299,6 @@ def _launch_hooks():
 
 def wrap(fn, name: str):
     """The wrapper's handle for a loaded @triton.jit function."""
-    from kiln.config import config
-    from kiln.inductor.codegen.triton import interpreting
     if not config.triton_fast_launch or interpreting() or not hasattr(fn, "arg_names"):
         return fn
     return FastLauncher(fn, name)

@@ -20,6 +20,8 @@ import time
 
 from kiln import counters, log
 from kiln.config import config
+from kiln.inductor.codegen.triton import interpreting
+from kiln.meta.symbolic import shape_env_of
 
 _DTYPE_NAMES = {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
                 "uint8", "bool"}
@@ -27,14 +29,13 @@ _DTYPE_NAMES = {"float32", "float16", "bfloat16", "float64", "int64", "int32", "
 
 def supported() -> str | None:
     """None when AOT builds can run here, else why not."""
-    from kiln.inductor.codegen.triton import interpreting
     if interpreting():
         return "the Triton interpreter runs kernels (TRITON_INTERPRET=1)"
     try:
         import torch
         if not torch.cuda.is_available():
             return "no CUDA device"
-        import triton
+        import triton  # optional dependency: loaded only for Triton kernels
         from triton.runtime import driver
         from triton.runtime.jit import JITFunction
     except Exception as e:  # noqa: BLE001
@@ -53,7 +54,7 @@ def current_target() -> list:
     if torch.version.hip is None:
         major, minor = torch.cuda.get_device_capability()
         return ["cuda", major * 10 + minor, 32]
-    from triton.runtime import driver
+    from triton.runtime import driver  # optional dependency: loaded only for Triton kernels
 
     from kiln.runtime.builder import wait_triton_driver
     wait_triton_driver()
@@ -94,7 +95,6 @@ def describe(kernel, buffers: dict, hints: dict) -> dict | None:
 
 def symbol_hints(graph) -> dict:
     """Symbol name -> traced value, for the sizes of a graph's inputs."""
-    from kiln.meta.symbolic import shape_env_of
     env = shape_env_of([n.meta["val"] for n in graph.placeholders])
     return {} if env is None else {s.name: int(v) for s, v in env.hints.items()}
 

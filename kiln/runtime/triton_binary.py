@@ -46,7 +46,7 @@ def _triton_stamp() -> str:
     """This Triton and its environment, once per process (the ``TRITON_*`` variables are read
     at the first launch; Triton's own compile options come from them)."""
     if not _stamp:
-        import triton
+        import triton  # optional dependency: loaded only for Triton kernels
         lib = os.path.join(os.path.dirname(triton.__file__), "_C")
         facts = [triton.__version__, os.path.dirname(triton.__file__)]
         try:

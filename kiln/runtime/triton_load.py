@@ -15,7 +15,7 @@ _lock = threading.Lock()
 
 
 def _triton_version() -> str:
-    import triton
+    import triton  # optional dependency: loaded only for Triton kernels
     return triton.__version__
 
 

@@ -6,7 +6,7 @@ import torch
 
 from kiln.autograd import build_joint, partition
 from kiln.graph import verify
-from kiln.meta.propagate import propagate_meta
+from kiln.graph.propagate import propagate_meta
 from kiln.ops import core
 
 from autograd_helpers import check_grads, trace_core

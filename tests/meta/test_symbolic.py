@@ -9,7 +9,7 @@ import kiln
 from kiln.capture import trace
 from kiln.meta.symbolic import (ShapeEnv, SymInt, concretize, hint_of, py, same_shape,
                                 symbolic_meta)
-from kiln.meta.verify import MetaMismatch, verify_meta
+from kiln.graph.verify_meta import MetaMismatch, verify_meta
 
 
 def _env(*hints):

@@ -6,7 +6,7 @@ import torch
 
 import kiln
 from kiln.capture import trace
-from kiln.meta.propagate import propagate_meta
+from kiln.graph.propagate import propagate_meta
 from kiln.ops import core, prims
 from kiln.ops.decompose import decompose
 from testing import assert_close

@@ -5,8 +5,8 @@ the real tensor. A static capture and a dynamic one (every size symbolic) both v
 import pytest
 
 from kiln.capture import frame_locals, trace
-from kiln.meta.propagate import propagate_meta
-from kiln.meta.verify import verify_meta
+from kiln.graph.propagate import propagate_meta
+from kiln.graph.verify_meta import verify_meta
 from kiln.ops.decompose import decompose
 from optable import ENTRIES
 from optable.runner import batched, make_samples

@@ -6,6 +6,7 @@ kernel's expressions once, with common-subexpression elimination, and asks the t
 """
 from __future__ import annotations
 
+import os
 import re
 
 import sympy
@@ -13,6 +14,11 @@ import torch
 from sympy.printing.str import StrPrinter
 
 from kiln.inductor import ir
+
+
+def interpreting() -> bool:
+    """Triton runs kernels in its interpreter (CPU tests), not compiled."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 

@@ -14,7 +14,7 @@ import torch
 
 from kiln.config import config
 from kiln.inductor import ir
-from kiln.inductor.codegen import cpp_runs
+from kiln.inductor.codegen import cpp_runs, tuning
 from kiln.inductor.codegen.cpp_hoist import hoist_row_invariants
 from kiln.inductor.codegen.common import (IndexPrinter, KernelWriter, ScalarOps, compute_dtype,
                                           is_symbolic, size_params, size_text)
@@ -452,8 +452,7 @@ def cpp_declare(name: str, text: str, dtype) -> str:
 
 
 def generate_cpp(kernel, buffers: dict) -> CppKernel:
-    from kiln.runtime import autotune
-    if autotune.cpp_enabled():  # off by default: the source is then exactly the untuned one
+    if tuning.cpp_enabled():  # off by default: the source is then exactly the untuned one
         from kiln.inductor.codegen.cpp_tune import tunable
         return tunable(_generate_cpp(kernel, buffers))
     return _generate_cpp(kernel, buffers)

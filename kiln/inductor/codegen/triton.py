@@ -7,14 +7,15 @@ buffer's own strides, so broadcast and transposed operands need no copies.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
 from kiln.config import config
 from kiln.inductor import ir
+from kiln.inductor.codegen import tuning
 from kiln.inductor.codegen.common import (LOW_PRECISION, IndexPrinter, KernelWriter, ScalarOps,
-                                          compute_dtype, is_symbolic, size_params, size_text)
+                                          compute_dtype, interpreting, is_symbolic, size_params,
+                                          size_text)
 from kiln.meta.symbolic import py
 
 TL_DTYPES = {
@@ -22,10 +23,6 @@ TL_DTYPES = {
     torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
     torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
 }
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 class TritonOps(ScalarOps):
@@ -251,14 +248,13 @@ class TritonKernel:
         self.name, self.source, self.args = name, source, args
         self.scalars, self.constexprs, self.grid = scalars, constexprs, grid
         self.num_warps, self.origins = num_warps, origins
-        self.tune = None  # an autotune.TuneSpec: launched through Autotuned.run
+        self.tune = None  # a tuning.TuneSpec: launched through Autotuned.run
 
     def with_tuning(self, variants):
         """Tune over [(source, [config, ...])] (the first source is this kernel's own)."""
-        from kiln.runtime import autotune
-        if not autotune.enabled():
+        if not tuning.enabled():
             return self
-        self.tune = autotune.TuneSpec(self.name, variants, self.scalars)
+        self.tune = tuning.TuneSpec(self.name, variants, self.scalars)
         return self
 
     def launch_line(self) -> str:

@@ -25,6 +25,7 @@ import torch
 
 from kiln.config import config
 from kiln.inductor import ir
+from kiln.inductor.codegen import tuning
 from kiln.inductor.codegen.common import (IDENTITY, LOW_PRECISION, IndexPrinter, KernelWriter,
                                           compute_dtype, decompose_index, is_symbolic, plan_phases,
                                           size_params)
@@ -121,8 +122,7 @@ REDUCTION_TUNE_MIN = 1 << 16  # elements; smaller kernels keep the heuristic
 def generate_triton_reduction(kernel, buffers: dict) -> TritonKernel:
     gen = _generate_triton_reduction(kernel, buffers)
     xnumel, rnumel = math.prod(kernel.xshape), math.prod(kernel.rshape)
-    from kiln.runtime import autotune
-    if is_symbolic(xnumel * rnumel) or xnumel * rnumel < REDUCTION_TUNE_MIN or not autotune.enabled():
+    if is_symbolic(xnumel * rnumel) or xnumel * rnumel < REDUCTION_TUNE_MIN or not tuning.enabled():
         return gen
     persistent = gen.constexprs["RBLOCK"] >= rnumel
     if config.triton_column_reductions and is_column_reduction(kernel, ir.ranges_of(kernel.ranges)):

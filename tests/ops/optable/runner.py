@@ -19,7 +19,7 @@ import torch
 
 import kiln
 from kiln.capture import frame_locals, trace
-from kiln.meta.propagate import propagate_meta
+from kiln.graph.propagate import propagate_meta
 from kiln.ops import core
 from kiln.ops.decompose import decompose
 from testing import TARGETS, TOLERANCES, on_target

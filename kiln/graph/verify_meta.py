@@ -11,7 +11,7 @@ import torch
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, map_args
 from kiln.meta.symbolic import concretize, symbol_values
 from kiln.meta.tensor_meta import TensorMeta
-from kiln.ops.registry import META_RULES
+from kiln.graph.registry import META_RULES
 
 
 class MetaMismatch(AssertionError):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kiln.graph.node import CALL, map_args
-from kiln.ops.registry import META_RULES
+from kiln.graph.registry import META_RULES
 
 
 def propagate_meta(graph, input_metas=None):
