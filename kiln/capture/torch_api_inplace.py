@@ -121,17 +121,13 @@ class _Shaped:
 
 
 def index_put_(self, indices, values, accumulate=False):
-    indices = tuple(indices)
-    if len(indices) != 1 or not _is_tensor(indices[0]):
-        raise Unsupported("index_put_ with more than one index tensor is not supported")
-    idx = indices[0]
-    if idx.dtype == torch.bool:
-        if accumulate or (_is_tensor(values) and values.ndim > 0):
-            raise Unsupported("index_put_ with a bool mask and several values is data-dependent")
-        return Writes([(self, masked_assign(self, 0, idx, values))], self)
-    idx = _index_dim(self, 0, idx, "index_put_")
-    new = core.index_put(self, 0, idx, _index_put_values(self, 0, idx, values), bool(accumulate))
-    return Writes([(self, new)], self)
+    return Writes([(self, index_put(self, indices, values, accumulate))], self)
+
+
+def _index_put_value(self, indices, values, accumulate):
+    from kiln.capture import torch_api_index
+    entries = torch_api_index.index_put_entries(self, tuple(indices))
+    return torch_api_index.put(self, entries, values, accumulate)
 
 
 def index_copy_(self, dim, index, source):
@@ -229,8 +225,10 @@ def scatter(input, dim, index, src=None, value=None, *, reduce=None, out=None):
 
 def index_put(input, indices, values, accumulate=False):
     _same_dtype("index_put", input, values, "values")
-    return _or_fallback("torch.index_put",
-                        lambda: index_put_(input, indices, values, accumulate).updates[0][1],
+    # torch.index_put's binding takes no None among the indices; the aten op does
+    name = "torch.ops.aten.index_put.default" if any(i is None for i in indices) else "torch.index_put"
+    return _or_fallback(name,
+                        lambda: _index_put_value(input, indices, values, accumulate),
                         input, tuple(indices), values, accumulate)
 
 
@@ -288,7 +286,8 @@ def build_tables(torch_functions: dict, tensor_methods: dict):
         "requires_grad_": requires_grad_, "scatter": scatter, "index_put": index_put,
     })
     functions = {torch.clone: clone, torch.detach: detach, F.batch_norm: batch_norm,
-                 torch.scatter: scatter, torch.index_put: index_put}
+                 torch.scatter: scatter, torch.index_put: index_put,
+                 torch.index_put_: index_put_}
     for name in ("relu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "neg", "abs", "floor", "ceil",
                  "trunc", "round", "sin", "cos", "log", "reciprocal", "clamp", "clip"):
         fn = getattr(torch, name + "_", None)
