@@ -145,8 +145,8 @@ def index_fill_(self, dim, index, value):
 
 
 def scatter_(self, dim, index, src=None, value=None, *, reduce=None):
-    if reduce is not None:
-        raise Unsupported(f"scatter_(reduce={reduce!r}) is not supported")
+    if reduce is not None:  # the functional form's rule: scatter_add, else a fallback node
+        return Writes([(self, scatter(self, dim, index, src, value, reduce=reduce))], self)
     if src is None:
         src = value
     if not _is_tensor(src):
@@ -199,10 +199,13 @@ def _or_fallback(name, cover, *args, **kwargs):
     try:
         return cover()
     except Unsupported as e:
-        if torch.is_grad_enabled() and any(a.meta.requires_grad for a in flatten_args((args, kwargs))
-                                           if _is_tensor(a)):
+        if _needs_grad(*flatten_args((args, kwargs))):
             raise Unsupported(f"{name}: {e}; a fallback node cannot give the gradient it needs") from None
         return core.fallback(name, *args, **kwargs)
+
+
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(_is_tensor(t) and t.meta.requires_grad for t in tensors)
 
 
 def _same_dtype(name, input, other, what):
@@ -217,10 +220,34 @@ def scatter(input, dim, index, src=None, value=None, *, reduce=None, out=None):
     src = value if src is None else src
     _same_dtype("scatter", input, src, "src")
     if reduce is not None:
-        def no_core():
+        def cover():
+            # eager's scatter(reduce=) has no derivative: with a gradient it stays eager's
+            if reduce == "add" and _is_tensor(src) and not _needs_grad(input, src):
+                return scatter_add_(input, dim, index, src).updates[0][1]
             raise Unsupported(f"scatter(reduce={reduce!r}) has no core op")
-        return _or_fallback("torch.scatter", no_core, input, dim, index, src, reduce=reduce)
+        return _or_fallback("torch.scatter", cover, input, dim, index, src, reduce=reduce)
     return scatter_(input, dim, index, src).updates[0][1]
+
+
+def scatter_reduce(input, dim, index, src, reduce, *, include_self=True, out=None):
+    """``reduce='sum'`` over the input is scatter_add; the other reductions (prod, mean, amax,
+    amin) and ``include_self=False`` stay whole as fallback nodes."""
+    if out is not None:
+        raise Unsupported("scatter_reduce(out=...) is not supported")
+    _same_dtype("scatter_reduce", input, src, "src")
+
+    def cover():
+        if reduce == "sum" and include_self:
+            return scatter_add_(input, dim, index, src).updates[0][1]
+        raise Unsupported(f"scatter_reduce(reduce={reduce!r}, include_self={include_self}) has "
+                          "no core op")
+    return _or_fallback("torch.scatter_reduce", cover, input, dim, index, src, reduce,
+                        include_self=include_self)
+
+
+def scatter_reduce_(self, dim, index, src, reduce, *, include_self=True):
+    return Writes([(self, scatter_reduce(self, dim, index, src, reduce,
+                                         include_self=include_self))], self)
 
 
 def index_put(input, indices, values, accumulate=False):
@@ -284,10 +311,11 @@ def build_tables(torch_functions: dict, tensor_methods: dict):
         "index_copy_": index_copy_, "index_add_": index_add_, "index_fill_": index_fill_,
         "scatter_": scatter_, "scatter_add_": scatter_add_, "clone": clone, "detach": detach,
         "requires_grad_": requires_grad_, "scatter": scatter, "index_put": index_put,
+        "scatter_reduce": scatter_reduce, "scatter_reduce_": scatter_reduce_,
     })
     functions = {torch.clone: clone, torch.detach: detach, F.batch_norm: batch_norm,
                  torch.scatter: scatter, torch.index_put: index_put,
-                 torch.index_put_: index_put_}
+                 torch.index_put_: index_put_, torch.scatter_reduce: scatter_reduce}
     for name in ("relu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "neg", "abs", "floor", "ceil",
                  "trunc", "round", "sin", "cos", "log", "reciprocal", "clamp", "clip"):
         fn = getattr(torch, name + "_", None)
