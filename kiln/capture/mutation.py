@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from kiln.capture.errors import Unsupported
-from kiln.capture.torch_api_inplace import Writes
+from kiln.capture.torch_api_inplace import Rebinds, Writes
 from kiln.graph import Proxy, getitem
 from kiln.graph.node import CALL, PLACEHOLDER, Node
 from kiln.ops import core
@@ -256,6 +256,8 @@ def wrap_outputs(tx, out, args, kwargs, py_args, py_kwargs, name: str):
         for var, proxy in _tensor_pairs(v, p):
             by_proxy.append((proxy, var))
             by_node.setdefault(proxy.node, var)
+    if isinstance(out, Rebinds):
+        return _rebind(tx, out, by_proxy, by_node, name)
     if isinstance(out, Writes):
         for target, new in out.updates:
             var = next((v for p, v in by_proxy if p is target), None)
@@ -270,6 +272,23 @@ def wrap_outputs(tx, out, args, kwargs, py_args, py_kwargs, name: str):
         if not getattr(tx, "grad_enabled", True) and isinstance(out, Proxy) and out.meta.requires_grad:
             out = core.detach(out)  # made under no_grad
     return _wrap(tx, out, by_node, name)
+
+
+def _rebind(tx, out: Rebinds, by_proxy, by_node, name):
+    """An in-place view op: the argument's Variable takes the view's value and alias chain.
+    An input's shape would change for the caller too, which kiln does not write back."""
+    from kiln.capture.values import TensorVariable
+
+    var = next((v for p, v in by_proxy if p is out.target), None)
+    if var is None or not isinstance(var, TensorVariable):
+        raise Unsupported(f"{name}: changes the shape of a tensor that is not an argument")
+    if var.source is not None or storage_of(tx, var).storage.from_input:
+        raise Unsupported(f"{name}: changing the shape of an input (or a view of one) in place "
+                          "is not supported")
+    view = _wrap_proxy(tx, out.view, by_node, name)
+    if view is not var:
+        var._proxy, var.alias, var._seen = view._proxy, view.alias, view._seen
+    return var
 
 
 def _tensor_pairs(v, p):

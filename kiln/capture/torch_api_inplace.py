@@ -35,6 +35,29 @@ class Writes:
         self.result = result
 
 
+class Rebinds:
+    """An adapter's answer for an in-place view op (``unsqueeze_``, ``t_``): the argument
+    ``target`` becomes the view ``view`` of itself (same memory, new shape and strides); the
+    call returns it. Capture rebinds the argument's Variable, which every Python reference to
+    that tensor shares."""
+    __slots__ = ("target", "view")
+
+    def __init__(self, target, view):
+        self.target, self.view = target, view
+
+
+def rebind_of(functional):
+    """``self.foo_(*a)`` for a view op foo: self becomes ``self.foo(*a)``."""
+    def adapter(self, *args, **kwargs):
+        return Rebinds(self, functional(self, *args, **kwargs))
+    adapter.__name__ = getattr(functional, "__name__", "view") + "_"
+    return adapter
+
+
+# View methods whose in-place form changes the tensor's shape and strides, not its memory.
+REBIND_FROM_VIEW = ("unsqueeze", "squeeze", "transpose", "t", "swapdims", "swapaxes")
+
+
 def _is_tensor(x) -> bool:
     return isinstance(x, Proxy)
 
@@ -306,6 +329,9 @@ def build_tables(torch_functions: dict, tensor_methods: dict):
     for name in INPLACE_FROM_FUNCTIONAL:
         if name in tensor_methods:
             methods[name + "_"] = inplace_of(tensor_methods[name])
+    for name in REBIND_FROM_VIEW:
+        if name in tensor_methods:
+            methods[name + "_"] = rebind_of(tensor_methods[name])
     methods.update({
         "copy_": copy_, "fill_": fill_, "zero_": zero_, "index_put_": index_put_,
         "index_copy_": index_copy_, "index_add_": index_add_, "index_fill_": index_fill_,
