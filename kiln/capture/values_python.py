@@ -520,6 +520,9 @@ def call_class(tx, cls, args, kwargs):
         return _make_namedtuple(tx, cls, args, kwargs)
     if issubclass(cls, dict) and dataclasses.is_dataclass(cls):
         return make_dict_dataclass(tx, cls, args, kwargs)
+    from kiln.capture.torch_api_creation import FUNCTIONS as creation, LEGACY_TYPES
+    if cls in LEGACY_TYPES:  # torch.LongTensor([294]): a capture-table entry, as torch.tensor
+        return tx.call_adapter(creation[cls], args, kwargs, f"torch.{cls.__name__}")
     if issubclass(cls, torch.nn.Module):
         raise Unsupported(f"creating a {cls.__name__} module inside compiled code")
     if is_torch_module(cls.__module__) or not plain_metaclass(type(cls)) or \
