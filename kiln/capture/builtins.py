@@ -206,9 +206,13 @@ BUILTIN_HANDLERS[max] = _min_max(max)
 
 
 @handles(sorted)
-def _sorted(tx, iterable, reverse=None):
+def _sorted(tx, iterable, key=None, reverse=None):
     items = iterable.iterate(tx)
-    keys = _constants(tx, items)
+    if key is not None and not (isinstance(key, ConstantVariable) and key.value is None):
+        items_keys = [key.call(tx, [v], {}) for v in items]  # the key function, traced per item
+        keys = _constants(tx, items_keys)
+    else:
+        keys = _constants(tx, items)
     if keys is None:
         raise Unsupported("sorted() of values that are not Python constants")
     order = sorted(range(len(keys)), key=keys.__getitem__,
