@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import itertools
 import math
 import sys
 
@@ -121,6 +122,47 @@ def _zip(tx, *iterables, **kwargs):
     if kwargs:
         return NotImplemented
     return IteratorVariable([TupleVariable(list(group))
+                             for group in zip(*(it.iterate(tx) for it in iterables))])
+
+
+# itertools over what capture can list now (lists, tuples, ranges of tracked values): the
+# combinatorics run on positions, so tensors are only regrouped, never compared
+@handles(itertools.chain)
+def _chain(tx, *iterables):
+    return IteratorVariable([v for it in iterables for v in it.iterate(tx)])
+
+
+@handles(itertools.product)
+def _product(tx, *iterables, repeat=None):
+    n = 1 if repeat is None else repeat.as_python()
+    pools = [it.iterate(tx) for it in iterables] * n
+    return IteratorVariable([TupleVariable([pools[k][i] for k, i in enumerate(group)])
+                             for group in itertools.product(*(range(len(p)) for p in pools))])
+
+
+@handles(itertools.combinations)
+def _combinations(tx, iterable, r):
+    items = iterable.iterate(tx)
+    return IteratorVariable([TupleVariable([items[i] for i in group])
+                             for group in itertools.combinations(range(len(items)), r.as_python())])
+
+
+@handles(itertools.permutations)
+def _permutations(tx, iterable, r=None):
+    items = iterable.iterate(tx)
+    k = None if r is None else r.as_python()
+    return IteratorVariable([TupleVariable([items[i] for i in group])
+                             for group in itertools.permutations(range(len(items)), k)])
+
+
+@handles(map)
+def _map(tx, fn, *iterables):
+    """map with a builtin known to be pure (``map(str, names)`` in collections.namedtuple):
+    evaluated now, which no side effect can tell from Python's lazy map."""
+    value = getattr(fn, "fn", getattr(fn, "value", None))
+    if not iterables or value not in PURE_BUILTINS:
+        return NotImplemented
+    return IteratorVariable([call_builtin(tx, value, list(group), {})
                              for group in zip(*(it.iterate(tx) for it in iterables))])
 
 
