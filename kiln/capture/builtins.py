@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import itertools
 import math
 import sys
 
@@ -124,6 +125,47 @@ def _zip(tx, *iterables, **kwargs):
                              for group in zip(*(it.iterate(tx) for it in iterables))])
 
 
+# itertools over what capture can list now (lists, tuples, ranges of tracked values): the
+# combinatorics run on positions, so tensors are only regrouped, never compared
+@handles(itertools.chain)
+def _chain(tx, *iterables):
+    return IteratorVariable([v for it in iterables for v in it.iterate(tx)])
+
+
+@handles(itertools.product)
+def _product(tx, *iterables, repeat=None):
+    n = 1 if repeat is None else repeat.as_python()
+    pools = [it.iterate(tx) for it in iterables] * n
+    return IteratorVariable([TupleVariable([pools[k][i] for k, i in enumerate(group)])
+                             for group in itertools.product(*(range(len(p)) for p in pools))])
+
+
+@handles(itertools.combinations)
+def _combinations(tx, iterable, r):
+    items = iterable.iterate(tx)
+    return IteratorVariable([TupleVariable([items[i] for i in group])
+                             for group in itertools.combinations(range(len(items)), r.as_python())])
+
+
+@handles(itertools.permutations)
+def _permutations(tx, iterable, r=None):
+    items = iterable.iterate(tx)
+    k = None if r is None else r.as_python()
+    return IteratorVariable([TupleVariable([items[i] for i in group])
+                             for group in itertools.permutations(range(len(items)), k)])
+
+
+@handles(map)
+def _map(tx, fn, *iterables):
+    """map with a builtin known to be pure (``map(str, names)`` in collections.namedtuple):
+    evaluated now, which no side effect can tell from Python's lazy map."""
+    value = getattr(fn, "fn", getattr(fn, "value", None))
+    if not iterables or value not in PURE_BUILTINS:
+        return NotImplemented
+    return IteratorVariable([call_builtin(tx, value, list(group), {})
+                             for group in zip(*(it.iterate(tx) for it in iterables))])
+
+
 @handles(abs)
 def _abs(tx, x):
     if isinstance(x, TensorVariable):
@@ -206,9 +248,13 @@ BUILTIN_HANDLERS[max] = _min_max(max)
 
 
 @handles(sorted)
-def _sorted(tx, iterable, reverse=None):
+def _sorted(tx, iterable, key=None, reverse=None):
     items = iterable.iterate(tx)
-    keys = _constants(tx, items)
+    if key is not None and not (isinstance(key, ConstantVariable) and key.value is None):
+        items_keys = [key.call(tx, [v], {}) for v in items]  # the key function, traced per item
+        keys = _constants(tx, items_keys)
+    else:
+        keys = _constants(tx, items)
     if keys is None:
         raise Unsupported("sorted() of values that are not Python constants")
     order = sorted(range(len(keys)), key=keys.__getitem__,

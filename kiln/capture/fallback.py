@@ -67,7 +67,11 @@ def fallback_adapter(fn, name: str):
         try:
             out = core.fallback(target, *args, **kwargs)
         except NotTensors as e:  # not an argument error: eager would not raise, so a break
-            raise Unsupported(f"{name} returns no tensor ({e})") from None
+            out = _with_nones(fn, name, args, kwargs)
+            if out is None:
+                raise Unsupported(f"{name} returns no tensor ({e})") from None
+            log.log("graph", "fallback node: %s runs eagerly inside the compiled graph", name)
+            return out
         if isinstance(out, tuple):  # several results: one node, one getitem per result
             out = _as_return_type(fn, out)
         elif not isinstance(out, Proxy):
@@ -75,6 +79,26 @@ def fallback_adapter(fn, name: str):
         log.log("graph", "fallback node: %s runs eagerly inside the compiled graph", name)
         return out
     return adapter, None
+
+
+def _with_nones(fn, name, args, kwargs):
+    """A result tuple with None entries among its tensors: the node is the op's tensors only
+    (target ``name[0,2]``, which the fallback resolves in any process), and the Nones are put
+    back here, where they are Python constants."""
+    from kiln.ops.core_fallback import _map, tensor_positions
+    fake = _map((args, kwargs), lambda a: a.meta.fake() if isinstance(a, Proxy) else a)
+    try:
+        result = fn(*fake[0], **fake[1])
+    except Exception:  # noqa: BLE001 - the op refused meta tensors: stays a break
+        return None
+    picks = tensor_positions(result)
+    if picks is None:
+        return None
+    tensors = core.fallback(f"{name}[{','.join(map(str, picks))}]", *args, **kwargs)
+    out = [None] * len(result)
+    for i, t in zip(picks, tensors):
+        out[i] = t
+    return tuple(out)
 
 
 def _as_return_type(fn, out: tuple):

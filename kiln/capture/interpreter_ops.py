@@ -76,7 +76,18 @@ def _identical(a, b, tx=None) -> bool:
     kinds = (ConstantVariable, TensorVariable, _Sequence, DictVariable, ModuleVariable)
     if isinstance(a, kinds) and isinstance(b, kinds):
         return False  # different trackers of different kinds, or distinct tensors
+    if _unrelated_types(a, b):
+        return False  # one object has one type: a dict is never a dataclass's sentinel object
     raise Unsupported(f"`is` between {a} and {b} is not supported")
+
+
+def _unrelated_types(a, b) -> bool:
+    try:
+        ta, tb = a.python_type(), b.python_type()
+    except Exception:  # noqa: BLE001 - a tracker that cannot say: no answer from types
+        return False
+    return isinstance(ta, type) and isinstance(tb, type) and not (
+        issubclass(ta, tb) or issubclass(tb, ta))
 
 
 def _identical_made_functions(a, b, tx) -> bool:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from kiln.capture.errors import Unsupported
-from kiln.capture.torch_api_inplace import Writes
+from kiln.capture.torch_api_inplace import Rebinds, Writes
 from kiln.graph import Proxy, getitem
 from kiln.graph.node import CALL, PLACEHOLDER, Node
 from kiln.ops import core
@@ -256,6 +256,8 @@ def wrap_outputs(tx, out, args, kwargs, py_args, py_kwargs, name: str):
         for var, proxy in _tensor_pairs(v, p):
             by_proxy.append((proxy, var))
             by_node.setdefault(proxy.node, var)
+    if isinstance(out, Rebinds):
+        return _rebind(tx, out, by_proxy, by_node, name)
     if isinstance(out, Writes):
         for target, new in out.updates:
             var = next((v for p, v in by_proxy if p is target), None)
@@ -270,6 +272,23 @@ def wrap_outputs(tx, out, args, kwargs, py_args, py_kwargs, name: str):
         if not getattr(tx, "grad_enabled", True) and isinstance(out, Proxy) and out.meta.requires_grad:
             out = core.detach(out)  # made under no_grad
     return _wrap(tx, out, by_node, name)
+
+
+def _rebind(tx, out: Rebinds, by_proxy, by_node, name):
+    """An in-place view op: the argument's Variable takes the view's value and alias chain.
+    An input's shape would change for the caller too, which kiln does not write back."""
+    from kiln.capture.values import TensorVariable
+
+    var = next((v for p, v in by_proxy if p is out.target), None)
+    if var is None or not isinstance(var, TensorVariable):
+        raise Unsupported(f"{name}: changes the shape of a tensor that is not an argument")
+    if var.source is not None or storage_of(tx, var).storage.from_input:
+        raise Unsupported(f"{name}: changing the shape of an input (or a view of one) in place "
+                          "is not supported")
+    view = _wrap_proxy(tx, out.view, by_node, name)
+    if view is not var:
+        var._proxy, var.alias, var._seen = view._proxy, view.alias, view._seen
+    return var
 
 
 def _tensor_pairs(v, p):
@@ -434,60 +453,38 @@ def _check_input_write(tx, st: Storage, what: str):
 
 
 def setitem(tx, target, key, value):
-    """``target[key] = value``: basic indices write through a view; one index tensor (int or
-    bool) writes with index_put / a masked where."""
+    """``target[key] = value``: basic indices write through a view; index tensors and lists
+    of ints then write with index_put, a bool mask with a masked where
+    (``torch_api_index.put``)."""
     from kiln.capture import torch_api
-    from kiln.capture.torch_api_inplace import _fill_value, _index_put_values, masked_assign
+    from kiln.capture import torch_api_index
+    from kiln.capture.torch_api_inplace import _fill_value
     from kiln.capture.values import ConstantVariable, TensorVariable
 
     py_key = tx.unwrap(key, "tensor item assignment")
     py_value = tx.unwrap(value, "tensor item assignment")
     if isinstance(value, ConstantVariable) and not isinstance(py_value, (int, float, bool)):
         raise Unsupported(f"assigning a {type(py_value).__name__} into a tensor is not supported")
-    keys = py_key if isinstance(py_key, tuple) else (py_key,)
-    tensor_keys = [i for i, k in enumerate(keys) if isinstance(k, Proxy)]
-    if any(isinstance(k, list) for k in keys):
-        raise Unsupported("assigning through a list index is not supported")
-    if not tensor_keys:
+    entries = None
+    if torch_api_index.has_advanced(py_key):
+        py_key, entries = torch_api_index.split_key(target.proxy.ndim, py_key)
+        key = ConstantVariable(py_key)
+    view = target
+    if entries is None or not torch_api_index.all_full(py_key):
         view = tx.call_adapter(torch_api.TENSOR_METHODS["__getitem__"], [target, key], {},
                                "tensor item assignment")
-        if not isinstance(view, TensorVariable):
-            raise Unsupported("tensor item assignment: the indexed result is not a tensor")
-        try:
-            new = _fill_value(view.proxy, py_value)
-        except Unsupported:
-            raise
-        except Exception as e:
-            raise Unsupported(f"tensor item assignment failed during capture: {e}") from e
-        mutate(tx, view, new, "tensor item assignment")
-        return
-    if len(tensor_keys) > 1:
-        raise Unsupported("assigning through several index tensors is not supported")
-    pos = tensor_keys[0]
-    others = [k for i, k in enumerate(keys) if i != pos]
-    if any(not (k is Ellipsis or k == slice(None)) for k in others) or keys.count(Ellipsis) > 1:
-        raise Unsupported("assigning through an index tensor combined with other indices than ':' "
-                          "and '...' is not supported")
-    x = target.proxy
-    idx = keys[pos]
-    if Ellipsis in keys and keys.index(Ellipsis) < pos:
-        dim = x.ndim - sum(1 for k in keys[pos + 1:]) - (idx.ndim if idx.dtype == torch.bool else 1)
-    else:
-        dim = pos
+    if not isinstance(view, TensorVariable):
+        raise Unsupported("tensor item assignment: the indexed result is not a tensor")
     try:
-        if idx.dtype == torch.bool:
-            new = masked_assign(x, dim, idx, py_value)
-        elif idx.dtype in (torch.int64, torch.int32):
-            if idx.ndim != 1:
-                raise Unsupported("assigning through a multi-dimensional index tensor is not supported")
-            new = core.index_put(x, dim, idx, _index_put_values(x, dim, idx, py_value))
+        if entries is None:
+            new = _fill_value(view.proxy, py_value)
         else:
-            raise IndexError(f"tensors used as indices must be long, int or bool tensors, got {idx.dtype}")
+            new = torch_api_index.put(view.proxy, entries, py_value)
     except (Unsupported, IndexError):
         raise
     except Exception as e:
         raise Unsupported(f"tensor item assignment failed during capture: {type(e).__name__}: {e}") from e
-    mutate(tx, target, new, "tensor item assignment")
+    mutate(tx, view, new, "tensor item assignment")
 
 
 # ---------------------------------------------------------------- end of capture

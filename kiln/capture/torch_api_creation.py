@@ -195,18 +195,53 @@ def tensor(data, *, dtype=None, device=None, **kw):
     return Proxy(graph.get_attr("const", value))
 
 
+def as_tensor(data, dtype=None, device=None):
+    """torch.as_tensor: a tensor is itself (cast when dtype differs: eager copies then);
+    Python data is ``torch.tensor(data)``."""
+    if isinstance(data, Proxy):
+        if device is not None and torch.device(device).type != data.device.type:
+            raise Unsupported("torch.as_tensor(tensor, device=...) across devices is not supported")
+        return data if dtype is None or dtype == data.dtype else core.to_dtype(data, dtype)
+    return tensor(data, dtype=dtype, device=device)
+
+
 def _inferred_dtype(data):
     """torch.tensor's dtype for ``data``; a float in it makes it the (guarded) default dtype."""
     dtype = torch.tensor(data, device="cpu").dtype if not isinstance(data, torch.Tensor) else data.dtype
     return default_dtype() if dtype == torch.get_default_dtype() and dtype.is_floating_point else dtype
 
 
+def legacy_type(dtype):
+    """``torch.LongTensor([294])`` and the other legacy CPU tensor types: from data (a list or
+    tuple of numbers) it is ``torch.tensor(data, dtype=...)`` on the CPU; from sizes it is an
+    uninitialized tensor (zeros here); from a tensor, eager refuses another dtype."""
+    def adapter(*args, device=None):
+        if device is not None and torch.device(device).type != "cpu":
+            raise RuntimeError(f"legacy constructor expects device type: cpu but device type: "
+                               f"{torch.device(device).type} was passed")
+        if len(args) == 1 and isinstance(args[0], (list, tuple)):
+            return tensor(list(args[0]), dtype=dtype, device="cpu")
+        if all(isinstance(a, int) and not isinstance(a, bool) for a in args):
+            return core.full(tuple(args), 0, dtype, torch.device("cpu"))
+        raise Unsupported(f"the legacy {dtype} tensor constructor with these arguments is not "
+                          "supported")
+    return adapter
+
+
+LEGACY_TYPES = {torch.FloatTensor: torch.float32, torch.DoubleTensor: torch.float64,
+                torch.HalfTensor: torch.float16, torch.BFloat16Tensor: torch.bfloat16,
+                torch.LongTensor: torch.int64, torch.IntTensor: torch.int32,
+                torch.ShortTensor: torch.int16, torch.CharTensor: torch.int8,
+                torch.ByteTensor: torch.uint8, torch.BoolTensor: torch.bool}
+
 FUNCTIONS = {
     torch.zeros: _filler(0), torch.ones: _filler(1), torch.empty: _filler(0), torch.full: full,
     torch.zeros_like: _like(0), torch.ones_like: _like(1), torch.empty_like: _like(0),
     torch.full_like: full_like, torch.arange: arange, torch.linspace: linspace, torch.eye: eye,
     torch.randn: randn, torch.randn_like: randn_like, torch.randint: randint, torch.tensor: tensor,
+    torch.as_tensor: as_tensor,
     torch.empty_strided: empty_strided,
+    **{cls: legacy_type(dtype) for cls, dtype in LEGACY_TYPES.items()},
 }
 
 METHODS = {

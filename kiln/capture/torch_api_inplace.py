@@ -35,6 +35,29 @@ class Writes:
         self.result = result
 
 
+class Rebinds:
+    """An adapter's answer for an in-place view op (``unsqueeze_``, ``t_``): the argument
+    ``target`` becomes the view ``view`` of itself (same memory, new shape and strides); the
+    call returns it. Capture rebinds the argument's Variable, which every Python reference to
+    that tensor shares."""
+    __slots__ = ("target", "view")
+
+    def __init__(self, target, view):
+        self.target, self.view = target, view
+
+
+def rebind_of(functional):
+    """``self.foo_(*a)`` for a view op foo: self becomes ``self.foo(*a)``."""
+    def adapter(self, *args, **kwargs):
+        return Rebinds(self, functional(self, *args, **kwargs))
+    adapter.__name__ = getattr(functional, "__name__", "view") + "_"
+    return adapter
+
+
+# View methods whose in-place form changes the tensor's shape and strides, not its memory.
+REBIND_FROM_VIEW = ("unsqueeze", "squeeze", "transpose", "t", "swapdims", "swapaxes")
+
+
 def _is_tensor(x) -> bool:
     return isinstance(x, Proxy)
 
@@ -121,17 +144,13 @@ class _Shaped:
 
 
 def index_put_(self, indices, values, accumulate=False):
-    indices = tuple(indices)
-    if len(indices) != 1 or not _is_tensor(indices[0]):
-        raise Unsupported("index_put_ with more than one index tensor is not supported")
-    idx = indices[0]
-    if idx.dtype == torch.bool:
-        if accumulate or (_is_tensor(values) and values.ndim > 0):
-            raise Unsupported("index_put_ with a bool mask and several values is data-dependent")
-        return Writes([(self, masked_assign(self, 0, idx, values))], self)
-    idx = _index_dim(self, 0, idx, "index_put_")
-    new = core.index_put(self, 0, idx, _index_put_values(self, 0, idx, values), bool(accumulate))
-    return Writes([(self, new)], self)
+    return Writes([(self, index_put(self, indices, values, accumulate))], self)
+
+
+def _index_put_value(self, indices, values, accumulate):
+    from kiln.capture import torch_api_index
+    entries = torch_api_index.index_put_entries(self, tuple(indices))
+    return torch_api_index.put(self, entries, values, accumulate)
 
 
 def index_copy_(self, dim, index, source):
@@ -149,8 +168,8 @@ def index_fill_(self, dim, index, value):
 
 
 def scatter_(self, dim, index, src=None, value=None, *, reduce=None):
-    if reduce is not None:
-        raise Unsupported(f"scatter_(reduce={reduce!r}) is not supported")
+    if reduce is not None:  # the functional form's rule: scatter_add, else a fallback node
+        return Writes([(self, scatter(self, dim, index, src, value, reduce=reduce))], self)
     if src is None:
         src = value
     if not _is_tensor(src):
@@ -203,10 +222,13 @@ def _or_fallback(name, cover, *args, **kwargs):
     try:
         return cover()
     except Unsupported as e:
-        if torch.is_grad_enabled() and any(a.meta.requires_grad for a in flatten_args((args, kwargs))
-                                           if _is_tensor(a)):
+        if _needs_grad(*flatten_args((args, kwargs))):
             raise Unsupported(f"{name}: {e}; a fallback node cannot give the gradient it needs") from None
         return core.fallback(name, *args, **kwargs)
+
+
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(_is_tensor(t) and t.meta.requires_grad for t in tensors)
 
 
 def _same_dtype(name, input, other, what):
@@ -221,16 +243,42 @@ def scatter(input, dim, index, src=None, value=None, *, reduce=None, out=None):
     src = value if src is None else src
     _same_dtype("scatter", input, src, "src")
     if reduce is not None:
-        def no_core():
+        def cover():
+            # eager's scatter(reduce=) has no derivative: with a gradient it stays eager's
+            if reduce == "add" and _is_tensor(src) and not _needs_grad(input, src):
+                return scatter_add_(input, dim, index, src).updates[0][1]
             raise Unsupported(f"scatter(reduce={reduce!r}) has no core op")
-        return _or_fallback("torch.scatter", no_core, input, dim, index, src, reduce=reduce)
+        return _or_fallback("torch.scatter", cover, input, dim, index, src, reduce=reduce)
     return scatter_(input, dim, index, src).updates[0][1]
+
+
+def scatter_reduce(input, dim, index, src, reduce, *, include_self=True, out=None):
+    """``reduce='sum'`` over the input is scatter_add; the other reductions (prod, mean, amax,
+    amin) and ``include_self=False`` stay whole as fallback nodes."""
+    if out is not None:
+        raise Unsupported("scatter_reduce(out=...) is not supported")
+    _same_dtype("scatter_reduce", input, src, "src")
+
+    def cover():
+        if reduce == "sum" and include_self:
+            return scatter_add_(input, dim, index, src).updates[0][1]
+        raise Unsupported(f"scatter_reduce(reduce={reduce!r}, include_self={include_self}) has "
+                          "no core op")
+    return _or_fallback("torch.scatter_reduce", cover, input, dim, index, src, reduce,
+                        include_self=include_self)
+
+
+def scatter_reduce_(self, dim, index, src, reduce, *, include_self=True):
+    return Writes([(self, scatter_reduce(self, dim, index, src, reduce,
+                                         include_self=include_self))], self)
 
 
 def index_put(input, indices, values, accumulate=False):
     _same_dtype("index_put", input, values, "values")
-    return _or_fallback("torch.index_put",
-                        lambda: index_put_(input, indices, values, accumulate).updates[0][1],
+    # torch.index_put's binding takes no None among the indices; the aten op does
+    name = "torch.ops.aten.index_put.default" if any(i is None for i in indices) else "torch.index_put"
+    return _or_fallback(name,
+                        lambda: _index_put_value(input, indices, values, accumulate),
                         input, tuple(indices), values, accumulate)
 
 
@@ -281,14 +329,19 @@ def build_tables(torch_functions: dict, tensor_methods: dict):
     for name in INPLACE_FROM_FUNCTIONAL:
         if name in tensor_methods:
             methods[name + "_"] = inplace_of(tensor_methods[name])
+    for name in REBIND_FROM_VIEW:
+        if name in tensor_methods:
+            methods[name + "_"] = rebind_of(tensor_methods[name])
     methods.update({
         "copy_": copy_, "fill_": fill_, "zero_": zero_, "index_put_": index_put_,
         "index_copy_": index_copy_, "index_add_": index_add_, "index_fill_": index_fill_,
         "scatter_": scatter_, "scatter_add_": scatter_add_, "clone": clone, "detach": detach,
         "requires_grad_": requires_grad_, "scatter": scatter, "index_put": index_put,
+        "scatter_reduce": scatter_reduce, "scatter_reduce_": scatter_reduce_,
     })
     functions = {torch.clone: clone, torch.detach: detach, F.batch_norm: batch_norm,
-                 torch.scatter: scatter, torch.index_put: index_put}
+                 torch.scatter: scatter, torch.index_put: index_put,
+                 torch.index_put_: index_put_, torch.scatter_reduce: scatter_reduce}
     for name in ("relu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "neg", "abs", "floor", "ceil",
                  "trunc", "round", "sin", "cos", "log", "reciprocal", "clamp", "clip"):
         fn = getattr(torch, name + "_", None)

@@ -385,14 +385,12 @@ def pad(input, pad, mode="constant", value=None):
 
 
 def getitem(self, key):
-    """Basic indexing: ints, slices, None and Ellipsis; one integer tensor (or list of ints)
-    index with only full slices around it (``_index_one``)."""
+    """Basic indexing: ints, slices, None and Ellipsis, as views; a key with index tensors or
+    lists of ints is advanced indexing (``torch_api_index``)."""
     key = key if isinstance(key, tuple) else (key,)
-    picked = _index_one(self, key)
-    if picked is None:
-        picked = _index_leading(self, key)
-    if picked is not None:
-        return picked
+    from kiln.capture import torch_api_index
+    if torch_api_index.has_advanced(key):
+        return torch_api_index.getitem(self, key)
     for k in key:
         if k is not None and k is not Ellipsis and not isinstance(k, (int, slice, SymInt)) or isinstance(k, bool):
             raise Unsupported(f"indexing a tensor with {type(k).__name__} is not supported")
@@ -421,113 +419,6 @@ def getitem(self, key):
                     raise ValueError("step must be greater than zero")
                 out = core.slice(out, d, k.start, k.stop, step)
             d += 1
-    return out
-
-
-def _index_leading(self, key):
-    """``x[i, j]`` (transformers' padding mask: ``padding_mask[batch_idx, kv_idx]``): integer
-    tensors indexing the leading dims, broadcast together, every later entry a full slice. One
-    index_select on those dims flattened, at ``sum(i_d * stride_d)``; the result has the indices'
-    broadcast shape, then the remaining dims."""
-    spots = [i for i, k in enumerate(key) if isinstance(k, Proxy)]
-    if len(spots) < 2 or spots != list(range(len(spots))) or len(spots) > self.ndim:
-        return None
-    if any(not (k == slice(None) or k is Ellipsis) for k in key[len(spots):]):
-        return None
-    idxs = list(key[:len(spots)])
-    for idx in idxs:
-        if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype in (torch.bool, torch.uint8):
-            return None  # masks and invalid indices keep the single-index path's errors and breaks
-    lead, rest = tuple(self.shape[:len(idxs)]), tuple(self.shape[len(idxs):])
-    linear = None
-    for d, (idx, n) in enumerate(zip(idxs, lead)):
-        idx = core.where(core.lt(idx, 0), core.add(idx, n), idx)  # out of range still fails
-        stride = 1
-        for m in lead[d + 1:]:
-            stride = stride * m
-        term = core.mul(idx, stride) if stride != 1 else idx
-        linear = term if linear is None else core.add(linear, term)
-    total = 1
-    for n in lead:
-        total = total * n
-    flat = core.index_select(core.reshape(self, (total,) + rest), 0, core.reshape(linear, (-1,)))
-    return core.reshape(flat, tuple(linear.shape) + rest)
-
-
-def _index_one(self, key):
-    """``x[..., idx, ...]`` with an integer tensor or a list of ints, every other entry a full
-    slice: index_select on the flattened index, then the index's shape in place of the dim."""
-    spots = [i for i, k in enumerate(key) if isinstance(k, (Proxy, list))]
-    if not spots:
-        return None
-    full = slice(None)
-    rest = [k for i, k in enumerate(key) if i not in spots]
-    if any(not (k == full or k is Ellipsis) for k in rest) or sum(k is Ellipsis for k in rest) > 1:
-        raise Unsupported("advanced indexing mixed with ints, None or partial slices is not supported")
-    if spots != list(range(spots[0], spots[0] + len(spots))):
-        raise Unsupported("index tensors on dims that are not adjacent (torch moves their dims first)")
-    dim = spots[0] if Ellipsis not in key[:spots[0]] else self.ndim - (len(key) - spots[0])
-    if len(spots) > 1:
-        return _index_adjacent(self, [key[i] for i in spots], dim)
-    return _index_dim(self, key[spots[0]], dim)
-
-
-def _index_adjacent(self, idxs, dim):
-    """``x[i, j]`` (index tensors on adjacent dims, full slices elsewhere): the dims indexed are
-    flattened into one and the broadcast indices linearized (``i * n_j + j``), so it is one
-    index_select, with the indices' broadcast shape in place of those dims (as in eager)."""
-    k = len(idxs)
-    if dim + k > self.ndim:
-        raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
-    sizes = tuple(self.shape[dim:dim + k])
-    lin = None
-    for idx, n in zip(idxs, sizes):
-        idx = _checked_index(self, idx, n, dim)
-        lin = idx if lin is None else core.add(core.mul(lin, n), idx)
-    flat_size = 1
-    for n in sizes:
-        flat_size = flat_size * n
-    shape = tuple(self.shape)
-    base = core.reshape(self, shape[:dim] + (flat_size,) + shape[dim + k:])
-    out = core.index_select(base, dim, core.reshape(lin, (-1,)))
-    return core.reshape(out, shape[:dim] + tuple(lin.shape) + shape[dim + k:])
-
-
-def _checked_index(self, idx, n, dim):
-    """An index (int tensor or list of ints) for a dim of size n, negatives wrapped."""
-    if isinstance(idx, list):
-        if not idx or not all(isinstance(i, int) and not isinstance(i, bool) for i in idx):
-            raise Unsupported("indexing a tensor with a list that is not a list of ints")
-        if any(not -n <= i < n for i in idx):
-            raise IndexError(f"index out of range for dimension {dim} of size {n}")
-        from kiln.capture.torch_api_creation import tensor
-        return tensor([i % n for i in idx], device=self.device)
-    if idx.dtype in (torch.bool, torch.uint8):
-        raise Unsupported("boolean mask indexing (its result's shape depends on the data)")
-    if idx.dtype.is_floating_point or idx.dtype.is_complex:
-        raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
-    return core.where(core.lt(idx, 0), core.add(idx, n), idx)  # out of range still fails
-
-
-def _index_dim(self, idx, dim):
-    n = self.shape[dim]
-    if isinstance(idx, list):
-        if not idx or not all(isinstance(i, int) and not isinstance(i, bool) for i in idx):
-            raise Unsupported("indexing a tensor with a list that is not a list of ints")
-        if any(not -n <= i < n for i in idx):
-            raise IndexError(f"index out of range for dimension {dim} of size {n}")
-        from kiln.capture.torch_api_creation import tensor
-        idx = tensor([i % n for i in idx], device=self.device)
-    elif idx.dtype in (torch.bool, torch.uint8):
-        raise Unsupported("boolean mask indexing (its result's shape depends on the data)")
-    elif idx.dtype.is_floating_point or idx.dtype.is_complex:
-        raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
-    else:
-        idx = core.where(core.lt(idx, 0), core.add(idx, n), idx)  # out of range still fails
-    flat = core.reshape(idx, (-1,)) if idx.ndim != 1 else idx
-    out = core.index_select(self, dim, flat)
-    if idx.ndim != 1:
-        out = core.reshape(out, tuple(self.shape[:dim]) + tuple(idx.shape) + tuple(self.shape[dim + 1:]))
     return out
 
 

@@ -358,7 +358,9 @@ class _NamedTupleReplace(Variable):
 
 
 class SetVariable(_Sequence):
-    """A set of Python constants (kept in first-insertion order, deduplicated by value)."""
+    """A set of Python constants (kept in first-insertion order, deduplicated by value) and
+    tensors (deduplicated by identity, as a tensor hashes by ``id``; never equal to a
+    constant in a set, whose hashes differ)."""
     kind = set
 
     def __init__(self, items=(), source=None):
@@ -367,9 +369,16 @@ class SetVariable(_Sequence):
             self.add(v)
 
     def add(self, v):
-        key = v.as_python()
-        if all(x.as_python() != key for x in self.items):
+        if not self.contains(None, v):
             self.items.append(v)
+
+    def contains(self, tx, v):
+        """``v in s``: a tensor by identity, a constant by value among the constants."""
+        from kiln.capture.values import TensorVariable
+        if isinstance(v, TensorVariable):
+            return any(x is v for x in self.items)
+        key = v.as_python()
+        return any(not isinstance(x, TensorVariable) and x.as_python() == key for x in self.items)
 
     def getattr(self, tx, name):
         if name in ("add", "update", "union", "intersection", "difference"):
@@ -520,6 +529,9 @@ def call_class(tx, cls, args, kwargs):
         return _make_namedtuple(tx, cls, args, kwargs)
     if issubclass(cls, dict) and dataclasses.is_dataclass(cls):
         return make_dict_dataclass(tx, cls, args, kwargs)
+    from kiln.capture.torch_api_creation import FUNCTIONS as creation, LEGACY_TYPES
+    if cls in LEGACY_TYPES:  # torch.LongTensor([294]): a capture-table entry, as torch.tensor
+        return tx.call_adapter(creation[cls], args, kwargs, f"torch.{cls.__name__}")
     if issubclass(cls, torch.nn.Module):
         raise Unsupported(f"creating a {cls.__name__} module inside compiled code")
     if is_torch_module(cls.__module__) or not plain_metaclass(type(cls)) or \

@@ -234,25 +234,26 @@ class Reduction(Buffer):
 
 
 class Scatter(Buffer):
-    """``target`` buffer, accumulated in place: for each source index ``i`` over
-    ``src_ranges``, ``target[index(i)] += value(i)`` where ``index`` reads ``slot.value`` (an
-    index from memory, bound to ``slot.symbol``, checked against ``slot.bound``). ``name``
-    names the accumulated result (it aliases ``target``'s memory)."""
+    """``target`` buffer, updated in place: for each source index ``i`` over ``src_ranges``,
+    ``target[index(i)] += value(i)`` (``mode`` "add") or ``= value(i)`` ("store": a position
+    named twice keeps one of its values, never their sum), where ``index`` reads ``slot.value``
+    (an index from memory, bound to ``slot.symbol``, checked against ``slot.bound``). ``name``
+    names the result (it aliases ``target``'s memory)."""
     __slots__ = ("name", "target", "shape", "stride", "dtype", "device", "src_ranges", "slot",
-                 "index", "value", "origins")
+                 "index", "value", "origins", "mode")
 
     def __init__(self, name, target, shape, stride, dtype, device, src_ranges, slot, index, value,
-                 origins=()):
+                 origins=(), mode="add"):
         self.name, self.target, self.shape, self.stride = name, target, tuple(shape), tuple(stride)
         self.dtype, self.device, self.src_ranges, self.slot = dtype, device, tuple(src_ranges), slot
-        self.index, self.value, self.origins = index, value, tuple(origins)
+        self.index, self.value, self.origins, self.mode = index, value, tuple(origins), mode
 
     def reads(self) -> set[str]:
         return {ld.buffer for ld in loads_of(self.slot.value)} | {ld.buffer for ld in loads_of(self.value)} | {self.target}
 
     def __repr__(self):
         idx = ", ".join(str(s) for s in index_symbols(len(self.src_ranges)))
-        return (f"{self.name} = Scatter-add into {self.target}[{self.index}] over {list(self.src_ranges)}\n"
+        return (f"{self.name} = Scatter-{self.mode} into {self.target}[{self.index}] over {list(self.src_ranges)}\n"
                 f"    [{idx}] with {self.slot.symbol} = {self.slot.value!r} -> {self.value!r}")
 
 

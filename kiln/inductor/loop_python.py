@@ -166,9 +166,10 @@ def _scatter_python(step) -> PythonKernel:
     w.lines.append(_grid_line(node.src_ranges, node.device))
     w.emit(node.slot)  # binds the index read from memory, checked against its bound
     value = w.emit(node.value)
-    w.lines.append(f"scatter_add({node.target}, {w.index(node.index)}, {value})")
+    write = "store" if node.mode == "store" else "scatter_add"
+    w.lines.append(f"{write}({node.target}, {w.index(node.index)}, {value})")
     args = sorted(step.reads() - {node.target}) + [node.target]
-    comment = f"scatter-add over [{', '.join(map(str, node.src_ranges))}] into {node.target}"
+    comment = f"scatter-{node.mode} over [{', '.join(map(str, node.src_ranges))}] into {node.target}"
     source, sizes = _function(step.name, args, w.lines, comment)
     return PythonKernel(step.name, HEADER + "\n\n" + source, args, sizes, node.origins)
 

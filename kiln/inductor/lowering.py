@@ -421,9 +421,10 @@ def rand_rule(ctx, meta, shape, dtype, device):
     return TValue(shape, dtype, device, load)
 
 
-def scatter_rule(kind: str):
+def scatter_rule(kind: str, mode: str = "add"):
     """scatter_add ("scatter": index has the source's shape) and index_add ("index": a 1-d
-    index along dim): copy x into a fresh buffer, then add every source element into it."""
+    index along dim): copy x into a fresh buffer, then add every source element into it (mode
+    "add"), or write it there ("store": scatter and index_copy)."""
     def rule(ctx, meta, x, dim, index, src):
         if meta.dtype in (torch.float16, torch.bfloat16):
             # accumulate in float32 (atomics on half types are slow or missing), round once
@@ -442,7 +443,7 @@ def scatter_rule(kind: str):
         name = ctx.new_name("buf")
         node = ir.Scatter(name, base.buffer, meta.shape, base.stride, meta.dtype, meta.device,
                           src_shape, ir.Let(sym, ival, x.shape[dim], ir.Const(0, torch.int64)),
-                          target_index, src.loader(syms), ctx.current_origins)
+                          target_index, src.loader(syms), ctx.current_origins, mode)
         ctx.add_buffer(node)
         return TValue.of_ref(ir.TensorRef(name, meta.shape, base.stride, 0), meta.dtype, meta.device)
     return rule

@@ -43,6 +43,10 @@ def resolve(name: str):
     fn = FALLBACK_TARGETS.get(name)
     if fn is not None:
         return fn
+    if name.endswith("]") and "[" in name:  # "op[0,2]": results 0 and 2 of op (its others None)
+        base, _, picks = name[:-1].rpartition("[")
+        fn = FALLBACK_TARGETS[name] = _picking(resolve(base), tuple(int(p) for p in picks.split(",")))
+        return fn
     head, _, rest = name.partition(".")
     if head == "core":  # a core op kept whole (a complex one: ops/decompose.py), its eager form
         from kiln.ops.registry import lookup
@@ -55,6 +59,23 @@ def resolve(name: str):
         raise KeyError(f"[fallback] no callable registered under {name!r}")
     FALLBACK_TARGETS[name] = obj
     return obj
+
+
+def _picking(fn, picks):
+    def tensors_only(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        return tuple(out[i] for i in picks)
+    return tensors_only
+
+
+def tensor_positions(out) -> tuple | None:
+    """The positions of the tensors in a result tuple whose other entries are None
+    (``aten.convolution_backward`` with a partial output mask), else None."""
+    if not isinstance(out, (tuple, list)) or not any(isinstance(t, torch.Tensor) for t in out):
+        return None
+    if not all(t is None or isinstance(t, torch.Tensor) for t in out):
+        return None
+    return tuple(i for i, t in enumerate(out) if t is not None)
 
 
 class NotTensors(TypeError):

@@ -7,9 +7,9 @@ Each op's eager implementation, meta rule and decomposition to prims sit togethe
 
 The decompositions are pointwise where they can be: a slice or select scatter is
 ``where(mask over an iota, src moved into base's coordinates, base)``, which fuses with the
-producer of ``src`` and the consumers of the result. ``index_put`` and ``scatter`` overwrite by
-clearing the covered positions and then adding with the scatter prims (a position named twice
-receives the sum of its values, where eager leaves the winner unspecified).
+producer of ``src`` and the consumers of the result. ``index_put`` and ``scatter`` overwrite with
+the storing scatter prims (``index_copy``, ``scatter_store``): a position named twice receives
+one of its values, as in eager, where the winner is unspecified (C++: the last).
 """
 from __future__ import annotations
 
@@ -165,15 +165,6 @@ def _index_put_meta(base, dim, index, values, accumulate=False):
     return _result_meta("index_put", base, values)
 
 
-def _covered(base, d, index):
-    """[base.shape] bool: the positions along d that index names (a scatter of ones)."""
-    size = base.shape[d]
-    zeros = base.graph_builder.call(prims.full, ((size,), 0.0, torch.float32, base.device))
-    ones = base.graph_builder.call(prims.full, ((index.shape[0],), 1.0, torch.float32, base.device))
-    hits = pn.index_add(zeros, 0, index, ones)
-    return _mask_to(prims.gt(hits, 0.0), base, d)
-
-
 @DECOMPOSITIONS.register(index_put)
 def _index_put_decomp(base, dim, index, values, accumulate=False):
     d = normalize_dim(dim, base.ndim, "index_put")
@@ -182,8 +173,7 @@ def _index_put_decomp(base, dim, index, values, accumulate=False):
     values = to_dtype(values, base.dtype)
     if accumulate:
         return pn.index_add(base, d, index, values)
-    cleared = prims.where(_covered(base, d, index), 0, base)
-    return pn.index_add(cleared, d, index, values)
+    return pn.index_copy(base, d, index, values)
 
 
 # ------------------------------------------------------------------ scatter (overwrite)
@@ -207,11 +197,7 @@ def _scatter_meta(base, dim, index, src):
 @DECOMPOSITIONS.register(scatter)
 def _scatter_decomp(base, dim, index, src):
     d = normalize_dim(dim, base.ndim, "scatter")
-    zeros = base.graph_builder.call(prims.full, (tuple(base.shape), 0.0, torch.float32, base.device))
-    ones = base.graph_builder.call(prims.full, (tuple(index.shape), 1.0, torch.float32, base.device))
-    covered = prims.gt(pn.scatter_add(zeros, d, index, ones), 0.0)
-    cleared = prims.where(covered, 0, base)
-    return pn.scatter_add(cleared, d, index, to_dtype(src, base.dtype))
+    return pn.scatter_store(base, d, index, to_dtype(src, base.dtype))
 
 
 # ------------------------------------------------------------------ detach

@@ -11,7 +11,8 @@ from kiln.inductor import pad_gemm as _pad_gemm
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import LOWERINGS, META_RULES, define
 
-__all__ = ["gather", "index_select", "bmm", "sdpa", "sdpa_backward", "conv", "scatter_add", "index_add", "rand", "full", "fallback"]
+__all__ = ["gather", "index_select", "bmm", "sdpa", "sdpa_backward", "conv", "scatter_add", "index_add",
+           "scatter_store", "index_copy", "rand", "full", "fallback"]
 
 
 class NNPrimError(TypeError):
@@ -240,6 +241,28 @@ def _index_add_meta(x, dim, index, src):
 
 
 LOWERINGS[index_add] = L.scatter_rule("index")
+
+
+def _write_meta(name):
+    def meta(x, dim, index, src):
+        _check_index(name, index)
+        if src.dtype != x.dtype:
+            raise NNPrimError(f"[meta] prims.{name}: src dtype {src.dtype} differs from {x.dtype}")
+        return TensorMeta.contiguous(x.shape, x.dtype, x.device, x.requires_grad or src.requires_grad)
+    return meta
+
+
+# The overwriting forms of the two above: a position named twice receives one of its values,
+# as eager's scatter and index_copy give it (which one is unspecified), never their sum.
+scatter_store = define("prims", "scatter_store",
+                       lambda x, dim, index, src: torch.scatter(x, dim, index.long(), src))
+META_RULES[scatter_store] = _write_meta("scatter_store")
+LOWERINGS[scatter_store] = L.scatter_rule("scatter", "store")
+
+index_copy = define("prims", "index_copy",
+                    lambda x, dim, index, src: torch.index_copy(x, dim, index.long(), src))
+META_RULES[index_copy] = _write_meta("index_copy")
+LOWERINGS[index_copy] = L.scatter_rule("index", "store")
 
 
 def _rand_eager(shape, dtype, device):

@@ -1,5 +1,5 @@
 """Fallback nodes whose arguments hold tensors inside a list or tuple (torch.column_stack's
-list, torch.index_put's tuple of several index tensors): the wrapper realizes and passes every
+list, torch.index_put's tuple of an index tensor and a bool mask, whose count is data): the wrapper realizes and passes every
 tensor of the list, and the result matches eager on each target."""
 import pytest
 import torch
@@ -19,8 +19,8 @@ def column_stack(a, b, c):
     return torch.column_stack([a * 2, b.t(), c]) + 1
 
 
-def index_put_two(x, i, j, v):
-    return torch.index_put(x * 2, (i, j), v + 1) - 1
+def index_put_two(x, i, m, v):
+    return torch.index_put(x * 2, (i, m), v + 1) - 1
 
 
 def _column_args(device):
@@ -31,8 +31,8 @@ def _column_args(device):
 def _index_args(device):
     x = torch.randn(4, 6, device=device)
     i = torch.tensor([0, 3, 1], device=device)
-    j = torch.tensor([5, 0, 2], device=device)
-    return x, i, j, torch.randn(3, device=device)
+    m = torch.tensor([True, False, True, False, False, True], device=device)
+    return x, i, m, torch.randn(3, device=device)
 
 
 @pytest.mark.parametrize("fn,make", [(column_stack, _column_args), (index_put_two, _index_args)],

@@ -431,10 +431,32 @@ def collapse_inner_dims(kernel):
     for node in kernel.nodes:
         for ld in ir.walk(kernel.body(node)):
             if isinstance(ld, ir.Load) and ld.buffer in inside:
-                store = kernel.store_index(inside[ld.buffer]).xreplace(mapping)
-                if canon(ld.index.xreplace(mapping)) != canon(store):
+                store = collapsed_index(kernel.store_index(inside[ld.buffer]), mapping, ranges)
+                if canon(collapsed_index(ld.index, mapping, ranges)) != canon(store):
                     return shape, {}
     return new_shape, mapping
+
+
+def collapsed_index(index, mapping, ranges):
+    """An index in the collapsed symbols. The collapse holds for the index simplified under
+    the kernel's own ranges, so it is simplified first: a raw ``Mod``/``floor`` those ranges
+    make a no-op is not one over the merged symbol (``3*Mod(i0, 2) + Mod(i1 + floor(i0/2), 3)``
+    is ``3*i0 + i1`` over [2, 3], but maps to ``Mod(i0, 3)``)."""
+    return sympy.expand(ir.simplify_index(index, ranges)).xreplace(mapping)
+
+
+def collapsed_body(expr, mapping, ranges):
+    """A kernel body with every index in the collapsed symbols (``collapsed_index``)."""
+    if isinstance(expr, ir.Load):
+        return ir.Load(expr.buffer, collapsed_index(expr.index, mapping, ranges), expr.dtype)
+    if isinstance(expr, ir.IndexValue):
+        return ir.IndexValue(collapsed_index(expr.index, mapping, ranges), expr.dtype)
+    if isinstance(expr, ir.Call):
+        return ir.Call(expr.op, tuple(collapsed_body(a, mapping, ranges) for a in expr.args), expr.dtype)
+    if isinstance(expr, ir.Let):
+        return ir.Let(expr.symbol, collapsed_body(expr.value, mapping, ranges), expr.bound,
+                      collapsed_body(expr.body, mapping, ranges), expr.wrap_negative)
+    return expr
 
 
 def cpp_load(ptr: str, index: str, dtype) -> str:
@@ -462,9 +484,9 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
     if kernel.is_reduction:
         from kiln.inductor.codegen.cpp_reduction import generate_cpp_reduction
         return generate_cpp_reduction(kernel, buffers)
-    from kiln.inductor.scheduler import remap
     printer = IndexPrinter("/")
     shape, collapse = collapse_inner_dims(kernel)
+    ranges0 = ir.ranges_of(kernel.shape)
     numel = math.prod(shape)
     name = f"kiln_{kernel.name}"
     in_names: dict[str, str] = {}
@@ -503,8 +525,10 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
     runs = []  # bf16 stores contiguous along the inner loop: written a chunk at a time (cpp_runs.py)
     for node in kernel.nodes:
         # in the kernel's symbols (horizontal fusion remaps), trailing dims collapsed
-        value = writer.emit(remap(kernel.body(node), collapse))
-        index = kernel.store_index(node).xreplace(collapse) if collapse else kernel.store_index(node)
+        body, index = kernel.body(node), kernel.store_index(node)
+        if collapse:
+            body, index = collapsed_body(body, collapse, ranges0), collapsed_index(index, collapse, ranges0)
+        value = writer.emit(body)
         writer.in_registers[(node.name, writer.canon(index))] = value
         if node.name in stores:
             out = out_names.setdefault(node.name, f"out_ptr{len(out_names)}")

@@ -1,8 +1,9 @@
-"""Scatter-add kernels (Triton and C++): one program/iteration per *source* element, adding
-into a computed address of the target buffer. Collisions are resolved with atomics
-(``tl.atomic_add``; ``omp atomic`` for 32/64-bit C++ types, a serial loop for half types), except
-where a C++ scatter's outer slices cannot collide: one thread per slice, no atomics
-(``_plane_split``)."""
+"""Scatter kernels (Triton and C++): one program/iteration per *source* element, adding into
+(or, mode "store", writing) a computed address of the target buffer. Collisions of adds are
+resolved with atomics (``tl.atomic_add``; ``omp atomic`` for 32/64-bit C++ types, a serial loop
+for half types), except where a C++ scatter's outer slices cannot collide: one thread per
+slice, no atomics (``_plane_split``). Stores collide by keeping one value: C++ stores run
+serially (or a plane per thread), so the last in source order wins."""
 from __future__ import annotations
 
 import math
@@ -55,7 +56,8 @@ def _triton(step, buffers):
         value = f"tl.full([XBLOCK], {value}, {out_dtype})"
     except ValueError:
         pass
-    lines.append(f"tl.atomic_add(out_ptr0 + ({printer.doprint(index)}), {value}.to({out_dtype}), mask=xmask)")
+    write = "tl.store" if node.mode == "store" else "tl.atomic_add"
+    lines.append(f"{write}(out_ptr0 + ({printer.doprint(index)}), {value}.to({out_dtype}), mask=xmask)")
     name = f"kiln_{step.name}"
     sizes = size_params(lines)
     params = list(in_names.values()) + ["out_ptr0"] + sizes + ["xnumel", "XBLOCK: tl.constexpr"]
@@ -90,7 +92,13 @@ def _cpp(step, buffers):
     value = writer.emit(node.value)
     index = printer.doprint(node.index.xreplace(writer.indirect))
     atomic = node.dtype not in LOW_PRECISION and node.dtype != torch.bool
-    if node.dtype == torch.bfloat16:
+    if node.mode == "store":
+        # plain stores; threads only where they cannot meet (a plane each), so a position
+        # named twice keeps its last value in source order
+        split = _plane_split(node)
+        atomic = split is not None  # lowering widens half types first: never one here
+        writer.lines.append(f"out_ptr0[{index}] = {value};")
+    elif node.dtype == torch.bfloat16:
         writer.lines.append(f"out_ptr0[{index}] = kiln_float_to_bf16(kiln_bf16_to_float(out_ptr0[{index}]) + {value});")
     elif node.dtype == torch.float16:
         writer.lines.append(f"out_ptr0[{index}] = (_Float16)((float)out_ptr0[{index}] + {value});")
