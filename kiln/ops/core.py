@@ -15,7 +15,7 @@ from kiln.meta.strides import pointwise_strides, preserve_strides
 from kiln.meta.tensor_meta import TensorMeta, WrappedNumberMeta
 from kiln.ops.promotion import (Promotion, broadcast_shapes, is_bool, no_kernel, promoted_dtypes,
                                 refuse_dtypes)
-from kiln.ops.registry import META_RULES, define
+from kiln.ops.registry import META_RULES, POINTWISE, define
 
 
 def _core(name, eager, **kw):
@@ -90,7 +90,8 @@ PROMOTION: dict = {}
 def _define_elementwise(table):
     ops = {}
     for name, (eager, kind) in table.items():
-        op = _core(name, eager)
+        # comparisons give bool results: nothing to differentiate
+        op = _core(name, eager, differentiable=kind != Promotion.ALWAYS_BOOL, **POINTWISE)
         META_RULES[op] = elementwise_meta(name, kind)
         PROMOTION[op] = kind
         ops[name] = op
@@ -121,13 +122,13 @@ def _sub_eager(a, b, alpha=1):
     return torch.sub(a, b, alpha=alpha) if alpha != 1 else torch.sub(a, b)
 
 
-add = _core("add", _add_eager)
-sub = _core("sub", _sub_eager)
+add = _core("add", _add_eager, **POINTWISE)
+sub = _core("sub", _sub_eager, **POINTWISE)
 for _op, _name in ((add, "add"), (sub, "sub")):
     META_RULES[_op] = (lambda rule: lambda a, b, alpha=1: rule(a, b))(elementwise_meta(_name, Promotion.DEFAULT))
     PROMOTION[_op] = Promotion.DEFAULT
 
-where = _core("where", torch.where)
+where = _core("where", torch.where, **POINTWISE)
 
 
 @META_RULES.register(where)
@@ -145,7 +146,7 @@ def _to_dtype_eager(x, dtype):
     return x.to(dtype)
 
 
-to_dtype = _core("to_dtype", _to_dtype_eager)
+to_dtype = _core("to_dtype", _to_dtype_eager, **POINTWISE)
 
 
 @META_RULES.register(to_dtype)
@@ -155,7 +156,7 @@ def _to_dtype_meta(x, dtype):
 
 
 # ------------------------------------------------------------------ library-backed
-linear = _core("linear", F.linear)
+linear = _core("linear", F.linear, eager_layout="contiguous")
 
 
 @META_RULES.register(linear)
@@ -171,7 +172,7 @@ def _linear_meta(x, weight, bias=None):
     return TensorMeta.contiguous(shape, x.dtype, x.device, grad)
 
 
-mm = _core("mm", torch.mm)
+mm = _core("mm", torch.mm, eager_layout="contiguous")
 
 
 @META_RULES.register(mm)

@@ -182,8 +182,9 @@ def _all_eager(x, dims=None, keepdim=False):
     return out.to(torch.uint8) if x.dtype == torch.uint8 else out
 
 
-any = define("core", "any", _any_eager)
-all = define("core", "all", _all_eager)
+# predicates and indices: nothing to differentiate
+any = define("core", "any", _any_eager, differentiable=False)
+all = define("core", "all", _all_eager, differentiable=False)
 # eager's any/all return uint8 for a uint8 input (numpy's old convention), bool otherwise
 META_RULES[any] = _meta("any", lambda d, dt: torch.uint8 if d == torch.uint8 else torch.bool)
 META_RULES[all] = _meta("all", lambda d, dt: torch.uint8 if d == torch.uint8 else torch.bool)
@@ -218,8 +219,8 @@ def _arg_eager(fn):
     return run
 
 
-argmax = define("core", "argmax", _arg_eager(torch.argmax))
-argmin = define("core", "argmin", _arg_eager(torch.argmin))
+argmax = define("core", "argmax", _arg_eager(torch.argmax), differentiable=False)
+argmin = define("core", "argmin", _arg_eager(torch.argmin), differentiable=False)
 
 
 def _no_empty_dim(x, dim, op):
@@ -349,8 +350,8 @@ def _log_softmax_eager(x, dim, dtype=None):
     return torch.log_softmax(x, dim, dtype=dtype)
 
 
-softmax = define("core", "softmax", _softmax_eager)
-log_softmax = define("core", "log_softmax", _log_softmax_eager)
+softmax = define("core", "softmax", _softmax_eager, eager_layout="follows")
+log_softmax = define("core", "log_softmax", _log_softmax_eager, eager_layout="follows")
 
 
 def _softmax_meta(x, dim, dtype=None):

@@ -13,10 +13,11 @@ import builtins  # core and prims define ops named sum, any, all, abs: use built
 
 import torch
 
-from kiln.inductor import lowering as L
-from kiln.inductor import pad_gemm as _pad_gemm
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides, view_strides
-from kiln.ops.registry import LOWERINGS, META_RULES, define
+from kiln.ops.registry import LOWERINGS, META_RULES, define, stage_api
+
+L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
+_pad_gemm = stage_api("pad_gemm")
 
 
 def _prim(name, eager, **kw):

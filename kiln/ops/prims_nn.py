@@ -5,11 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kiln.inductor import lowering as L
-from kiln.inductor import conv_layout as _conv_layout
-from kiln.inductor import pad_gemm as _pad_gemm
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
-from kiln.ops.registry import LOWERINGS, META_RULES, define
+from kiln.ops.registry import LOWERINGS, META_RULES, define, stage_api
+
+L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
+_pad_gemm = stage_api("pad_gemm")
+_conv_layout = stage_api("conv_layout")
+
 
 __all__ = ["gather", "index_select", "bmm", "sdpa", "sdpa_backward", "conv", "scatter_add", "index_add", "rand", "full", "fallback"]
 
@@ -75,7 +77,7 @@ def _sdpa_eager(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
                                           is_causal=is_causal, scale=scale)
 
 
-sdpa = define("prims", "sdpa", _sdpa_eager, library=True)
+sdpa = define("prims", "sdpa", _sdpa_eager, library=True, layout_dependent=True)
 
 
 @META_RULES.register(sdpa)
@@ -99,7 +101,6 @@ def _sdpa_meta(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
 
 
 LOWERINGS[sdpa] = L.extern_rule
-L.LAYOUT_DEPENDENT.add(sdpa)
 
 
 def _sdpa_backward_eager(g, q, k, v, attn_mask=None, is_causal=False, scale=None):
@@ -134,7 +135,7 @@ def _conv_eager(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), 
     return fn(x, weight, bias, stride, padding, dilation, groups)
 
 
-conv = define("prims", "conv", _conv_eager, library=True)
+conv = define("prims", "conv", _conv_eager, library=True, layout_dependent=True)
 
 
 def conv_output_shape(x_shape, w_shape, stride, padding, dilation):
@@ -206,8 +207,6 @@ def _conv_lowering(ctx, meta, x, weight, bias=None, *rest, **kwargs):
 
 
 LOWERINGS[conv] = _conv_lowering
-L.LAYOUT_DEPENDENT.add(conv)
-_conv_layout.CONV_OPS.add(conv)
 
 
 # ------------------------------------------------------------------ scatter and random

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from kiln.inductor import lowering as L
 from kiln.meta.tensor_meta import TensorMeta
-from kiln.ops.registry import LOWERINGS, META_RULES, define
+from kiln.ops.registry import LOWERINGS, META_RULES, define, stage_api
+
+L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
+
 
 __all__ = ["sum", "prod", "amax", "amin", "argmax", "argmin", "REDUCTION_PRIMS"]
 
