@@ -78,11 +78,6 @@ def relu_vjp(g, out, x):
     return (core.where(core.gt(out, 0), g, 0.0),)
 
 
-@VJP_RULES.register(core.exp)
-def exp_vjp(g, out, x):
-    return (core.mul(g, out),)
-
-
 @VJP_RULES.register(core.log)
 def log_vjp(g, out, x):
     return (core.div(g, x),)
@@ -178,11 +173,6 @@ def contiguous_vjp(g, out, x):
 
 
 # ------------------------------------------------------------------ reductions
-@VJP_RULES.register(core.sum)
-def sum_vjp(g, out, x, dims=None, keepdim=False, dtype=None):
-    return (restore_reduced(g, x, reduce_dims(x, dims)), None, None, None)
-
-
 @VJP_RULES.register(core.mean)
 def mean_vjp(g, out, x, dims=None, keepdim=False, dtype=None):
     dims = reduce_dims(x, dims)
@@ -276,11 +266,6 @@ def log_softmax_vjp(g, out, x, dim, dtype=None):
 
 
 # ------------------------------------------------------------------ library ops
-@VJP_RULES.register(core.mm)
-def mm_vjp(g, out, a, b):
-    return core.mm(g, core.transpose(b, 0, 1)), core.mm(core.transpose(a, 0, 1), g)
-
-
 @VJP_RULES.register(core.linear)
 def linear_vjp(g, out, x, weight, bias=None):
     """y = x @ W^T + b over any leading dims of x: flatten them, two mms, sum for the bias."""

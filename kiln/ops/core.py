@@ -2,7 +2,8 @@
 
 A core op has torch's semantics (broadcasting, type promotion, Python scalars) and an eager
 implementation in torch. Its meta rule sits below its definition; its decomposition to prims is
-in ``decompositions.py``; its VJP rule belongs to the autograd stage.
+in ``decompositions.py``; its VJP rule belongs to the autograd stage. The ops of ``op_*.py``
+(exp, sum, mm) hold all their rules in their own file instead.
 """
 from __future__ import annotations
 
@@ -63,7 +64,6 @@ UNARY = {
     "neg": (torch.neg, Promotion.DEFAULT),
     "abs": (torch.abs, Promotion.DEFAULT),
     "relu": (torch.relu, Promotion.DEFAULT),
-    "exp": (torch.exp, Promotion.INT_TO_FLOAT),
     "log": (torch.log, Promotion.INT_TO_FLOAT),
     "sqrt": (torch.sqrt, Promotion.INT_TO_FLOAT),
     "rsqrt": (torch.rsqrt, Promotion.INT_TO_FLOAT),
@@ -100,7 +100,7 @@ def _define_elementwise(table):
 
 _unary = _define_elementwise(UNARY)
 _binary = _define_elementwise(BINARY)
-neg, abs, relu, exp, log = (_unary[n] for n in ("neg", "abs", "relu", "exp", "log"))
+neg, abs, relu, log = (_unary[n] for n in ("neg", "abs", "relu", "log"))
 sqrt, rsqrt, tanh, sigmoid = (_unary[n] for n in ("sqrt", "rsqrt", "tanh", "sigmoid"))
 div, maximum, minimum = _binary["div"], _binary["maximum"], _binary["minimum"]
 mul = _binary["mul"]
@@ -172,19 +172,6 @@ def _linear_meta(x, weight, bias=None):
     return TensorMeta.contiguous(shape, x.dtype, x.device, grad)
 
 
-mm = _core("mm", torch.mm, eager_layout="contiguous")
-
-
-@META_RULES.register(mm)
-def _mm_meta(a, b):
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise CoreOpError(f"[meta] core.mm: cannot multiply {list(a.shape)} by {list(b.shape)}")
-    if a.dtype != b.dtype:
-        raise CoreOpError(f"[meta] core.mm: dtypes differ ({a.dtype} vs {b.dtype})")
-    return TensorMeta.contiguous((a.shape[0], b.shape[1]), a.dtype, a.device,
-                                 a.requires_grad or b.requires_grad)
-
-
 # The other families of core ops live in their own files; they are all ``core.<name>``.
 from kiln.ops.core_views import *  # noqa: E402,F401,F403
 from kiln.ops.core_reductions import *  # noqa: E402,F401,F403
@@ -201,3 +188,9 @@ from kiln.ops.core_mutation import *  # noqa: E402,F401,F403
 from kiln.ops.core_einsum import *  # noqa: E402,F401,F403
 from kiln.ops.core_view_dtype import *  # noqa: E402,F401,F403
 from kiln.ops.core_custom import *  # noqa: E402,F401,F403
+
+# Ops whose every rule (capture, meta, eager, decomposition, VJP, lowering, autocast,
+# properties) sits in one file of their own, with the prim they decompose to.
+from kiln.ops.op_exp import exp  # noqa: E402,F401
+from kiln.ops.op_sum import sum  # noqa: E402,F401
+from kiln.ops.op_mm import mm  # noqa: E402,F401

@@ -17,7 +17,7 @@ from kiln.ops.core_views import normalize_dim
 from kiln.ops.prim_utils import broadcast_to, to_dtype
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
 
-__all__ = ["sum", "mean", "amax", "amin", "prod", "argmax", "argmin", "any", "all", "var",
+__all__ = ["mean", "amax", "amin", "prod", "argmax", "argmin", "any", "all", "var",
            "logsumexp", "softmax", "log_softmax", "max_dim", "min_dim"]
 
 LOW = (torch.float16, torch.bfloat16)
@@ -82,23 +82,7 @@ def _accum_dtype(dtype):
     return torch.float32 if dtype in LOW else dtype
 
 
-# ------------------------------------------------------------------ sum / mean / prod
-def _sum_eager(x, dims=None, keepdim=False, dtype=None):
-    dims = _reduce_dims(x, dims, "sum")
-    return torch.sum(x, dim=dims, keepdim=keepdim, dtype=dtype) if dims else x.to(_sum_dtype(x.dtype, dtype)).clone()
-
-
-sum = define("core", "sum", _sum_eager)
-META_RULES[sum] = _meta("sum", _sum_dtype)
-
-
-@DECOMPOSITIONS.register(sum)
-def _sum_decomp(x, dims=None, keepdim=False, dtype=None):
-    dims = _reduce_dims(x, dims, "sum")
-    out_dtype = _sum_dtype(x.dtype, dtype)
-    return _reduce(prims.sum, to_dtype(x, out_dtype), dims, keepdim)
-
-
+# ------------------------------------------------------------------ mean / prod (sum: ops/op_sum.py)
 def _mean_eager(x, dims=None, keepdim=False, dtype=None):
     return torch.mean(x, dim=_reduce_dims(x, dims, "mean"), keepdim=keepdim, dtype=dtype)
 

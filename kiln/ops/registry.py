@@ -171,10 +171,12 @@ def _resolve(rule):
 #                  backward ops themselves); True ops must have a VJP rule
 #   layout_dependent  its lowering reads its operands' strides, so lowering realizes them in
 #                  the layout their metas promise (conv, sdpa)
+#   reduction      a reduction prim's kind in the loop IR ("sum", "max", "argmax" ...)
 #   autocast       {device type: policy} under torch.autocast (ops/autocast.py's LOWER, FP32,
 #                  PROMOTE, BANNED); ops without one are looked up by name in autocast.py's tables
 _DEFAULTS = {"library": False, "random": False, "pointwise": False, "recompute": False, "view": None,
-             "eager_layout": None, "differentiable": True, "layout_dependent": False, "autocast": None}
+             "eager_layout": None, "differentiable": True, "layout_dependent": False, "autocast": None,
+             "reduction": None}
 
 
 class Op:
