@@ -3,7 +3,8 @@
 A lowered tensor is a ``TValue``: a shape and dtype plus a *loader*, a function from a list of
 sympy index expressions to a scalar ``Expr``. Pointwise prims compose loaders, views transform
 indices, and nothing is materialized until a consumer needs memory (``LoweringContext.realize``).
-The rules are registered next to each prim in ``kiln/ops/prims.py``.
+The rules are registered next to each prim in ``kiln/ops/prims*.py`` and ``kiln/ops/op_*.py``,
+through the stage handle this module binds (``registry.bind_stage`` at its end).
 """
 from __future__ import annotations
 

@@ -161,7 +161,7 @@ def _conv_meta(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), g
         # cuDNN and oneDNN return a channels-last result for a channels-last input or weight
         # (torch's conv suggest-memory-format rule); promising it spares the wrapper a copy
         # (ensure_layout still copies where a library answers otherwise). Lowering runs this
-        # again on the operands as realized (lowering.LAYOUT_DEPENDENT).
+        # again on the operands as realized (``layout_dependent=True`` on its define).
         return TensorMeta(shape, _channels_last_strides(shape), x.dtype, x.device, grad)
     return TensorMeta.contiguous(shape, x.dtype, x.device, grad)
 
