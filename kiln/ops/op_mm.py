@@ -10,8 +10,10 @@ file.
     lowering       ``inductor/pad_gemm.gemm_rule``: realize the operands in a layout the
                    library takes (padding awkward sizes on CUDA), then one extern call
     autocast       the autocast dtype on CPU and CUDA (torch's lower-precision list)
-    properties     library (prims.mm); eager's result is contiguous whatever the operands'
-                   layouts (``eager_layout="contiguous"``); never recomputed in a backward
+    properties     prims.mm: a library prim whose result is always a fresh row-major tensor
+                   (``fresh_result``, ``exact_layout``: the wrapper neither guards its layout
+                   nor treats it as a view); core.mm: eager's result is contiguous whatever
+                   the operands' layouts (``eager_layout``); never recomputed in a backward
 
 The rules that need a stage's helpers reach them through stage handles (``registry.stage_api``),
 bound when the stage is imported: this file imports no stage.
@@ -35,7 +37,7 @@ C = stage_api("capture")   # capture/torch_api.py (Unsupported)
 __all__ = ["mm", "prim_mm"]
 
 # ------------------------------------------------------------------ prims.mm
-prim_mm = define("prims", "mm", torch.mm, library=True)
+prim_mm = define("prims", "mm", torch.mm, library=True, fresh_result=True, exact_layout=True)
 
 
 @META_RULES.register(prim_mm)

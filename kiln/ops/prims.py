@@ -209,7 +209,7 @@ LOWERINGS[copy] = L.copy_rule
 
 # bias + a @ b in one library call: the bias rides in the GEMM's epilogue (cuBLASLt, MKL), as
 # in torch's own F.linear, so a linear's result is never re-read just to add its bias
-addmm = _prim("addmm", torch.addmm, library=True)
+addmm = _prim("addmm", torch.addmm, library=True, fresh_result=True, exact_layout=True)
 
 
 @META_RULES.register(addmm)

@@ -56,7 +56,8 @@ LOWERINGS[index_select] = L.index_select_rule
 
 
 # ------------------------------------------------------------------ library ops
-bmm = define("prims", "bmm", torch.bmm, library=True)
+# torch.bmm always returns a fresh row-major result
+bmm = define("prims", "bmm", torch.bmm, library=True, fresh_result=True, exact_layout=True)
 
 
 @META_RULES.register(bmm)
@@ -77,7 +78,7 @@ def _sdpa_eager(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
                                           is_causal=is_causal, scale=scale)
 
 
-sdpa = define("prims", "sdpa", _sdpa_eager, library=True, layout_dependent=True)
+sdpa = define("prims", "sdpa", _sdpa_eager, library=True, layout_dependent=True, fresh_result=True)
 
 
 @META_RULES.register(sdpa)
@@ -135,7 +136,7 @@ def _conv_eager(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), 
     return fn(x, weight, bias, stride, padding, dilation, groups)
 
 
-conv = define("prims", "conv", _conv_eager, library=True, layout_dependent=True)
+conv = define("prims", "conv", _conv_eager, library=True, layout_dependent=True, fresh_result=True)
 
 
 def conv_output_shape(x_shape, w_shape, stride, padding, dilation):

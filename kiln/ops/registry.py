@@ -172,11 +172,15 @@ def _resolve(rule):
 #   layout_dependent  its lowering reads its operands' strides, so lowering realizes them in
 #                  the layout their metas promise (conv, sdpa)
 #   reduction      a reduction prim's kind in the loop IR ("sum", "max", "argmax" ...)
+#   fresh_result   a library prim whose result is always a new tensor, never a view of an
+#                  operand (the wrapper may reuse its operands' buffers)
+#   exact_layout   a library prim whose result always has its meta's strides (torch.mm / bmm
+#                  return a fresh row-major result): the wrapper skips ensure_layout
 #   autocast       {device type: policy} under torch.autocast (ops/autocast.py's LOWER, FP32,
 #                  PROMOTE, BANNED); ops without one are looked up by name in autocast.py's tables
 _DEFAULTS = {"library": False, "random": False, "pointwise": False, "recompute": False, "view": None,
              "eager_layout": None, "differentiable": True, "layout_dependent": False, "autocast": None,
-             "reduction": None}
+             "reduction": None, "fresh_result": False, "exact_layout": False}
 
 
 class Op:
