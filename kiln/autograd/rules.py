@@ -78,32 +78,6 @@ def relu_vjp(g, out, x):
     return (core.where(core.gt(out, 0), g, 0.0),)
 
 
-@VJP_RULES.register(core.log)
-def log_vjp(g, out, x):
-    return (core.div(g, x),)
-
-
-@VJP_RULES.register(core.sqrt)
-def sqrt_vjp(g, out, x):
-    return (core.div(g, core.mul(out, 2.0)),)
-
-
-@VJP_RULES.register(core.rsqrt)
-def rsqrt_vjp(g, out, x):
-    # d(x^-1/2)/dx = -1/2 x^-3/2 = -1/2 out^3
-    return (core.mul(g, core.mul(core.mul(core.mul(out, out), out), -0.5)),)
-
-
-@VJP_RULES.register(core.tanh)
-def tanh_vjp(g, out, x):
-    return (core.mul(g, _one_minus(core.mul(out, out))),)
-
-
-@VJP_RULES.register(core.sigmoid)
-def sigmoid_vjp(g, out, x):
-    return (core.mul(g, core.mul(out, _one_minus(out))),)
-
-
 def _minmax_vjp(select_a):
     """maximum/minimum: the gradient goes to the selected side; ties split it in half (eager)."""
     def rule(g, out, a, b):

@@ -225,14 +225,11 @@ TORCH_FUNCTIONS = {
     torch.lt: tensor_first(core.lt), torch.le: tensor_first(core.le),
     torch.gt: tensor_first(core.gt), torch.ge: tensor_first(core.ge),
     torch.neg: unary(core.neg), torch.negative: unary(core.neg), torch.abs: unary(core.abs),
-    torch.relu: unary(core.relu), torch.log: unary(core.log),
-    torch.sqrt: unary(core.sqrt), torch.rsqrt: unary(core.rsqrt),
-    torch.tanh: unary(core.tanh), torch.sigmoid: unary(core.sigmoid),
+    torch.relu: unary(core.relu),
     torch.square: square,
     torch.where: where,
     torch.matmul: matmul,
     F.relu: relu_functional, F.linear: linear,
-    F.sigmoid: unary(core.sigmoid), F.tanh: unary(core.tanh),
 }
 
 TENSOR_METHODS = {
@@ -243,9 +240,7 @@ TENSOR_METHODS = {
     "eq": tensor_first(core.eq), "ne": tensor_first(core.ne), "lt": tensor_first(core.lt),
     "le": tensor_first(core.le), "gt": tensor_first(core.gt), "ge": tensor_first(core.ge),
     "neg": unary(core.neg), "negative": unary(core.neg), "abs": unary(core.abs),
-    "relu": unary(core.relu), "log": unary(core.log),
-    "sqrt": unary(core.sqrt), "rsqrt": unary(core.rsqrt), "tanh": unary(core.tanh),
-    "sigmoid": unary(core.sigmoid), "square": square,
+    "relu": unary(core.relu), "square": square,
     "where": where_method, "matmul": matmul,
     "to": to, "type_as": type_as,
     "float": cast_to(torch.float32), "half": cast_to(torch.float16), "double": cast_to(torch.float64),

@@ -53,7 +53,7 @@ def inplace_of(functional):
 # registry.INPLACE_METHODS: those declared in their op's own file, ops/op_*.py).
 INPLACE_FROM_FUNCTIONAL = (
     "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide", "neg", "negative",
-    "abs", "relu", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "square", "pow", "floor",
+    "abs", "relu", "square", "pow", "floor",
     "ceil", "trunc", "fix", "round", "sign", "reciprocal", "exp2", "expm1", "log2", "log10",
     "log1p", "sin", "cos", "erf", "clamp", "clip", "clamp_min", "clamp_max", "lerp", "addcmul",
     "addcdiv", "masked_fill", "nan_to_num", "fmod", "remainder", "floor_divide", "logical_not",
@@ -291,8 +291,8 @@ def build_tables(torch_functions: dict, tensor_methods: dict):
     })
     functions = {torch.clone: clone, torch.detach: detach, F.batch_norm: batch_norm,
                  torch.scatter: scatter, torch.index_put: index_put}
-    for name in ("relu", "sigmoid", "tanh", "sqrt", "rsqrt", "neg", "abs", "floor", "ceil",
-                 "trunc", "round", "sin", "cos", "log", "reciprocal", "clamp", "clip", *INPLACE_METHODS):
+    for name in ("relu", "neg", "abs", "floor", "ceil", "trunc", "round", "sin", "cos", "reciprocal",
+                 "clamp", "clip", *INPLACE_METHODS):
         fn = getattr(torch, name + "_", None)
         if fn is not None and name in tensor_methods:
             functions[fn] = inplace_of(tensor_methods[name])

@@ -3,7 +3,7 @@
 A core op has torch's semantics (broadcasting, type promotion, Python scalars) and an eager
 implementation in torch. Its meta rule sits below its definition; its decomposition to prims is
 in ``decompositions.py``; its VJP rule belongs to the autograd stage. The ops of ``op_*.py``
-(exp, sum, mm) hold all their rules in their own file instead.
+(exp, sum, mm; log, sqrt, rsqrt, tanh, sigmoid) hold all their rules in their own file.
 """
 from __future__ import annotations
 
@@ -64,11 +64,6 @@ UNARY = {
     "neg": (torch.neg, Promotion.DEFAULT),
     "abs": (torch.abs, Promotion.DEFAULT),
     "relu": (torch.relu, Promotion.DEFAULT),
-    "log": (torch.log, Promotion.INT_TO_FLOAT),
-    "sqrt": (torch.sqrt, Promotion.INT_TO_FLOAT),
-    "rsqrt": (torch.rsqrt, Promotion.INT_TO_FLOAT),
-    "tanh": (torch.tanh, Promotion.INT_TO_FLOAT),
-    "sigmoid": (torch.sigmoid, Promotion.INT_TO_FLOAT),
 }
 
 BINARY = {
@@ -100,8 +95,7 @@ def _define_elementwise(table):
 
 _unary = _define_elementwise(UNARY)
 _binary = _define_elementwise(BINARY)
-neg, abs, relu, log = (_unary[n] for n in ("neg", "abs", "relu", "log"))
-sqrt, rsqrt, tanh, sigmoid = (_unary[n] for n in ("sqrt", "rsqrt", "tanh", "sigmoid"))
+neg, abs, relu = (_unary[n] for n in ("neg", "abs", "relu"))
 div, maximum, minimum = _binary["div"], _binary["maximum"], _binary["minimum"]
 mul = _binary["mul"]
 # dtypes eager has no kernel for (capture refuses the call, so torch raises its own error)
@@ -194,3 +188,4 @@ from kiln.ops.core_custom import *  # noqa: E402,F401,F403
 from kiln.ops.op_exp import exp  # noqa: E402,F401
 from kiln.ops.op_sum import sum  # noqa: E402,F401
 from kiln.ops.op_mm import mm  # noqa: E402,F401
+from kiln.ops.op_unary_math import log, rsqrt, sigmoid, sqrt, tanh  # noqa: E402,F401

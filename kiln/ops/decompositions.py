@@ -23,7 +23,7 @@ def _elementwise(prim, kind):
     return decomp
 
 
-_SAME_NAME = ("neg", "abs", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
+_SAME_NAME = ("neg", "abs",
               "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge")
 for _name in _SAME_NAME:
     _core_op = getattr(core, _name)

@@ -83,11 +83,6 @@ def _binary(name, eager, out_dtype=None):
 
 neg = _unary("neg", torch.neg)
 abs = _unary("abs", torch.abs)
-log = _unary("log", torch.log)
-sqrt = _unary("sqrt", torch.sqrt)
-rsqrt = _unary("rsqrt", torch.rsqrt)
-tanh = _unary("tanh", torch.tanh)
-sigmoid = _unary("sigmoid", torch.sigmoid)
 
 add = _binary("add", torch.add)
 sub = _binary("sub", torch.sub)

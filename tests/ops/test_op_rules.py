@@ -161,3 +161,19 @@ def test_a_stage_handle_resolves_table_entries_when_its_stage_binds():
     finally:
         del registry._STAGE_APIS["test-stage"]
         registry._TABLES.remove(table)
+
+
+@pytest.mark.parametrize("name", ["log", "sqrt", "rsqrt", "tanh", "sigmoid"])
+def test_a_family_file_holds_every_rule_of_its_ops(name):
+    from kiln.ops import op_unary_math
+
+    op, prim = getattr(core, name), getattr(prims, name)
+    assert name in op_unary_math.FAMILY and op.recompute and op.pointwise
+    assert DECOMPOSITIONS[op].__module__ == VJP_RULES[op].__module__ == "kiln.ops.op_unary_math"
+    assert prim in LOWERINGS and torch_api.TENSOR_METHODS[name] is not None
+    assert torch_api.TENSOR_METHODS[name + "_"] is not None
+    x = torch.rand(3, 4, dtype=torch.float64) + 0.5
+    _grad_check(lambda x: getattr(torch, name)(x.abs() + 0.5) + getattr(x.abs() + 0.5, name)(), (3, 4))
+    y = x.clone()
+    f = lambda y: getattr(y.clone(), name + "_")()  # noqa: E731
+    torch.testing.assert_close(kiln.compile(f)(y), f(y))
