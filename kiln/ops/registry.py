@@ -89,6 +89,8 @@ class StageAPI:
     def __getattr__(self, name):
         if self.module is not None:
             return getattr(self.module, name)
+        if name.startswith("__"):  # introspection (copy, pickle, inspect) is not a recipe
+            raise AttributeError(name)
         return Deferred(self, ((name, None),))
 
     def __repr__(self):
@@ -105,6 +107,8 @@ class Deferred:
         self.steps = steps  # (attribute name, None) or (None, (args, kwargs))
 
     def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
         return Deferred(self.api, self.steps + ((name, None),))
 
     def __call__(self, *args, **kwargs):

@@ -177,3 +177,8 @@ def test_a_family_file_holds_every_rule_of_its_ops(name):
     y = x.clone()
     f = lambda y: getattr(y.clone(), name + "_")()  # noqa: E731
     torch.testing.assert_close(kiln.compile(f)(y), f(y))
+
+
+def test_an_unbound_stage_handle_is_no_recipe_for_introspection():
+    api = StageAPI("test-introspection")
+    assert not hasattr(api, "__wrapped__") and not hasattr(api.rule, "__qualname__")
