@@ -229,9 +229,9 @@ from kiln.ops.core_custom import prim_custom_op as custom_op  # noqa: E402,F401
 def __getattr__(name):
     """``prims.exp``, ``prims.sum``, ``prims.mm``: prims defined in their op's own file
     (ops/op_*.py, loaded after this module) are read from the registry, the namespace itself."""
-    from kiln.ops.registry import _OPS
-    op = _OPS.get(("prims", name))
-    if op is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        op = lookup("prims", name)
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     globals()[name] = op  # later reads skip this function
     return op
