@@ -38,16 +38,6 @@ from kiln.ops.vjp_utils import (_one_minus, broadcasts_to, in_backward, is_tenso
 
 
 # ------------------------------------------------------------------ elementwise
-@VJP_RULES.register(core.add)
-def add_vjp(g, out, a, b, alpha=1):
-    return g, (g if alpha == 1 else core.mul(g, alpha))
-
-
-@VJP_RULES.register(core.sub)
-def sub_vjp(g, out, a, b, alpha=1):
-    return g, (core.neg(g) if alpha == 1 else core.mul(g, -alpha))
-
-
 @VJP_RULES.register(core.mul)
 def mul_vjp(g, out, a, b):
     return (core.mul(g, b) if is_tensor(a) else None,

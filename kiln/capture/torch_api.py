@@ -216,8 +216,6 @@ def contiguous(self, memory_format=None):
 
 
 TORCH_FUNCTIONS = {
-    torch.add: with_alpha(core.add),
-    torch.sub: with_alpha(core.sub), torch.subtract: with_alpha(core.sub),
     torch.mul: binary(core.mul), torch.multiply: binary(core.mul),
     torch.div: div, torch.divide: div, torch.true_divide: binary(core.div),
     torch.maximum: tensor_first(core.maximum), torch.minimum: tensor_first(core.minimum),
@@ -233,7 +231,6 @@ TORCH_FUNCTIONS = {
 }
 
 TENSOR_METHODS = {
-    "add": with_alpha(core.add), "sub": with_alpha(core.sub), "subtract": with_alpha(core.sub),
     "mul": binary(core.mul), "multiply": binary(core.mul),
     "div": div, "divide": div, "true_divide": binary(core.div),
     "maximum": tensor_first(core.maximum), "minimum": tensor_first(core.minimum),
@@ -303,7 +300,7 @@ TENSOR_VIEW_ATTRIBUTES = {
 
 # Operator spelling (dis's argrepr for BINARY_OP / COMPARE_OP) -> adapter.
 BINARY_OPERATORS = {
-    "+": with_alpha(core.add), "-": with_alpha(core.sub), "*": binary(core.mul),
+    "*": binary(core.mul),
     "/": binary(core.div), "@": matmul,
     "<": tensor_first(core.lt), "<=": tensor_first(core.le), ">": tensor_first(core.gt),
     ">=": tensor_first(core.ge), "==": tensor_first(core.eq), "!=": tensor_first(core.ne),

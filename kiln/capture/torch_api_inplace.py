@@ -52,7 +52,7 @@ def inplace_of(functional):
 # Elementwise methods whose in-place form is the functional one plus a write (with
 # registry.INPLACE_METHODS: those declared in their op's own file, ops/op_*.py).
 INPLACE_FROM_FUNCTIONAL = (
-    "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide", "neg", "negative",
+    "mul", "multiply", "div", "divide", "true_divide", "neg", "negative",
     "abs", "relu", "square", "pow", "floor",
     "ceil", "trunc", "fix", "round", "sign", "reciprocal", "exp2", "expm1", "log2", "log10",
     "log1p", "sin", "cos", "erf", "clamp", "clip", "clamp_min", "clamp_max", "lerp", "addcmul",

@@ -3,7 +3,7 @@
 A core op has torch's semantics (broadcasting, type promotion, Python scalars) and an eager
 implementation in torch. Its meta rule sits below its definition; its decomposition to prims is
 in ``decompositions.py``; its VJP rule belongs to the autograd stage. The ops of ``op_*.py``
-(exp, sum, mm; log, sqrt, rsqrt, tanh, sigmoid) hold all their rules in their own file.
+(add, sub, exp, sum, mm; log, sqrt, rsqrt, tanh, sigmoid) hold all their rules in their own file.
 """
 from __future__ import annotations
 
@@ -107,21 +107,6 @@ refuse_dtypes(META_RULES, relu, is_bool, lambda d: RuntimeError(
 eq, ne, lt, le, gt, ge = (_binary[n] for n in ("eq", "ne", "lt", "le", "gt", "ge"))
 
 
-# add and sub carry alpha: add(a, b, alpha) = a + alpha * b
-def _add_eager(a, b, alpha=1):
-    return torch.add(a, b, alpha=alpha) if alpha != 1 else torch.add(a, b)
-
-
-def _sub_eager(a, b, alpha=1):
-    return torch.sub(a, b, alpha=alpha) if alpha != 1 else torch.sub(a, b)
-
-
-add = _core("add", _add_eager, **POINTWISE)
-sub = _core("sub", _sub_eager, **POINTWISE)
-for _op, _name in ((add, "add"), (sub, "sub")):
-    META_RULES[_op] = (lambda rule: lambda a, b, alpha=1: rule(a, b))(elementwise_meta(_name, Promotion.DEFAULT))
-    PROMOTION[_op] = Promotion.DEFAULT
-
 where = _core("where", torch.where, **POINTWISE)
 
 
@@ -185,6 +170,7 @@ from kiln.ops.core_custom import *  # noqa: E402,F401,F403
 
 # Ops whose every rule (capture, meta, eager, decomposition, VJP, lowering, autocast,
 # properties) sits in one file of their own, with the prim they decompose to.
+from kiln.ops.op_add import add, sub  # noqa: E402,F401
 from kiln.ops.op_exp import exp  # noqa: E402,F401
 from kiln.ops.op_sum import sum  # noqa: E402,F401
 from kiln.ops.op_mm import mm  # noqa: E402,F401

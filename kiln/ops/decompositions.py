@@ -35,19 +35,6 @@ def relu(x):
     return prims.maximum(x, scalar_for(0, x.dtype))
 
 
-def _with_alpha(prim):
-    def decomp(a, b, alpha=1):
-        (a, b), compute, _ = elementwise_operands((a, b), Promotion.DEFAULT)
-        if alpha != 1:
-            b = prims.mul(b, scalar_for(alpha, compute)) if isinstance(b, Proxy) else b * alpha
-        return prim(a, b)
-    return decomp
-
-
-DECOMPOSITIONS[core.add] = _with_alpha(prims.add)
-DECOMPOSITIONS[core.sub] = _with_alpha(prims.sub)
-
-
 @DECOMPOSITIONS.register(core.where)
 def where(cond, a, b):
     cond, a, b = on_one_device((cond, a, b))

@@ -84,8 +84,6 @@ def _binary(name, eager, out_dtype=None):
 neg = _unary("neg", torch.neg)
 abs = _unary("abs", torch.abs)
 
-add = _binary("add", torch.add)
-sub = _binary("sub", torch.sub)
 mul = _binary("mul", torch.mul)
 div = _binary("div", torch.true_divide)
 maximum = _binary("maximum", lambda a, b: torch.maximum(a, torch.as_tensor(b, dtype=a.dtype))
