@@ -57,8 +57,13 @@ def _sub_eager(a, b, alpha=1):
 
 add = define("core", "add", _add_eager, autocast={}, **POINTWISE)
 sub = define("core", "sub", _sub_eager, autocast={}, **POINTWISE)
+def _meta_without_alpha(name):
+    rule = elementwise_meta(name, Promotion.DEFAULT)
+    return lambda a, b, alpha=1: rule(a, b)
+
+
 for _op in (add, sub):
-    META_RULES[_op] = (lambda rule: lambda a, b, alpha=1: rule(a, b))(elementwise_meta(_op.name, Promotion.DEFAULT))
+    META_RULES[_op] = _meta_without_alpha(_op.name)
     core.PROMOTION[_op] = Promotion.DEFAULT
 
 

@@ -47,7 +47,9 @@ LOWERINGS[prim_sum] = L.reduction("sum")
 # ------------------------------------------------------------------ core.sum
 def _sum_eager(x, dims=None, keepdim=False, dtype=None):
     dims = _reduce_dims(x, dims, "sum")
-    return torch.sum(x, dim=dims, keepdim=keepdim, dtype=dtype) if dims else x.to(_sum_dtype(x.dtype, dtype)).clone()
+    if not dims:  # a 0-d input: a copy in the result dtype (eager's result never aliases it)
+        return x.to(_sum_dtype(x.dtype, dtype)).clone()
+    return torch.sum(x, dim=dims, keepdim=keepdim, dtype=dtype)
 
 
 sum = define("core", "sum", _sum_eager, autocast={"cuda": FP32})

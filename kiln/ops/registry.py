@@ -3,9 +3,9 @@
 Every transformation owns exactly one table here. The rules themselves are registered next to
 the op they belong to, so reading one op tells you everything about it: its capture spellings,
 meta rule, eager implementation, decomposition, VJP rule, lowering, autocast policy and
-properties. ``ops/op_exp.py``, ``ops/op_sum.py`` and ``ops/op_mm.py`` hold all of an op's rules in
-one file; older families still keep their VJP rules in ``autograd/rules*.py`` and their
-capture adapters in ``capture/torch_api*.py``.
+properties. ``ops/op_exp.py``, ``op_sum.py``, ``op_mm.py``, ``op_add.py`` and the family file
+``op_unary_math.py`` hold all of an op's rules in one file; older families still keep their VJP
+rules in ``autograd/rules*.py`` and their capture adapters in ``capture/torch_api*.py``.
 
 *Properties* are flags given to ``define(...)`` and read by the stages (``op.recompute``,
 ``ops_with(recompute=True)``), never name lists kept elsewhere.

@@ -71,7 +71,8 @@ def _grad_check(fn, *shapes, dtype=torch.float64):
 
 @pytest.mark.parametrize("fn,shapes", [
     (lambda x: torch.exp(x) + x.exp(), [(3, 5)]),
-    (lambda x: torch.sum(x, 1, keepdim=True) * x.sum() + x.sum((0, 1)) + x.sum(dim=-1, dtype=torch.float32)[:, None].to(x.dtype), [(3, 5)]),
+    (lambda x: torch.sum(x, 1, keepdim=True) * x.sum() + x.sum((0, 1))
+     + x.sum(dim=-1, dtype=torch.float32)[:, None].to(x.dtype), [(3, 5)]),
     (lambda a, b: torch.mm(a, b) + a.mm(b), [(3, 4), (4, 2)]),
     (lambda a, b: torch.add(a, b, alpha=2) - torch.sub(b, a) + a.add(b) - a.subtract(b, alpha=0.5) + (a + 1),
      [(3, 4), (4,)]),
