@@ -17,7 +17,7 @@ from kiln.graph.proxy import Proxy
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import prims
 from kiln.ops import prims_more as pm
-from kiln.ops.prim_utils import broadcast_to, to_dtype
+from kiln.ops.prim_utils import broadcast_to, elementwise_operands, to_dtype
 from kiln.ops.promotion import (Promotion, broadcast_shapes, is_bool, no_kernel, not_float,
                                 promoted_dtypes, refuse_dtypes, scalar_for)
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, POINTWISE, define
@@ -57,7 +57,6 @@ def _meta_of(name, kind, n_operands=None):
 
 
 def _operands(args, kind):
-    from kiln.ops.decompositions import elementwise_operands
     return elementwise_operands([a for a in args if a is not None], kind)
 
 
