@@ -37,34 +37,14 @@ from kiln.autograd.joint import JointGraph, nbytes, strip_requires_grad
 from kiln.graph.graph import Graph
 from kiln.graph.node import CALL, GET_ATTR, PLACEHOLDER, Node, map_args
 from kiln.meta.tensor_meta import TensorMeta
-from kiln.ops import core
-
-# Ops whose result is cheap to recompute inside a fused backward kernel.
-RECOMPUTABLE = {
-    core.add, core.sub, core.mul, core.div, core.neg, core.abs, core.relu, core.exp, core.log,
-    core.sqrt, core.rsqrt, core.tanh, core.sigmoid, core.maximum, core.minimum, core.where,
-    core.to_dtype, core.eq, core.ne, core.lt, core.le, core.gt, core.ge,
-    core.reshape, core.permute, core.transpose, core.expand, core.unsqueeze, core.squeeze,
-    core.contiguous, core.clone,
-    # core_elementwise_more: pointwise, they fuse
-    core.floor, core.ceil, core.trunc, core.round, core.sign, core.reciprocal, core.exp2,
-    core.expm1, core.log2, core.log10, core.log1p, core.sin, core.cos, core.erf, core.isnan,
-    core.isinf, core.isfinite, core.logical_not, core.logical_and, core.logical_or,
-    core.logical_xor, core.pow, core.fmod, core.remainder, core.clamp, core.lerp, core.addcmul,
-    core.addcdiv, core.masked_fill, core.nan_to_num, core.gelu, core.silu, core.hardtanh,
-    core.leaky_relu, core.elu, core.hardswish, core.hardsigmoid, core.mish, core.softplus,
-    # index transforms (core_shape) and iota: no reads beyond their inputs' elements
-    core.slice, core.select, core.cat, core.flip, core.roll, core.tril, core.triu, core.repeat,
-    core.constant_pad, core.iota,
-}
-
 
 def recomputable(node: Node) -> bool:
     from kiln.graph.graph import getitem
 
-    if node.op != CALL or getattr(node.target, "random", False):
+    if node.op != CALL or node.target.random:
         return False
-    return node.target in RECOMPUTABLE or node.target is getitem
+    # ``recompute=True`` on the op's define: cheap to recompute inside a fused backward kernel
+    return node.target.recompute or node.target is getitem
 
 
 @dataclasses.dataclass
@@ -164,14 +144,11 @@ def min_cut(joint: JointGraph, bw_nodes: set) -> list:
     return [n for n in order if ends[n][0] in source_side and ends[n][1] not in source_side]
 
 
-VIEWS = {core.reshape, core.permute, core.transpose, core.expand, core.unsqueeze, core.squeeze}
-
-
 def _capacity(n: Node) -> int:
     """Bytes, scaled so that a tie-break term never outweighs one byte: between equally big
     values, save a primal (alive anyway) before a computed value, and a computed value before a
     view of one (a saved view would be copied out of the forward; its base recomputes it free)."""
-    tie = 0 if n.op == PLACEHOLDER else (4 if n.target in VIEWS else 1)
+    tie = 0 if n.op == PLACEHOLDER else (4 if n.op == CALL and n.target.view == "shape" else 1)
     return nbytes(n.meta["val"]) * 8 + tie
 
 

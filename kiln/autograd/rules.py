@@ -31,85 +31,13 @@ from kiln.graph.proxy import Proxy
 from kiln.ops import core
 from kiln.ops.core_views import normalize_dim
 from kiln.ops.registry import VJP_RULES
+from kiln.ops.vjp_utils import (_one_minus, broadcasts_to, in_backward, is_tensor,  # noqa: F401
+                                keepdim_shape, reduce_dims, restore_reduced, sum_to_shape, zeros_like)
 
 # ------------------------------------------------------------------ helpers
 
 
-def is_tensor(x) -> bool:
-    return isinstance(x, Proxy)
-
-
-def sum_to_shape(g, shape):
-    """Sum g over the dims that broadcasting added or expanded, giving it ``shape``."""
-    shape = tuple(shape)
-    if same_shape(g.shape, shape):  # decided without a guard on symbolic sizes
-        return g
-    lead = g.ndim - len(shape)
-    dims = list(range(lead))
-    dims += [lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1]
-    if dims:
-        g = core.sum(g, dims, True)
-    return core.reshape(g, shape) if not same_shape(g.shape, shape) else g
-
-
-def broadcasts_to(shape, target) -> bool:
-    """A tensor of ``shape`` broadcasts to ``target`` (so a gradient of ``target`` sums down to
-    ``shape``). Decided by shapes, not element counts: an empty target has fewer elements."""
-    shape, target = tuple(shape), tuple(target)
-    if len(target) < len(shape):
-        return False
-    lead = len(target) - len(shape)
-    return all(s == 1 or s == t for s, t in zip(shape, target[lead:]))
-
-
-def reduce_dims(x, dims):
-    """Normalized, sorted reduction dims (None or () means every dim, as the core ops do)."""
-    if dims is None or (isinstance(dims, (tuple, list)) and len(dims) == 0):
-        return tuple(range(x.ndim))
-    if isinstance(dims, int):
-        dims = (dims,)
-    dims = tuple(sorted({normalize_dim(d, x.ndim) for d in dims}))
-    return () if x.ndim == 0 else dims  # a 0-d tensor's dim 0 is itself: nothing reduced
-
-
-def keepdim_shape(x, dims):
-    return tuple(1 if d in dims else s for d, s in enumerate(x.shape))
-
-
-def restore_reduced(g, x, dims):
-    """Broadcast a reduction's gradient (or result) back to x's shape."""
-    g = core.reshape(g, keepdim_shape(x, dims)) if x.ndim else g
-    return core.expand(g, tuple(x.shape)) if not same_shape(g.shape, x.shape) else g
-
-
-def _one_minus(y):
-    return core.add(core.neg(y), 1.0)
-
-
-def zeros_like(x):
-    """Zeros of x's shape and dtype that stay zero for inf and NaN (``x * 0`` would not):
-    ``|x| < -1`` is False for every value, NaN included."""
-    return core.to_dtype(core.lt(core.abs(x), -1.0), x.dtype)
-
-
-def in_backward(g):
-    """A block whose nodes run in the backward graph even though they do not depend on the
-    tangents: recomputation the partitioner must not hoist into the forward (attention's
-    probabilities). ``g`` is any Proxy of the joint graph."""
-    return g.graph_builder.inherit(backward_only=True)
-
-
 # ------------------------------------------------------------------ elementwise
-@VJP_RULES.register(core.add)
-def add_vjp(g, out, a, b, alpha=1):
-    return g, (g if alpha == 1 else core.mul(g, alpha))
-
-
-@VJP_RULES.register(core.sub)
-def sub_vjp(g, out, a, b, alpha=1):
-    return g, (core.neg(g) if alpha == 1 else core.mul(g, -alpha))
-
-
 @VJP_RULES.register(core.mul)
 def mul_vjp(g, out, a, b):
     return (core.mul(g, b) if is_tensor(a) else None,
@@ -138,37 +66,6 @@ def abs_vjp(g, out, x):
 @VJP_RULES.register(core.relu)
 def relu_vjp(g, out, x):
     return (core.where(core.gt(out, 0), g, 0.0),)
-
-
-@VJP_RULES.register(core.exp)
-def exp_vjp(g, out, x):
-    return (core.mul(g, out),)
-
-
-@VJP_RULES.register(core.log)
-def log_vjp(g, out, x):
-    return (core.div(g, x),)
-
-
-@VJP_RULES.register(core.sqrt)
-def sqrt_vjp(g, out, x):
-    return (core.div(g, core.mul(out, 2.0)),)
-
-
-@VJP_RULES.register(core.rsqrt)
-def rsqrt_vjp(g, out, x):
-    # d(x^-1/2)/dx = -1/2 x^-3/2 = -1/2 out^3
-    return (core.mul(g, core.mul(core.mul(core.mul(out, out), out), -0.5)),)
-
-
-@VJP_RULES.register(core.tanh)
-def tanh_vjp(g, out, x):
-    return (core.mul(g, _one_minus(core.mul(out, out))),)
-
-
-@VJP_RULES.register(core.sigmoid)
-def sigmoid_vjp(g, out, x):
-    return (core.mul(g, core.mul(out, _one_minus(out))),)
 
 
 def _minmax_vjp(select_a):
@@ -240,11 +137,6 @@ def contiguous_vjp(g, out, x):
 
 
 # ------------------------------------------------------------------ reductions
-@VJP_RULES.register(core.sum)
-def sum_vjp(g, out, x, dims=None, keepdim=False, dtype=None):
-    return (restore_reduced(g, x, reduce_dims(x, dims)), None, None, None)
-
-
 @VJP_RULES.register(core.mean)
 def mean_vjp(g, out, x, dims=None, keepdim=False, dtype=None):
     dims = reduce_dims(x, dims)
@@ -338,11 +230,6 @@ def log_softmax_vjp(g, out, x, dim, dtype=None):
 
 
 # ------------------------------------------------------------------ library ops
-@VJP_RULES.register(core.mm)
-def mm_vjp(g, out, a, b):
-    return core.mm(g, core.transpose(b, 0, 1)), core.mm(core.transpose(a, 0, 1), g)
-
-
 @VJP_RULES.register(core.linear)
 def linear_vjp(g, out, x, weight, bias=None):
     """y = x @ W^T + b over any leading dims of x: flatten them, two mms, sum for the bias."""

@@ -90,8 +90,8 @@ def _inverse_expand(base, new, shape):
     return new
 
 
-# view op -> the write that puts a new value of the view back into its base:
-# inverse(base value, new view value, *the view's own args) -> new base value
+# view op (``view=...`` on its define) -> the write that puts a new value of the view back into
+# its base: inverse(base value, new view value, *the view's own args) -> new base value
 SCATTERS = {
     core.select: lambda base, new, dim, index: core.select_scatter(base, new, dim, index),
     core.slice: lambda base, new, dim=0, start=None, end=None, step=1:
@@ -105,7 +105,6 @@ SCATTERS = {
     core.detach: lambda base, new: new,
     core.view_dtype: lambda base, new, dtype: core.view_dtype(new, base.dtype),
 }
-VIEW_OPS = frozenset(SCATTERS)
 
 
 class ViewStep:
@@ -147,23 +146,6 @@ def eager_meta(var):
     return meta
 
 
-# Ops whose eager result is contiguous whatever their inputs' layouts.
-ALWAYS_CONTIGUOUS = frozenset(getattr(core, n) for n in (
-    "linear", "mm", "matmul", "bmm", "addmm", "baddbmm", "full", "arange", "rand", "randn",
-    "randint", "linspace", "eye", "embedding", "iota") if hasattr(core, n))
-# Ops whose eager result follows their inputs' layout (contiguous when all inputs are).
-LAYOUT_FOLLOWING = frozenset(getattr(core, n) for n in (
-    "add", "sub", "mul", "div", "neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt", "tanh",
-    "sigmoid", "maximum", "minimum", "where", "to_dtype", "eq", "ne", "lt", "le", "gt", "ge",
-    "contiguous", "clone", "floor", "ceil", "trunc", "round", "sign", "reciprocal", "exp2", "expm1",
-    "log2", "log10", "log1p", "sin", "cos", "erf", "isnan", "isinf", "isfinite", "logical_not",
-    "logical_and", "logical_or", "logical_xor", "pow", "fmod", "remainder", "clamp", "lerp",
-    "addcmul", "addcdiv", "masked_fill", "nan_to_num", "gelu", "silu", "hardtanh", "leaky_relu",
-    "elu", "hardswish", "hardsigmoid", "mish", "softplus", "bitwise_and", "bitwise_or",
-    "bitwise_xor", "bitwise_not", "floor_divide", "trunc_divide", "cat", "softmax",
-    "log_softmax", "layer_norm") if hasattr(core, n))
-
-
 def eager_layout(node):
     """The eager TensorMeta (exact strides) of a graph value, or None where kiln's meta may
     differ from eager's layout (kiln's computed results are contiguous; eager's follow their
@@ -177,16 +159,16 @@ def eager_layout(node):
     val = node.meta.get("val")
     if node.op == PLACEHOLDER or node.op == "get_attr":
         meta = val
-    elif node.op == CALL and node.target in VIEW_OPS and isinstance(node.args[0], Node):
+    elif node.op == CALL and node.target.view and isinstance(node.args[0], Node):
         src = eager_layout(node.args[0])
         if src is not None:
             if node.target is core.reshape and _view_strides(src.shape, src.stride, val.shape) is None:
                 meta = val  # eager copies into a contiguous tensor
             else:
                 meta = META_RULES[node.target](src, *node.args[1:], **node.kwargs)
-    elif node.op == CALL and node.target in ALWAYS_CONTIGUOUS:
+    elif node.op == CALL and node.target.eager_layout == "contiguous":  # whatever the inputs' layouts
         meta = val
-    elif node.op == CALL and node.target in LAYOUT_FOLLOWING and val is not None and val.is_contiguous():
+    elif node.op == CALL and node.target.eager_layout == "follows" and val is not None and val.is_contiguous():
         ins = [a for a in _flat(node.args) + _flat(node.kwargs) if isinstance(a, Node)]
         if all((m := eager_layout(a)) is not None and m.is_contiguous() for a in ins):
             meta = val
@@ -320,7 +302,7 @@ def _wrap_proxy(tx, out: Proxy, by_node, name):
     node = out.node
     base_var = by_node.get(node)
     while base_var is None:
-        if not (node.op == CALL and node.target in VIEW_OPS and isinstance(node.args[0], Node)):
+        if not (node.op == CALL and node.target.view and isinstance(node.args[0], Node)):
             if node.op == CALL and node.target is core.fallback:
                 return _fallback_result(tx, out, node, by_node)
             if node.op == CALL and node.target is getitem and node.args[0].target is core.fallback:

@@ -7,6 +7,8 @@ An adapter raises ``Unsupported`` for argument forms it does not cover.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 
@@ -14,6 +16,7 @@ from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
 from kiln.meta.symbolic import size_tuple
 from kiln.ops import core
+from kiln.ops.registry import CAPTURE_FUNCTIONS, CAPTURE_METHODS, CAPTURE_OPERATORS, bind_stage
 
 
 def _is_tensor(x) -> bool:
@@ -213,8 +216,6 @@ def contiguous(self, memory_format=None):
 
 
 TORCH_FUNCTIONS = {
-    torch.add: with_alpha(core.add),
-    torch.sub: with_alpha(core.sub), torch.subtract: with_alpha(core.sub),
     torch.mul: binary(core.mul), torch.multiply: binary(core.mul),
     torch.div: div, torch.divide: div, torch.true_divide: binary(core.div),
     torch.maximum: tensor_first(core.maximum), torch.minimum: tensor_first(core.minimum),
@@ -222,28 +223,22 @@ TORCH_FUNCTIONS = {
     torch.lt: tensor_first(core.lt), torch.le: tensor_first(core.le),
     torch.gt: tensor_first(core.gt), torch.ge: tensor_first(core.ge),
     torch.neg: unary(core.neg), torch.negative: unary(core.neg), torch.abs: unary(core.abs),
-    torch.relu: unary(core.relu), torch.exp: unary(core.exp), torch.log: unary(core.log),
-    torch.sqrt: unary(core.sqrt), torch.rsqrt: unary(core.rsqrt),
-    torch.tanh: unary(core.tanh), torch.sigmoid: unary(core.sigmoid),
+    torch.relu: unary(core.relu),
     torch.square: square,
     torch.where: where,
-    torch.mm: matmul, torch.matmul: matmul,
+    torch.matmul: matmul,
     F.relu: relu_functional, F.linear: linear,
-    F.sigmoid: unary(core.sigmoid), F.tanh: unary(core.tanh),
 }
 
 TENSOR_METHODS = {
-    "add": with_alpha(core.add), "sub": with_alpha(core.sub), "subtract": with_alpha(core.sub),
     "mul": binary(core.mul), "multiply": binary(core.mul),
     "div": div, "divide": div, "true_divide": binary(core.div),
     "maximum": tensor_first(core.maximum), "minimum": tensor_first(core.minimum),
     "eq": tensor_first(core.eq), "ne": tensor_first(core.ne), "lt": tensor_first(core.lt),
     "le": tensor_first(core.le), "gt": tensor_first(core.gt), "ge": tensor_first(core.ge),
     "neg": unary(core.neg), "negative": unary(core.neg), "abs": unary(core.abs),
-    "relu": unary(core.relu), "exp": unary(core.exp), "log": unary(core.log),
-    "sqrt": unary(core.sqrt), "rsqrt": unary(core.rsqrt), "tanh": unary(core.tanh),
-    "sigmoid": unary(core.sigmoid), "square": square,
-    "where": where_method, "mm": matmul, "matmul": matmul,
+    "relu": unary(core.relu), "square": square,
+    "where": where_method, "matmul": matmul,
     "to": to, "type_as": type_as,
     "float": cast_to(torch.float32), "half": cast_to(torch.float16), "double": cast_to(torch.float64),
     "bfloat16": cast_to(torch.bfloat16), "int": cast_to(torch.int32), "long": cast_to(torch.int64),
@@ -311,7 +306,7 @@ TENSOR_VIEW_ATTRIBUTES = {
 
 # Operator spelling (dis's argrepr for BINARY_OP / COMPARE_OP) -> adapter.
 BINARY_OPERATORS = {
-    "+": with_alpha(core.add), "-": with_alpha(core.sub), "*": binary(core.mul),
+    "*": binary(core.mul),
     "/": binary(core.div), "@": matmul,
     "<": tensor_first(core.lt), "<=": tensor_first(core.le), ">": tensor_first(core.gt),
     ">=": tensor_first(core.ge), "==": tensor_first(core.eq), "!=": tensor_first(core.ne),
@@ -356,6 +351,17 @@ from kiln.capture import torch_api_pool as _pool  # noqa: E402
 TORCH_FUNCTIONS.update(_pool.FUNCTIONS)
 TENSOR_METHODS.update(_pool.METHODS)
 from kiln.capture import torch_api_inplace as _inplace  # noqa: E402
+
+# Spellings declared in their op's own file (ops/op_*.py), written with this module's adapters
+# through the "capture" stage handle, which binding resolves. An op's spellings live in one
+# place: none may also be in the tables above.
+bind_stage("capture", sys.modules[__name__])
+for _table, _declared in ((TORCH_FUNCTIONS, CAPTURE_FUNCTIONS), (TENSOR_METHODS, CAPTURE_METHODS),
+                          (BINARY_OPERATORS, CAPTURE_OPERATORS)):
+    _twice = [k for k in _declared if k in _table]
+    if _twice:
+        raise AssertionError(f"[capture] spelled both in capture/torch_api*.py and in an op file: {_twice}")
+    _table.update(_declared)
 
 # In-place forms last: they are derived from the functional entries above.
 _inplace_functions, _inplace_methods = _inplace.build_tables(TORCH_FUNCTIONS, TENSOR_METHODS)

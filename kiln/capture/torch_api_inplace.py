@@ -20,6 +20,7 @@ from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
 from kiln.graph.node import flatten_args
 from kiln.ops import core
+from kiln.ops.registry import INPLACE_METHODS
 
 
 class Writes:
@@ -71,10 +72,11 @@ def inplace_of(functional):
     return adapter
 
 
-# Elementwise methods whose in-place form is the functional one plus a write.
+# Elementwise methods whose in-place form is the functional one plus a write (with
+# registry.INPLACE_METHODS: those declared in their op's own file, ops/op_*.py).
 INPLACE_FROM_FUNCTIONAL = (
-    "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide", "neg", "negative",
-    "abs", "relu", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "square", "pow", "floor",
+    "mul", "multiply", "div", "divide", "true_divide", "neg", "negative",
+    "abs", "relu", "square", "pow", "floor",
     "ceil", "trunc", "fix", "round", "sign", "reciprocal", "exp2", "expm1", "log2", "log10",
     "log1p", "sin", "cos", "erf", "clamp", "clip", "clamp_min", "clamp_max", "lerp", "addcmul",
     "addcdiv", "masked_fill", "nan_to_num", "fmod", "remainder", "floor_divide", "logical_not",
@@ -326,7 +328,7 @@ def requires_grad_(self, requires_grad=True):
 def build_tables(torch_functions: dict, tensor_methods: dict):
     """The in-place entries, derived from the functional tables already built."""
     methods = {}
-    for name in INPLACE_FROM_FUNCTIONAL:
+    for name in INPLACE_FROM_FUNCTIONAL + tuple(INPLACE_METHODS):
         if name in tensor_methods:
             methods[name + "_"] = inplace_of(tensor_methods[name])
     for name in REBIND_FROM_VIEW:
@@ -342,8 +344,8 @@ def build_tables(torch_functions: dict, tensor_methods: dict):
     functions = {torch.clone: clone, torch.detach: detach, F.batch_norm: batch_norm,
                  torch.scatter: scatter, torch.index_put: index_put,
                  torch.index_put_: index_put_, torch.scatter_reduce: scatter_reduce}
-    for name in ("relu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "neg", "abs", "floor", "ceil",
-                 "trunc", "round", "sin", "cos", "log", "reciprocal", "clamp", "clip"):
+    for name in ("relu", "neg", "abs", "floor", "ceil", "trunc", "round", "sin", "cos", "reciprocal",
+                 "clamp", "clip", *INPLACE_METHODS):
         fn = getattr(torch, name + "_", None)
         if fn is not None and name in tensor_methods:
             functions[fn] = inplace_of(tensor_methods[name])

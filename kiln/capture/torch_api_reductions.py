@@ -23,11 +23,6 @@ def _no_out(name, out):
         raise Unsupported(f"{name}(out=...) is not supported")
 
 
-def sum_(input, dim=None, keepdim=False, *, dtype=None, out=None):
-    _no_out("sum", out)
-    return core.sum(input, _dims(dim), keepdim, dtype)
-
-
 def mean(input, dim=None, keepdim=False, *, dtype=None, out=None):
     _no_out("mean", out)
     return core.mean(input, _dims(dim), keepdim, dtype)
@@ -110,7 +105,7 @@ def _softmax_like(op):
 
 
 FUNCTIONS = {
-    torch.sum: sum_, torch.mean: mean, torch.prod: prod, torch.amax: amax, torch.amin: amin,
+    torch.mean: mean, torch.prod: prod, torch.amax: amax, torch.amin: amin,
     torch.max: _minmax(core.amax, core.max_dim, core.maximum, torch.return_types.max),
     torch.min: _minmax(core.amin, core.min_dim, core.minimum, torch.return_types.min),
     torch.argmax: argmax, torch.argmin: argmin, torch.any: any_, torch.all: all_,
@@ -120,7 +115,7 @@ FUNCTIONS = {
 }
 
 METHODS = {
-    "sum": sum_, "mean": mean, "prod": prod, "amax": amax, "amin": amin,
+    "mean": mean, "prod": prod, "amax": amax, "amin": amin,
     "max": _minmax(core.amax, core.max_dim, core.maximum, torch.return_types.max),
     "min": _minmax(core.amin, core.min_dim, core.minimum, torch.return_types.min),
     "argmax": argmax, "argmin": argmin, "any": any_, "all": all_, "var": var, "std": std,

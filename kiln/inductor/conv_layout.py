@@ -23,14 +23,15 @@ cost more than the kernels save). Depthwise convolutions (one channel per group)
 """
 from __future__ import annotations
 
+import sys
+
 from kiln.config import config
 from kiln.graph.node import CALL
 from kiln.meta.symbolic import has_symbols
 from kiln.meta.tensor_meta import TensorMeta
+from kiln.ops import prims
+from kiln.ops.registry import bind_stage
 
-# the convolution prims (registered by ops/prims_nn.py, which owns the op): args (x, weight, ...,
-# groups last)
-CONV_OPS: set = set()
 
 # grouped (not depthwise) convolutions slow down channels-last; above this share of a graph's
 # multiply-adds the graph keeps eager's layout
@@ -58,7 +59,7 @@ def wants_channels_last(graph, device) -> bool:
     mode = config.conv_layout
     if mode == "eager" or device is None:
         return False
-    convs = [n for n in graph.nodes if n.op == CALL and n.target in CONV_OPS]
+    convs = [n for n in graph.nodes if n.op == CALL and n.target is prims.conv]  # args (x, weight, ..., groups last)
     if not convs:
         return False
     metas = []
@@ -124,3 +125,8 @@ def splits_bias(device) -> bool:
     """Whether a convolution's bias is added by the kernel after it (``add_channel_bias``):
     on CUDA, and wherever ``conv_layout="channels_last"`` forces CUDA's treatment (tests)."""
     return device.type == "cuda" or config.conv_layout == "channels_last"
+
+
+# The op files write their lowerings with this module's builders through a stage handle
+# (ops/registry.py: the ops layer imports no stage); binding it resolves them.
+bind_stage("conv_layout", sys.modules[__name__])

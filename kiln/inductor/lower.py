@@ -20,6 +20,9 @@ from kiln.inductor.lowering import TValue, extern_rule
 from kiln.meta.symbolic import SymInt, expr_meta, free_symbols, has_symbols, symbol_reads, sympy_args
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import LOWERINGS
+# The modules whose builders the ops' lowerings are written with: importing them binds their
+# stage handles (ops/registry.py), so LOWERINGS holds real rules from here on.
+from kiln.inductor import lowering_views, pad_gemm  # noqa: E402,F401
 
 # A multi-use value is recomputed by each consumer when it has at most this many ops.
 INLINE_OPS_LIMIT = 4

@@ -3,17 +3,20 @@
 A lowered tensor is a ``TValue``: a shape and dtype plus a *loader*, a function from a list of
 sympy index expressions to a scalar ``Expr``. Pointwise prims compose loaders, views transform
 indices, and nothing is materialized until a consumer needs memory (``LoweringContext.realize``).
-The rules are registered next to each prim in ``kiln/ops/prims.py``.
+The rules are registered next to each prim in ``kiln/ops/prims*.py`` and ``kiln/ops/op_*.py``,
+through the stage handle this module binds (``registry.bind_stage`` at its end).
 """
 from __future__ import annotations
 
 import math
+import sys
 
 import sympy
 import torch
 
 from kiln.inductor import ir
 from kiln.meta.tensor_meta import contiguous_strides, view_strides
+from kiln.ops.registry import bind_stage
 
 
 class TValue:
@@ -175,10 +178,10 @@ def extern_multi_rule(ctx, metas, *args, **kwargs):
     return tuple(outs)
 
 
-# Library ops whose result's layout follows their operands' (convolution, attention): their
-# meta runs again on the operands as realized, which may be laid out as eager would have them
-# rather than as the graph's metas say (inductor/layout.py), so the wrapper need not copy.
-LAYOUT_DEPENDENT: set = set()
+# Library ops whose result's layout follows their operands' (``layout_dependent=True`` on
+# their define: convolution, attention): their meta runs again on the operands as realized,
+# which may be laid out as eager would have them rather than as the graph's metas say
+# (inductor/layout.py), so the wrapper need not copy.
 
 
 def _meta_as_realized(op, meta, args, refs, kwargs, realized):
@@ -209,7 +212,7 @@ def extern_rule(ctx, meta, *args, **kwargs):
     """Library ops (mm, bmm ...): realize the operands, call the library from the wrapper."""
     raw_kwargs = kwargs
     refs, kwargs = _realized(ctx, args, kwargs)
-    if ctx.current_op in LAYOUT_DEPENDENT:
+    if ctx.current_op.layout_dependent:
         meta = _meta_as_realized(ctx.current_op, meta, args, refs, raw_kwargs, kwargs)
     name = ctx.new_name("buf")
     node = ir.Extern(name, ctx.current_op, refs, kwargs, meta.shape, meta.stride, meta.dtype,
@@ -452,3 +455,8 @@ def scatter_rule(kind: str, mode: str = "add"):
 def full_rule(ctx, meta, shape, value, dtype, device):
     const = ir.Const(value, dtype)
     return TValue(tuple(shape), dtype, meta.device, lambda idx: const)
+
+
+# The op files write their lowerings with this module's builders through a stage handle
+# (ops/registry.py: the ops layer imports no stage); binding it resolves them.
+bind_stage("lowering", sys.modules[__name__])

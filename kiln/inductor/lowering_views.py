@@ -9,11 +9,14 @@ load ever leaves its buffer even though both sides of a ``where`` are evaluated.
 """
 from __future__ import annotations
 
+import sys
+
 import sympy
 import torch
 
 from kiln.inductor import ir
 from kiln.inductor.lowering import TValue
+from kiln.ops.registry import bind_stage
 
 
 def _index_in(i, offset: int, size: int):
@@ -149,3 +152,8 @@ def _replace(idx, dim, value):
     out = list(idx)
     out[dim] = value
     return out
+
+
+# The op files write their lowerings with this module's builders through a stage handle
+# (ops/registry.py: the ops layer imports no stage); binding it resolves them.
+bind_stage("lowering_views", sys.modules[__name__])

@@ -25,6 +25,7 @@ the copy's launch costs more than the alignment gains; so are GEMMs bound by mem
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -34,6 +35,7 @@ from kiln.inductor import lowering_views as LV
 from kiln.inductor.layout import dense_in_order, value_strides
 from kiln.meta.symbolic import has_symbols
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
+from kiln.ops.registry import bind_stage
 
 
 def alignment(dtype, device) -> int:
@@ -109,3 +111,8 @@ def gemm_rule(ctx, meta, *args):
         return out
     ref = out.ref
     return L.TValue.of_ref(type(ref)(ref.buffer, meta.shape, ref.stride, ref.offset), meta.dtype, meta.device)
+
+
+# The op files write their lowerings with this module's builders through a stage handle
+# (ops/registry.py: the ops layer imports no stage); binding it resolves them.
+bind_stage("pad_gemm", sys.modules[__name__])

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import torch
 
-from kiln.inductor import lowering as L
 from kiln.meta.symbolic import hint_of
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
-from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, define
+from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, define, stage_api
+
+L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
+
 
 __all__ = ["choose_backend", "BACKENDS"]
 
@@ -259,11 +261,11 @@ def _lower_fused_backward(ctx, metas, g, q, k, v, *rest):
 
 
 # ------------------------------------------------------------------ the ops: core and prim
-def _pair(name, eager, meta, lowering):
+def _pair(name, eager, meta, lowering, **props):
     prim = define("prims", name, eager, library=True)
     META_RULES[prim] = meta
     LOWERINGS[prim] = lowering
-    op = define("core", name, eager)
+    op = define("core", name, eager, **props)
     META_RULES[op] = meta
     DECOMPOSITIONS[op] = prim
     return op, prim
@@ -271,4 +273,5 @@ def _pair(name, eager, meta, lowering):
 
 sdpa_fused, prim_sdpa_fused = _pair("sdpa_fused", _fused_eager, _fused_meta, _lower_fused)
 sdpa_fused_backward, prim_sdpa_fused_backward = _pair("sdpa_fused_backward", _fused_backward_eager,
-                                                      _fused_backward_meta, _lower_fused_backward)
+                                                      _fused_backward_meta, _lower_fused_backward,
+                                                      differentiable=False)  # no double backward

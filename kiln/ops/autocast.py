@@ -7,6 +7,9 @@ them. Capture applies the same casts while it records (``kiln/capture/autocast.p
 a core op's name (``mm``, ``softmax``) or, for a fallback node, the short name of the torch
 function it calls (``cumsum``, ``kl_div``). Ops not listed run in their input dtypes.
 
+Ops with every rule in one file (ops/op_*.py) declare their policy there instead, as the
+``autocast=`` property of their define; ``policy`` reads it first.
+
 The lists follow torch's autocast registrations (the "Autocast Op Reference" of torch.amp), with
 kiln's core op names added where they differ from torch's (``conv``, ``sdpa``,
 ``bce_with_logits``, ``cross_entropy``). The CPU lists were checked op by op against eager
@@ -27,6 +30,8 @@ import contextlib
 import warnings
 
 import torch
+
+from kiln.ops.registry import _OPS
 
 LOWER = "lower"
 FP32 = "fp32"
@@ -58,7 +63,7 @@ SUPPORTED_DTYPES = {
 }
 
 _MATMUL_FAMILY = """
-    mm bmm addmm addbmm baddbmm linear matmul prelu
+    bmm addmm addbmm baddbmm linear matmul prelu
     conv conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d
     sdpa scaled_dot_product_attention
 """
@@ -103,7 +108,7 @@ CUDA_POLICY = _table(
         lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell
     """,
     fp32="""
-        acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan
+        acos asin cosh erfinv expm1 log10 log2 log1p reciprocal sinh tan
         pow __rtruediv__ softplus layer_norm group_norm frobenius_norm nuclear_norm
         cosine_similarity poisson_nll_loss cosine_embedding_loss nll_loss nll_loss2d
         hinge_embedding_loss kl_div l1_loss smooth_l1_loss huber_loss mse_loss
@@ -111,7 +116,7 @@ CUDA_POLICY = _table(
         multi_margin_loss bce_with_logits binary_cross_entropy_with_logits cross_entropy
         dist pdist cdist renorm logsumexp
         prod softmax log_softmax softmin cumprod cumsum linalg_vector_norm linalg_matrix_norm
-        sum norm normalize
+        norm normalize
     """,
     promote="addcdiv addcmul atan2 bilinear cross dot grid_sampler index_put tensordot scatter_add",
     banned="binary_cross_entropy",
@@ -121,7 +126,12 @@ POLICIES = {"cpu": CPU_POLICY, "cuda": CUDA_POLICY}
 
 
 def policy(device_type: str, name: str) -> str | None:
-    """The cast policy of op ``name`` under autocast on ``device_type`` (None: inputs as they are)."""
+    """The cast policy of op ``name`` under autocast on ``device_type`` (None: inputs as they are):
+    the ``autocast=`` property of the core op of that name where it declares one (ops/op_*.py),
+    else the tables above (older core ops, and fallback nodes by their torch function's name)."""
+    op = _OPS.get(("core", name))
+    if op is not None and op.autocast is not None:
+        return op.autocast.get(device_type)
     return POLICIES.get(device_type, {}).get(name)
 
 

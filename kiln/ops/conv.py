@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from kiln.inductor import lowering as L
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops.attention import _dense_like
-from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, define
+from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, define, stage_api
+
+L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
+
 
 __all__ = ["conv_backward", "prim_conv_backward"]
 
@@ -64,6 +66,6 @@ def _conv_backward_meta(g, x, weight, stride, padding, dilation, groups, mask):
 prim_conv_backward = define("prims", "conv_backward", _conv_backward_eager, library=True)
 META_RULES[prim_conv_backward] = _conv_backward_meta
 LOWERINGS[prim_conv_backward] = L.extern_multi_rule
-conv_backward = define("core", "conv_backward", _conv_backward_eager)
+conv_backward = define("core", "conv_backward", _conv_backward_eager, differentiable=False)  # no double backward
 META_RULES[conv_backward] = _conv_backward_meta
 DECOMPOSITIONS[conv_backward] = prim_conv_backward

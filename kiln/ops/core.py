@@ -2,7 +2,8 @@
 
 A core op has torch's semantics (broadcasting, type promotion, Python scalars) and an eager
 implementation in torch. Its meta rule sits below its definition; its decomposition to prims is
-in ``decompositions.py``; its VJP rule belongs to the autograd stage.
+in ``decompositions.py``; its VJP rule belongs to the autograd stage. The ops of ``op_*.py``
+(add, sub, exp, sum, mm; log, sqrt, rsqrt, tanh, sigmoid) hold all their rules in their own file.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from kiln.meta.strides import pointwise_strides, preserve_strides
 from kiln.meta.tensor_meta import TensorMeta, WrappedNumberMeta
 from kiln.ops.promotion import (Promotion, broadcast_shapes, is_bool, no_kernel, promoted_dtypes,
                                 refuse_dtypes)
-from kiln.ops.registry import META_RULES, define
+from kiln.ops.registry import META_RULES, POINTWISE, define
 
 
 def _core(name, eager, **kw):
@@ -63,12 +64,6 @@ UNARY = {
     "neg": (torch.neg, Promotion.DEFAULT),
     "abs": (torch.abs, Promotion.DEFAULT),
     "relu": (torch.relu, Promotion.DEFAULT),
-    "exp": (torch.exp, Promotion.INT_TO_FLOAT),
-    "log": (torch.log, Promotion.INT_TO_FLOAT),
-    "sqrt": (torch.sqrt, Promotion.INT_TO_FLOAT),
-    "rsqrt": (torch.rsqrt, Promotion.INT_TO_FLOAT),
-    "tanh": (torch.tanh, Promotion.INT_TO_FLOAT),
-    "sigmoid": (torch.sigmoid, Promotion.INT_TO_FLOAT),
 }
 
 BINARY = {
@@ -90,7 +85,8 @@ PROMOTION: dict = {}
 def _define_elementwise(table):
     ops = {}
     for name, (eager, kind) in table.items():
-        op = _core(name, eager)
+        # comparisons give bool results: nothing to differentiate
+        op = _core(name, eager, differentiable=kind != Promotion.ALWAYS_BOOL, **POINTWISE)
         META_RULES[op] = elementwise_meta(name, kind)
         PROMOTION[op] = kind
         ops[name] = op
@@ -99,8 +95,7 @@ def _define_elementwise(table):
 
 _unary = _define_elementwise(UNARY)
 _binary = _define_elementwise(BINARY)
-neg, abs, relu, exp, log = (_unary[n] for n in ("neg", "abs", "relu", "exp", "log"))
-sqrt, rsqrt, tanh, sigmoid = (_unary[n] for n in ("sqrt", "rsqrt", "tanh", "sigmoid"))
+neg, abs, relu = (_unary[n] for n in ("neg", "abs", "relu"))
 div, maximum, minimum = _binary["div"], _binary["maximum"], _binary["minimum"]
 mul = _binary["mul"]
 # dtypes eager has no kernel for (capture refuses the call, so torch raises its own error)
@@ -112,22 +107,7 @@ refuse_dtypes(META_RULES, relu, is_bool, lambda d: RuntimeError(
 eq, ne, lt, le, gt, ge = (_binary[n] for n in ("eq", "ne", "lt", "le", "gt", "ge"))
 
 
-# add and sub carry alpha: add(a, b, alpha) = a + alpha * b
-def _add_eager(a, b, alpha=1):
-    return torch.add(a, b, alpha=alpha) if alpha != 1 else torch.add(a, b)
-
-
-def _sub_eager(a, b, alpha=1):
-    return torch.sub(a, b, alpha=alpha) if alpha != 1 else torch.sub(a, b)
-
-
-add = _core("add", _add_eager)
-sub = _core("sub", _sub_eager)
-for _op, _name in ((add, "add"), (sub, "sub")):
-    META_RULES[_op] = (lambda rule: lambda a, b, alpha=1: rule(a, b))(elementwise_meta(_name, Promotion.DEFAULT))
-    PROMOTION[_op] = Promotion.DEFAULT
-
-where = _core("where", torch.where)
+where = _core("where", torch.where, **POINTWISE)
 
 
 @META_RULES.register(where)
@@ -145,7 +125,7 @@ def _to_dtype_eager(x, dtype):
     return x.to(dtype)
 
 
-to_dtype = _core("to_dtype", _to_dtype_eager)
+to_dtype = _core("to_dtype", _to_dtype_eager, **POINTWISE)
 
 
 @META_RULES.register(to_dtype)
@@ -155,7 +135,7 @@ def _to_dtype_meta(x, dtype):
 
 
 # ------------------------------------------------------------------ library-backed
-linear = _core("linear", F.linear)
+linear = _core("linear", F.linear, eager_layout="contiguous")
 
 
 @META_RULES.register(linear)
@@ -169,19 +149,6 @@ def _linear_meta(x, weight, bias=None):
     shape = tuple(x.shape[:-1]) + (weight.shape[0],)
     grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     return TensorMeta.contiguous(shape, x.dtype, x.device, grad)
-
-
-mm = _core("mm", torch.mm)
-
-
-@META_RULES.register(mm)
-def _mm_meta(a, b):
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise CoreOpError(f"[meta] core.mm: cannot multiply {list(a.shape)} by {list(b.shape)}")
-    if a.dtype != b.dtype:
-        raise CoreOpError(f"[meta] core.mm: dtypes differ ({a.dtype} vs {b.dtype})")
-    return TensorMeta.contiguous((a.shape[0], b.shape[1]), a.dtype, a.device,
-                                 a.requires_grad or b.requires_grad)
 
 
 # The other families of core ops live in their own files; they are all ``core.<name>``.
@@ -200,3 +167,11 @@ from kiln.ops.core_mutation import *  # noqa: E402,F401,F403
 from kiln.ops.core_einsum import *  # noqa: E402,F401,F403
 from kiln.ops.core_view_dtype import *  # noqa: E402,F401,F403
 from kiln.ops.core_custom import *  # noqa: E402,F401,F403
+
+# Ops whose every rule (capture, meta, eager, decomposition, VJP, lowering, autocast,
+# properties) sits in one file of their own, with the prim they decompose to.
+from kiln.ops.op_add import add, sub  # noqa: E402,F401
+from kiln.ops.op_exp import exp  # noqa: E402,F401
+from kiln.ops.op_sum import sum  # noqa: E402,F401
+from kiln.ops.op_mm import mm  # noqa: E402,F401
+from kiln.ops.op_unary_math import log, rsqrt, sigmoid, sqrt, tanh  # noqa: E402,F401

@@ -16,6 +16,9 @@ from kiln.ops.prim_utils import to_dtype
 from kiln.ops.promotion import no_kernel
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
 
+# creation ops make fresh contiguous tensors that never require grad
+_CREATION = {"eager_layout": "contiguous", "differentiable": False}
+
 __all__ = ["full", "arange", "linspace", "eye", "randn", "randint"]
 
 
@@ -27,7 +30,7 @@ def _full_eager(shape, value, dtype, device):
     return torch.full(tuple(shape), value, dtype=dtype, device=device)
 
 
-full = define("core", "full", _full_eager)
+full = define("core", "full", _full_eager, **_CREATION)
 META_RULES[full] = lambda shape, value, dtype, device: TensorMeta.contiguous(tuple(shape), dtype, _device(device))
 DECOMPOSITIONS[full] = lambda shape, value, dtype, device: prims.full(tuple(shape), value, dtype, _device(device))
 
@@ -55,7 +58,7 @@ def _arange_eager(start, end, step, dtype, device):
     return torch.arange(start, end, step, dtype=dtype, device=device)
 
 
-arange = define("core", "arange", _arange_eager)
+arange = define("core", "arange", _arange_eager, **_CREATION)
 META_RULES[arange] = lambda start, end, step, dtype, device: TensorMeta.contiguous(
     (arange_length(start, end, step),), dtype, _device(device))
 
@@ -74,7 +77,7 @@ def _linspace_eager(start, end, steps, dtype, device):
     return torch.linspace(start, end, steps, dtype=dtype, device=device)
 
 
-linspace = define("core", "linspace", _linspace_eager)
+linspace = define("core", "linspace", _linspace_eager, **_CREATION)
 META_RULES[linspace] = lambda start, end, steps, dtype, device: TensorMeta.contiguous((steps,), dtype, _device(device))
 
 
@@ -97,7 +100,7 @@ def _eye_eager(n, m, dtype, device):
     return torch.eye(n, m, dtype=dtype, device=device)
 
 
-eye = define("core", "eye", _eye_eager)
+eye = define("core", "eye", _eye_eager, **_CREATION)
 META_RULES[eye] = lambda n, m, dtype, device: TensorMeta.contiguous((n, m), dtype, _device(device))
 
 
@@ -113,7 +116,7 @@ def _randn_eager(shape, dtype, device):
     return torch.randn(tuple(shape), dtype=dtype, device=device)
 
 
-randn = define("core", "randn", _randn_eager, random=True)
+randn = define("core", "randn", _randn_eager, random=True, **_CREATION)
 
 
 @META_RULES.register(randn)
@@ -137,7 +140,7 @@ def _randint_eager(low, high, shape, dtype, device):
     return torch.randint(low, high, tuple(shape), dtype=dtype, device=device)
 
 
-randint = define("core", "randint", _randint_eager, random=True)
+randint = define("core", "randint", _randint_eager, random=True, **_CREATION)
 META_RULES[randint] = lambda low, high, shape, dtype, device: TensorMeta.contiguous(tuple(shape), dtype, _device(device))
 
 

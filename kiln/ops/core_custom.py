@@ -37,7 +37,10 @@ import torch
 from kiln.graph.node import flatten_args
 from kiln.meta.symbolic import SymInt, concretize, shape_env_of, to_sympy
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
-from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, VJP_RULES, define
+from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, VJP_RULES, define, stage_api
+
+L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
+
 
 # core.* names (kiln/ops/core.py imports them); prims.custom_op is re-exported by prims.py
 __all__ = ["custom_op", "custom_op_backward", "custom_op_mutating"]
@@ -237,7 +240,6 @@ def _prim_meta(target, spec, *args, **kwargs):
 
 
 def _prim_lowering(ctx, meta, *args, **kwargs):
-    from kiln.inductor import lowering as L
     if isinstance(meta, tuple):
         return L.extern_multi_rule(ctx, meta, *args, **kwargs)
     return L.extern_rule(ctx, meta, *args, **kwargs)
@@ -298,7 +300,8 @@ def _mutating_meta(target, where, *args, **kwargs):
     return tuple(outs) + tuple(TensorMeta.contiguous(m.shape, m.dtype, m.device) for m in written)
 
 
-custom_op_mutating = define("core", "custom_op_mutating", _mutating_eager, random=True)
+# capture breaks where a gradient through a mutating custom op is needed
+custom_op_mutating = define("core", "custom_op_mutating", _mutating_eager, random=True, differentiable=False)
 META_RULES[custom_op_mutating] = _mutating_meta
 
 
@@ -429,7 +432,7 @@ def _backward_meta(target, n, n_out, need, given, *rest, **kwargs):
     return tuple(TensorMeta.contiguous(a.shape, a.dtype, a.device) for a in _needed(rest[:n], need))
 
 
-custom_op_backward = define("core", "custom_op_backward", _backward_eager, random=True)
+custom_op_backward = define("core", "custom_op_backward", _backward_eager, random=True, differentiable=False)
 META_RULES[custom_op_backward] = _backward_meta
 
 

@@ -17,10 +17,10 @@ from kiln.graph.proxy import Proxy
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import prims
 from kiln.ops import prims_more as pm
-from kiln.ops.prim_utils import broadcast_to, to_dtype
+from kiln.ops.prim_utils import broadcast_to, elementwise_operands, to_dtype
 from kiln.ops.promotion import (Promotion, broadcast_shapes, is_bool, no_kernel, not_float,
                                 promoted_dtypes, refuse_dtypes, scalar_for)
-from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
+from kiln.ops.registry import DECOMPOSITIONS, META_RULES, POINTWISE, define
 
 __all__ = ["floor", "ceil", "trunc", "round", "sign", "reciprocal", "exp2", "expm1", "log2",
            "log10", "log1p", "sin", "cos", "erf", "isnan", "isinf", "isfinite", "logical_not",
@@ -36,8 +36,13 @@ class ElementwiseError(TypeError):
     pass
 
 
-def _core(name, eager):
-    return define("core", name, eager)
+def _core(name, eager, **props):
+    return define("core", name, eager, **{**POINTWISE, **props})
+
+
+# Integer-only ops are not recomputed in a backward (no float graph reads them there);
+# predicates and integer ops have nothing to differentiate.
+_INTEGRAL = {"recompute": False, "differentiable": False}
 
 
 def _meta_of(name, kind, n_operands=None):
@@ -52,7 +57,6 @@ def _meta_of(name, kind, n_operands=None):
 
 
 def _operands(args, kind):
-    from kiln.ops.decompositions import elementwise_operands
     return elementwise_operands([a for a in args if a is not None], kind)
 
 
@@ -164,10 +168,10 @@ def _reciprocal_decomp(x):
     return prims.div(scalar_for(1, compute), x)
 
 
-isnan = _core("isnan", torch.isnan)
-isinf = _core("isinf", torch.isinf)
-isfinite = _core("isfinite", torch.isfinite)
-logical_not = _core("logical_not", torch.logical_not)
+isnan = _core("isnan", torch.isnan, differentiable=False)
+isinf = _core("isinf", torch.isinf, differentiable=False)
+isfinite = _core("isfinite", torch.isfinite, differentiable=False)
+logical_not = _core("logical_not", torch.logical_not, differentiable=False)
 for _op in (isnan, isinf, isfinite, logical_not):
     META_RULES[_op] = _meta_of(_op.name, Promotion.ALWAYS_BOOL)
 
@@ -202,7 +206,7 @@ def _logical_not_decomp(x):
     return prims.eq(_as_bool(x), False)
 
 
-bitwise_not = _core("bitwise_not", torch.bitwise_not)
+bitwise_not = _core("bitwise_not", torch.bitwise_not, **_INTEGRAL)
 META_RULES[bitwise_not] = _meta_of("bitwise_not", Promotion.DEFAULT)
 
 
@@ -216,8 +220,8 @@ def _bitwise_not_decomp(x):
 
 
 # ------------------------------------------------------------------ binary
-def _binary(name, eager, kind=Promotion.DEFAULT):
-    op = _core(name, eager)
+def _binary(name, eager, kind=Promotion.DEFAULT, **props):
+    op = _core(name, eager, **props)
     META_RULES[op] = _meta_of(name, kind, 2)
     return op
 
@@ -235,16 +239,17 @@ def _pow_meta(a, b):
 META_RULES[pow] = _pow_meta
 fmod = _binary("fmod", torch.fmod)
 remainder = _binary("remainder", torch.remainder)
-floor_divide = _binary("floor_divide", torch.floor_divide)
-trunc_divide = _binary("trunc_divide", lambda a, b: torch.div(a, b, rounding_mode="trunc"))
-logical_and = _binary("logical_and", torch.logical_and, Promotion.ALWAYS_BOOL)
-logical_or = _binary("logical_or", torch.logical_or, Promotion.ALWAYS_BOOL)
-logical_xor = _binary("logical_xor", torch.logical_xor, Promotion.ALWAYS_BOOL)
-bitwise_and = _binary("bitwise_and", torch.bitwise_and)
-bitwise_or = _binary("bitwise_or", torch.bitwise_or)
-bitwise_xor = _binary("bitwise_xor", torch.bitwise_xor)
-bitwise_left_shift = _binary("bitwise_left_shift", torch.bitwise_left_shift)
-bitwise_right_shift = _binary("bitwise_right_shift", torch.bitwise_right_shift)
+floor_divide = _binary("floor_divide", torch.floor_divide, recompute=False)
+trunc_divide = _binary("trunc_divide", lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+                       recompute=False)
+logical_and = _binary("logical_and", torch.logical_and, Promotion.ALWAYS_BOOL, differentiable=False)
+logical_or = _binary("logical_or", torch.logical_or, Promotion.ALWAYS_BOOL, differentiable=False)
+logical_xor = _binary("logical_xor", torch.logical_xor, Promotion.ALWAYS_BOOL, differentiable=False)
+bitwise_and = _binary("bitwise_and", torch.bitwise_and, **_INTEGRAL)
+bitwise_or = _binary("bitwise_or", torch.bitwise_or, **_INTEGRAL)
+bitwise_xor = _binary("bitwise_xor", torch.bitwise_xor, **_INTEGRAL)
+bitwise_left_shift = _binary("bitwise_left_shift", torch.bitwise_left_shift, eager_layout=None, **_INTEGRAL)
+bitwise_right_shift = _binary("bitwise_right_shift", torch.bitwise_right_shift, eager_layout=None, **_INTEGRAL)
 
 
 def _integral_meta(name, rule):

@@ -115,6 +115,7 @@ def fallback_meta(target, *args, **kwargs):
     return to_meta(out)
 
 
-fallback = define("core", "fallback", _fallback_eager)
+# no VJP on purpose: capture emits fallbacks only where no gradient is needed through them
+fallback = define("core", "fallback", _fallback_eager, differentiable=False)
 META_RULES[fallback] = fallback_meta
 DECOMPOSITIONS[fallback] = lambda target, *args, **kwargs: prims.fallback(target, *args, **kwargs)

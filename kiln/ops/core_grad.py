@@ -21,7 +21,8 @@ def _iota_eager(like, length, dtype=torch.int64):
     return torch.arange(length, dtype=dtype, device=like.device)
 
 
-iota = define("core", "iota", _iota_eager)
+iota = define("core", "iota", _iota_eager, recompute=True, eager_layout="contiguous",
+              differentiable=False)
 
 
 @META_RULES.register(iota)

@@ -205,6 +205,6 @@ def _detach_eager(x):
     return x.detach()
 
 
-detach = _core("detach", _detach_eager)
+detach = define("core", "detach", _detach_eager, view="alias")
 META_RULES[detach] = lambda x: x.with_(requires_grad=False)
 DECOMPOSITIONS[detach] = lambda x: x

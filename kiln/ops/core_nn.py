@@ -67,7 +67,7 @@ def _matmul_shape(a, b):
     return batch + (a.shape[-2], b.shape[-1])
 
 
-matmul = define("core", "matmul", torch.matmul)
+matmul = define("core", "matmul", torch.matmul, eager_layout="contiguous")
 
 
 @META_RULES.register(matmul)
@@ -94,7 +94,7 @@ def _matmul_decomp(a, b):
     return prims.reshape(prims.bmm(a3, b3), out_shape)
 
 
-bmm = define("core", "bmm", torch.bmm)
+bmm = define("core", "bmm", torch.bmm, eager_layout="contiguous")
 META_RULES[bmm] = lambda a, b: META_RULES[prims.bmm](a, b)
 DECOMPOSITIONS[bmm] = lambda a, b: prims.bmm(a, b)
 
@@ -103,7 +103,7 @@ def _addmm_eager(bias, a, b, beta=1, alpha=1):
     return torch.addmm(bias, a, b, beta=beta, alpha=alpha)
 
 
-addmm = define("core", "addmm", _addmm_eager)
+addmm = define("core", "addmm", _addmm_eager, eager_layout="contiguous")
 
 
 @META_RULES.register(addmm)
@@ -132,7 +132,7 @@ def _baddbmm_eager(bias, a, b, beta=1, alpha=1):
     return torch.baddbmm(bias, a, b, beta=beta, alpha=alpha)
 
 
-baddbmm = define("core", "baddbmm", _baddbmm_eager)
+baddbmm = define("core", "baddbmm", _baddbmm_eager, eager_layout="contiguous")
 
 
 @META_RULES.register(baddbmm)
@@ -163,7 +163,7 @@ def _layer_norm_eager(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return F.layer_norm(x, normalized_shape, weight, bias, eps)
 
 
-layer_norm = define("core", "layer_norm", _layer_norm_eager)
+layer_norm = define("core", "layer_norm", _layer_norm_eager, eager_layout="follows")
 
 
 @META_RULES.register(layer_norm)
@@ -306,7 +306,7 @@ def _embedding_eager(weight, indices):
     return F.embedding(indices, weight)
 
 
-embedding = define("core", "embedding", _embedding_eager)
+embedding = define("core", "embedding", _embedding_eager, eager_layout="contiguous")
 
 
 @META_RULES.register(embedding)
@@ -466,7 +466,8 @@ DECOMPOSITIONS[sdpa] = lambda q, k, v, attn_mask=None, dropout_p=0.0, is_causal=
     prims.sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale)
 
 
-sdpa_backward = define("core", "sdpa_backward", prims.sdpa_backward.eager)
+# a backward op itself: a second derivative raises (no double backward through compiled graphs)
+sdpa_backward = define("core", "sdpa_backward", prims.sdpa_backward.eager, differentiable=False)
 META_RULES[sdpa_backward] = lambda g, q, k, v, attn_mask=None, is_causal=False, scale=None: \
     META_RULES[prims.sdpa_backward](g, q, k, v, attn_mask, is_causal, scale)
 DECOMPOSITIONS[sdpa_backward] = lambda g, q, k, v, attn_mask=None, is_causal=False, scale=None: \

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from kiln.graph.proxy import Proxy
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, VJP_RULES, define
+from kiln.ops.vjp_utils import sum_to_shape
 
 __all__ = ["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate"]
 
@@ -65,7 +66,6 @@ class _Tape:
         return out
 
     def grads(self, x, y, g):
-        from kiln.autograd.rules import sum_to_shape
         core = _core()
         acc = {y.node: g}
         for op, args, out in reversed(self.calls):

@@ -17,7 +17,7 @@ from kiln.ops.core_views import normalize_dim
 from kiln.ops.prim_utils import broadcast_to, to_dtype
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
 
-__all__ = ["sum", "mean", "amax", "amin", "prod", "argmax", "argmin", "any", "all", "var",
+__all__ = ["mean", "amax", "amin", "prod", "argmax", "argmin", "any", "all", "var",
            "logsumexp", "softmax", "log_softmax", "max_dim", "min_dim"]
 
 LOW = (torch.float16, torch.bfloat16)
@@ -82,23 +82,7 @@ def _accum_dtype(dtype):
     return torch.float32 if dtype in LOW else dtype
 
 
-# ------------------------------------------------------------------ sum / mean / prod
-def _sum_eager(x, dims=None, keepdim=False, dtype=None):
-    dims = _reduce_dims(x, dims, "sum")
-    return torch.sum(x, dim=dims, keepdim=keepdim, dtype=dtype) if dims else x.to(_sum_dtype(x.dtype, dtype)).clone()
-
-
-sum = define("core", "sum", _sum_eager)
-META_RULES[sum] = _meta("sum", _sum_dtype)
-
-
-@DECOMPOSITIONS.register(sum)
-def _sum_decomp(x, dims=None, keepdim=False, dtype=None):
-    dims = _reduce_dims(x, dims, "sum")
-    out_dtype = _sum_dtype(x.dtype, dtype)
-    return _reduce(prims.sum, to_dtype(x, out_dtype), dims, keepdim)
-
-
+# ------------------------------------------------------------------ mean / prod (sum: ops/op_sum.py)
 def _mean_eager(x, dims=None, keepdim=False, dtype=None):
     return torch.mean(x, dim=_reduce_dims(x, dims, "mean"), keepdim=keepdim, dtype=dtype)
 
@@ -182,8 +166,9 @@ def _all_eager(x, dims=None, keepdim=False):
     return out.to(torch.uint8) if x.dtype == torch.uint8 else out
 
 
-any = define("core", "any", _any_eager)
-all = define("core", "all", _all_eager)
+# predicates and indices: nothing to differentiate
+any = define("core", "any", _any_eager, differentiable=False)
+all = define("core", "all", _all_eager, differentiable=False)
 # eager's any/all return uint8 for a uint8 input (numpy's old convention), bool otherwise
 META_RULES[any] = _meta("any", lambda d, dt: torch.uint8 if d == torch.uint8 else torch.bool)
 META_RULES[all] = _meta("all", lambda d, dt: torch.uint8 if d == torch.uint8 else torch.bool)
@@ -218,8 +203,8 @@ def _arg_eager(fn):
     return run
 
 
-argmax = define("core", "argmax", _arg_eager(torch.argmax))
-argmin = define("core", "argmin", _arg_eager(torch.argmin))
+argmax = define("core", "argmax", _arg_eager(torch.argmax), differentiable=False)
+argmin = define("core", "argmin", _arg_eager(torch.argmin), differentiable=False)
 
 
 def _no_empty_dim(x, dim, op):
@@ -349,8 +334,8 @@ def _log_softmax_eager(x, dim, dtype=None):
     return torch.log_softmax(x, dim, dtype=dtype)
 
 
-softmax = define("core", "softmax", _softmax_eager)
-log_softmax = define("core", "log_softmax", _log_softmax_eager)
+softmax = define("core", "softmax", _softmax_eager, eager_layout="follows")
+log_softmax = define("core", "log_softmax", _log_softmax_eager, eager_layout="follows")
 
 
 def _softmax_meta(x, dim, dtype=None):

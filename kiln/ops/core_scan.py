@@ -12,13 +12,16 @@ import math
 
 import torch
 
-from kiln.inductor import lowering as L
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import prims
 from kiln.ops.core_reductions import _accum_dtype, _out_shape, _reduce_dims
 from kiln.ops.core_views import normalize_dim
 from kiln.ops.prim_utils import to_dtype
-from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, VJP_RULES, define
+from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, VJP_RULES, define, stage_api
+from kiln.ops.vjp_utils import restore_reduced, zeros_like
+
+L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
+
 
 __all__ = ["cumsum", "cumprod", "cumprod_backward", "norm"]
 
@@ -97,7 +100,7 @@ def _cumprod_backward_eager(g, x, dim):
         return torch.autograd.grad(torch.cumprod(xx, dim), xx, g)[0]
 
 
-cumprod_backward = define("core", "cumprod_backward", _cumprod_backward_eager)
+cumprod_backward = define("core", "cumprod_backward", _cumprod_backward_eager, differentiable=False)
 prim_cumprod_backward = define("prims", "cumprod_backward", _cumprod_backward_eager, library=True)
 for _op in (cumprod_backward, prim_cumprod_backward):
     META_RULES[_op] = lambda g, x, dim: TensorMeta.contiguous(x.shape, x.dtype, x.device, False)
@@ -177,7 +180,6 @@ def _norm_decomp(x, p=2.0, dims=None, keepdim=False, dtype=None):
 
 @VJP_RULES.register(norm)
 def _norm_vjp(g, out, x, p=2.0, dims=None, keepdim=False, dtype=None):
-    from kiln.autograd.rules import restore_reduced, zeros_like
     from kiln.ops import core
     dims = _reduce_dims(x, dims, "norm")
     if p == 0:

@@ -70,7 +70,7 @@ def _rand_eager(shape, dtype, device):
     return torch.rand(shape, dtype=dtype, device=device)
 
 
-rand = define("core", "rand", _rand_eager, random=True)
+rand = define("core", "rand", _rand_eager, random=True, eager_layout="contiguous", differentiable=False)
 
 
 @META_RULES.register(rand)

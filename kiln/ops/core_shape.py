@@ -24,8 +24,9 @@ __all__ = ["slice", "select", "cat", "flip", "roll", "tril", "triu", "repeat", "
            "slice_range"]
 
 
-def _core(name, eager):
-    return define("core", name, eager)
+def _core(name, eager, **props):
+    # index transforms read no elements beyond their inputs': free to recompute in a backward
+    return define("core", name, eager, recompute=True, **props)
 
 
 # ------------------------------------------------------------------ slice
@@ -48,7 +49,7 @@ def _slice_eager(x, dim=0, start=None, end=None, step=1):
     return x[tuple(index)]
 
 
-slice = _core("slice", _slice_eager)
+slice = _core("slice", _slice_eager, view="index")
 
 
 @META_RULES.register(slice)
@@ -77,7 +78,7 @@ def _select_eager(x, dim, index):
     return torch.select(x, dim, index)
 
 
-select = _core("select", _select_eager)
+select = _core("select", _select_eager, view="index")
 
 
 def _select_index(x, dim, index):
@@ -112,7 +113,7 @@ def _cat_eager(tensors, dim=0):
     return torch.cat(list(tensors), dim)
 
 
-cat = _core("cat", _cat_eager)
+cat = _core("cat", _cat_eager, eager_layout="follows")
 
 
 def _cat_parts(tensors, dim, op="cat"):

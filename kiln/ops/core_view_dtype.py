@@ -25,7 +25,8 @@ def _view_dtype_eager(x, dtype):
     return x.view(dtype)
 
 
-view_dtype = define("core", "view_dtype", _view_dtype_eager)
+# a bitcast: torch gives it no gradient
+view_dtype = define("core", "view_dtype", _view_dtype_eager, view="alias", differentiable=False)
 
 
 def _itemsize(dtype) -> int:

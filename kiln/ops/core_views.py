@@ -52,7 +52,7 @@ _view_strides = view_strides  # torch's view rule (kiln/meta/tensor_meta.py)
 
 
 # ------------------------------------------------------------------ reshape / view
-reshape = define("core", "reshape", torch.reshape)
+reshape = define("core", "reshape", torch.reshape, view="shape", recompute=True)
 
 
 @META_RULES.register(reshape)
@@ -71,7 +71,7 @@ def _reshape_decomp(x, shape):
 
 
 # ------------------------------------------------------------------ permute / transpose
-permute = define("core", "permute", torch.permute)
+permute = define("core", "permute", torch.permute, view="shape", recompute=True)
 
 
 @META_RULES.register(permute)
@@ -93,7 +93,7 @@ def _transpose_eager(x, dim0, dim1):
     return torch.transpose(x, dim0, dim1)
 
 
-transpose = define("core", "transpose", _transpose_eager)
+transpose = define("core", "transpose", _transpose_eager, view="shape", recompute=True)
 
 
 def _transpose_dims(ndim, dim0, dim1):
@@ -118,7 +118,7 @@ def _expand_eager(x, shape):
     return x.expand(*shape)
 
 
-expand = define("core", "expand", _expand_eager)
+expand = define("core", "expand", _expand_eager, view="shape", recompute=True)
 
 
 def _expanded_shape(x, shape):
@@ -161,7 +161,7 @@ def _unsqueeze_eager(x, dim):
     return torch.unsqueeze(x, dim)
 
 
-unsqueeze = define("core", "unsqueeze", _unsqueeze_eager)
+unsqueeze = define("core", "unsqueeze", _unsqueeze_eager, view="shape", recompute=True)
 
 
 @META_RULES.register(unsqueeze)
@@ -187,7 +187,7 @@ def _squeeze_eager(x, dims=None):
     return torch.squeeze(x) if dims is None else torch.squeeze(x, dims)
 
 
-squeeze = define("core", "squeeze", _squeeze_eager)
+squeeze = define("core", "squeeze", _squeeze_eager, view="shape", recompute=True)
 
 
 def _squeezed_dims(x, dims):
@@ -224,7 +224,7 @@ def _contiguous_eager(x):
     return x.clone(memory_format=torch.contiguous_format)
 
 
-contiguous = define("core", "contiguous", _contiguous_eager)
+contiguous = define("core", "contiguous", _contiguous_eager, recompute=True, eager_layout="follows")
 
 
 @META_RULES.register(contiguous)
@@ -243,7 +243,7 @@ def _clone_eager(x):
     return x.clone()
 
 
-clone = define("core", "clone", _clone_eager)
+clone = define("core", "clone", _clone_eager, recompute=True, eager_layout="follows")
 
 
 @META_RULES.register(clone)

@@ -33,9 +33,7 @@ def _mark_composite(created, result, core_name=None):
     keeps the strides its meta gives (contiguous), unlike an elementwise op's (TensorIterator
     follows the operands' layout). Its result nodes say so for lowering's layout hint
     (``inductor/layout.py``)."""
-    from kiln.ops import prims_reductions as R
-    reductions = (R.sum, R.prod, R.amax, R.amin, R.argmax, R.argmin)
-    if core_name not in _ALLOCATES_BY_META and not any(n.target in reductions for n in created):
+    if core_name not in _ALLOCATES_BY_META and not any(getattr(n.target, "reduction", None) for n in created):
         return
     inside = set(map(id, created))
     for p in flatten_args(result):

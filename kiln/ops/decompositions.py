@@ -7,37 +7,12 @@ explicit ``broadcast_in_dim`` and ``convert_element_type`` prims here.
 from __future__ import annotations
 
 from kiln.graph.proxy import Proxy
-from kiln.ops import core, prims, prims_more
-from kiln.ops.promotion import Promotion, broadcast_shapes, promoted_dtypes, scalar_for
+from kiln.ops import core, prims
+from kiln.ops.promotion import Promotion, broadcast_shapes, scalar_for
 from kiln.ops.registry import DECOMPOSITIONS
 
 
-from kiln.ops.prim_utils import broadcast_to, to_dtype  # noqa: F401  (re-exported)
-
-
-def on_one_device(args):
-    """torch lets a 0-d CPU tensor stand as a scalar beside tensors on another device; prims
-    take one device, so such an operand is copied over (``prims.device_put``)."""
-    devices = {a.device for a in args if isinstance(a, Proxy) and (a.ndim > 0 or a.device.type != "cpu")}
-    if len(devices) != 1:
-        return args
-    (device,) = devices
-    return type(args)(prims_more.device_put(a, device) if isinstance(a, Proxy) and a.device != device else a
-                      for a in args)
-
-
-def elementwise_operands(args, kind: Promotion):
-    """Promote and broadcast operands; returns (operands, compute dtype, result dtype)."""
-    args = on_one_device(args)
-    compute, result = promoted_dtypes(args, kind)
-    shape = broadcast_shapes(*(a.shape for a in args if isinstance(a, Proxy)))
-    out = []
-    for a in args:
-        if isinstance(a, Proxy):
-            out.append(broadcast_to(to_dtype(a, compute), shape))
-        else:
-            out.append(scalar_for(a, compute))
-    return out, compute, result
+from kiln.ops.prim_utils import broadcast_to, elementwise_operands, on_one_device, to_dtype  # noqa: F401
 
 
 def _elementwise(prim, kind):
@@ -48,7 +23,7 @@ def _elementwise(prim, kind):
     return decomp
 
 
-_SAME_NAME = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
+_SAME_NAME = ("neg", "abs",
               "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge")
 for _name in _SAME_NAME:
     _core_op = getattr(core, _name)
@@ -58,19 +33,6 @@ for _name in _SAME_NAME:
 @DECOMPOSITIONS.register(core.relu)
 def relu(x):
     return prims.maximum(x, scalar_for(0, x.dtype))
-
-
-def _with_alpha(prim):
-    def decomp(a, b, alpha=1):
-        (a, b), compute, _ = elementwise_operands((a, b), Promotion.DEFAULT)
-        if alpha != 1:
-            b = prims.mul(b, scalar_for(alpha, compute)) if isinstance(b, Proxy) else b * alpha
-        return prim(a, b)
-    return decomp
-
-
-DECOMPOSITIONS[core.add] = _with_alpha(prims.add)
-DECOMPOSITIONS[core.sub] = _with_alpha(prims.sub)
 
 
 @DECOMPOSITIONS.register(core.where)
@@ -89,11 +51,6 @@ def where(cond, a, b):
 @DECOMPOSITIONS.register(core.to_dtype)
 def _to_dtype(x, dtype):
     return to_dtype(x, dtype)
-
-
-@DECOMPOSITIONS.register(core.mm)
-def mm(a, b):
-    return prims.mm(a, b)
 
 
 @DECOMPOSITIONS.register(core.linear)

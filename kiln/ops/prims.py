@@ -13,10 +13,11 @@ import builtins  # core and prims define ops named sum, any, all, abs: use built
 
 import torch
 
-from kiln.inductor import lowering as L
-from kiln.inductor import pad_gemm as _pad_gemm
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides, view_strides
-from kiln.ops.registry import LOWERINGS, META_RULES, define
+from kiln.ops.registry import LOWERINGS, META_RULES, define, lookup, stage_api
+
+L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
+_pad_gemm = stage_api("pad_gemm")
 
 
 def _prim(name, eager, **kw):
@@ -82,15 +83,7 @@ def _binary(name, eager, out_dtype=None):
 
 neg = _unary("neg", torch.neg)
 abs = _unary("abs", torch.abs)
-exp = _unary("exp", torch.exp)
-log = _unary("log", torch.log)
-sqrt = _unary("sqrt", torch.sqrt)
-rsqrt = _unary("rsqrt", torch.rsqrt)
-tanh = _unary("tanh", torch.tanh)
-sigmoid = _unary("sigmoid", torch.sigmoid)
 
-add = _binary("add", torch.add)
-sub = _binary("sub", torch.sub)
 mul = _binary("mul", torch.mul)
 div = _binary("div", torch.true_divide)
 maximum = _binary("maximum", lambda a, b: torch.maximum(a, torch.as_tensor(b, dtype=a.dtype))
@@ -205,30 +198,16 @@ LOWERINGS[copy] = L.copy_rule
 
 
 # ------------------------------------------------------------------ library ops
-mm = _prim("mm", torch.mm, library=True)
-
-
-@META_RULES.register(mm)
-def _mm_meta(a, b):
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise PrimError(f"[meta] prims.mm: cannot multiply {list(a.shape)} by {list(b.shape)}")
-    if a.dtype != b.dtype:
-        raise PrimError(f"[meta] prims.mm: dtypes differ ({a.dtype} vs {b.dtype})")
-    shape = (a.shape[0], b.shape[1])
-    return TensorMeta(shape, contiguous_strides(shape), a.dtype, a.device,
-                      a.requires_grad or b.requires_grad)
-
-
-LOWERINGS[mm] = _pad_gemm.gemm_rule
+# prims.mm: ops/op_mm.py
 
 # bias + a @ b in one library call: the bias rides in the GEMM's epilogue (cuBLASLt, MKL), as
 # in torch's own F.linear, so a linear's result is never re-read just to add its bias
-addmm = _prim("addmm", torch.addmm, library=True)
+addmm = _prim("addmm", torch.addmm, library=True, fresh_result=True, exact_layout=True)
 
 
 @META_RULES.register(addmm)
 def _addmm_meta(bias, a, b):
-    out = _mm_meta(a, b)
+    out = META_RULES[lookup("prims", "mm")](a, b)  # prims.mm's shape and dtype checks (ops/op_mm.py)
     if bias.ndim != 1 or bias.shape[0] != out.shape[1] or bias.dtype != out.dtype:
         raise PrimError(f"[meta] prims.addmm: bias {bias.dtype}{list(bias.shape)} does not fit a "
                         f"{out.dtype}{list(out.shape)} product")
@@ -243,3 +222,14 @@ from kiln.ops.prims_reductions import *  # noqa: E402,F401,F403
 from kiln.ops.prims_more import *  # noqa: E402,F401,F403
 from kiln.ops.prims_nn import *  # noqa: E402,F401,F403
 from kiln.ops.core_custom import prim_custom_op as custom_op  # noqa: E402,F401
+
+
+def __getattr__(name):
+    """``prims.exp``, ``prims.sum``, ``prims.mm``: prims defined in their op's own file
+    (ops/op_*.py, loaded after this module) are read from the registry, the namespace itself."""
+    try:
+        op = lookup("prims", name)
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = op  # later reads skip this function
+    return op

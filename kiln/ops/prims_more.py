@@ -12,11 +12,13 @@ import builtins
 
 import torch
 
-from kiln.inductor import lowering as L
-from kiln.inductor import lowering_views as LV
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops.prims import PrimError, _elementwise_meta, _prim
-from kiln.ops.registry import LOWERINGS, META_RULES
+from kiln.ops.registry import LOWERINGS, META_RULES, stage_api
+
+L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
+LV = stage_api("lowering_views")
+
 
 __all__ = ["floor", "ceil", "trunc", "round", "sin", "cos", "erf", "exp2", "expm1", "log2",
            "log10", "log1p", "bitwise_not", "pow", "fmod", "trunc_div", "bitwise_and", "device_put",

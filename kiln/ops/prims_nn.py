@@ -5,11 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kiln.inductor import lowering as L
-from kiln.inductor import conv_layout as _conv_layout
-from kiln.inductor import pad_gemm as _pad_gemm
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
-from kiln.ops.registry import LOWERINGS, META_RULES, define
+from kiln.ops.registry import LOWERINGS, META_RULES, define, stage_api
+
+L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
+_pad_gemm = stage_api("pad_gemm")
+_conv_layout = stage_api("conv_layout")
+
 
 __all__ = ["gather", "index_select", "bmm", "sdpa", "sdpa_backward", "conv", "scatter_add", "index_add",
            "scatter_store", "index_copy", "rand", "full", "fallback"]
@@ -55,7 +57,8 @@ LOWERINGS[index_select] = L.index_select_rule
 
 
 # ------------------------------------------------------------------ library ops
-bmm = define("prims", "bmm", torch.bmm, library=True)
+# torch.bmm always returns a fresh row-major result
+bmm = define("prims", "bmm", torch.bmm, library=True, fresh_result=True, exact_layout=True)
 
 
 @META_RULES.register(bmm)
@@ -76,7 +79,7 @@ def _sdpa_eager(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
                                           is_causal=is_causal, scale=scale)
 
 
-sdpa = define("prims", "sdpa", _sdpa_eager, library=True)
+sdpa = define("prims", "sdpa", _sdpa_eager, library=True, layout_dependent=True, fresh_result=True)
 
 
 @META_RULES.register(sdpa)
@@ -100,7 +103,6 @@ def _sdpa_meta(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
 
 
 LOWERINGS[sdpa] = L.extern_rule
-L.LAYOUT_DEPENDENT.add(sdpa)
 
 
 def _sdpa_backward_eager(g, q, k, v, attn_mask=None, is_causal=False, scale=None):
@@ -135,7 +137,7 @@ def _conv_eager(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), 
     return fn(x, weight, bias, stride, padding, dilation, groups)
 
 
-conv = define("prims", "conv", _conv_eager, library=True)
+conv = define("prims", "conv", _conv_eager, library=True, layout_dependent=True, fresh_result=True)
 
 
 def conv_output_shape(x_shape, w_shape, stride, padding, dilation):
@@ -161,7 +163,7 @@ def _conv_meta(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), g
         # cuDNN and oneDNN return a channels-last result for a channels-last input or weight
         # (torch's conv suggest-memory-format rule); promising it spares the wrapper a copy
         # (ensure_layout still copies where a library answers otherwise). Lowering runs this
-        # again on the operands as realized (lowering.LAYOUT_DEPENDENT).
+        # again on the operands as realized (``layout_dependent=True`` on its define).
         return TensorMeta(shape, _channels_last_strides(shape), x.dtype, x.device, grad)
     return TensorMeta.contiguous(shape, x.dtype, x.device, grad)
 
@@ -207,8 +209,6 @@ def _conv_lowering(ctx, meta, x, weight, bias=None, *rest, **kwargs):
 
 
 LOWERINGS[conv] = _conv_lowering
-L.LAYOUT_DEPENDENT.add(conv)
-_conv_layout.CONV_OPS.add(conv)
 
 
 # ------------------------------------------------------------------ scatter and random

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from kiln.inductor import lowering as L
 from kiln.meta.tensor_meta import TensorMeta
-from kiln.ops.registry import LOWERINGS, META_RULES, define
+from kiln.ops.registry import LOWERINGS, META_RULES, define, stage_api
 
-__all__ = ["sum", "prod", "amax", "amin", "argmax", "argmin", "REDUCTION_PRIMS"]
+L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
+
+
+__all__ = ["prod", "amax", "amin", "argmax", "argmin"]
 
 
 def _dims(x, dims, name):
@@ -38,10 +40,6 @@ def _eager(fn):
     return run
 
 
-def _sum_eager(x, dims):
-    return torch.sum(x, dim=tuple(dims), dtype=x.dtype)
-
-
 def _prod_eager(x, dims):
     out = x
     for d in sorted(dims, reverse=True):
@@ -56,17 +54,14 @@ def _arg_eager(fn):
     return run
 
 
-sum = define("prims", "sum", _sum_eager)
-prod = define("prims", "prod", _prod_eager)
-amax = define("prims", "amax", _eager(lambda x, d: torch.amax(x, dim=d)))
-amin = define("prims", "amin", _eager(lambda x, d: torch.amin(x, dim=d)))
-argmax = define("prims", "argmax", _arg_eager(torch.argmax))
-argmin = define("prims", "argmin", _arg_eager(torch.argmin))
+# reduction=: the loop IR's reduction kind (prims.sum's rules are in ops/op_sum.py)
+prod = define("prims", "prod", _prod_eager, reduction="prod")
+amax = define("prims", "amax", _eager(lambda x, d: torch.amax(x, dim=d)), reduction="max")
+amin = define("prims", "amin", _eager(lambda x, d: torch.amin(x, dim=d)), reduction="min")
+argmax = define("prims", "argmax", _arg_eager(torch.argmax), reduction="argmax")
+argmin = define("prims", "argmin", _arg_eager(torch.argmin), reduction="argmin")
 
-REDUCTION_PRIMS = {sum: "sum", prod: "prod", amax: "max", amin: "min", argmax: "argmax",
-                   argmin: "argmin"}
-
-for _op, _kind in REDUCTION_PRIMS.items():
-    single = _kind in ("argmax", "argmin")
+for _op in (prod, amax, amin, argmax, argmin):
+    single = _op.reduction in ("argmax", "argmin")
     META_RULES[_op] = _reduction_meta(_op.name, torch.int64 if single else None, single)
-    LOWERINGS[_op] = L.reduction(_kind)
+    LOWERINGS[_op] = L.reduction(_op.reduction)

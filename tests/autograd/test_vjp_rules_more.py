@@ -215,22 +215,11 @@ def test_op_grad_matches_eager(name, fn, makers, dtype, backend):
 def test_every_differentiable_core_op_has_a_rule():
     import kiln.autograd  # noqa: F401  (importing the stage registers every rule)
     from kiln.ops.registry import all_ops
-    non_differentiable = {"eq", "ne", "lt", "le", "gt", "ge", "argmax", "argmin", "any", "all",
-                          "isnan", "isinf", "isfinite", "logical_not", "logical_and", "logical_or",
-                          "logical_xor", "bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor",
-                          "rand", "iota", "view_dtype",  # a bitcast: torch gives it no gradient
-                          # creation ops make tensors that never require grad
-                          "full", "arange", "linspace", "eye", "randn", "randint",
-                          # no VJP on purpose: capture emits fallbacks only where no grad is needed
-                          "fallback",
-                          # attention's and convolution's backward themselves: a second derivative
-                          # raises (no double backward through compiled graphs)
-                          "sdpa_backward", "sdpa_fused_backward", "conv_backward", "cumprod_backward",
-                          "custom_op_backward",
-                          # mutating custom ops: capture breaks where a gradient is needed
-                          "custom_op_mutating",
-                          # integer-only shifts: nothing to differentiate
-                          "bitwise_left_shift", "bitwise_right_shift"}
+    # ``differentiable=False`` on an op's define: comparisons, predicates, integer and creation
+    # ops, fallbacks (capture emits them only where no gradient is needed), the backward ops
+    # themselves (no double backward through compiled graphs) and mutating custom ops
+    non_differentiable = {op.name for op in all_ops("core") if not op.differentiable}
+    assert {"eq", "argmax", "full", "rand", "fallback", "conv_backward", "bitwise_left_shift"} <= non_differentiable
     missing = [op.name for op in all_ops("core") if op.name not in non_differentiable
                and op not in VJP_RULES]
     assert not missing

@@ -146,8 +146,8 @@ def test_elementwise_over_permuted_inputs_is_right(perm):
 def test_rotary_attention_keeps_the_heads_layout():
     """q and k after a rotary embedding over ``x.view(B, T, H, D).transpose(1, 2)`` are laid
     out [B, T, H, D] in eager; so they are stored here, attention's result follows them
-    (lowering.LAYOUT_DEPENDENT) and ``y.transpose(1, 2).reshape(B, T, C)`` is a view: the
-    rotary kernel is the only kernel. Stored contiguous, a second kernel copies y."""
+    (``layout_dependent=True`` on prims.sdpa) and ``y.transpose(1, 2).reshape(B, T, C)`` is a
+    view: the rotary kernel is the only kernel. Stored contiguous, a second kernel copies y."""
     B, T, H, D = 2, 16, 4, 8
     torch.manual_seed(0)
     w = torch.randn(H * D, 3 * H * D) / 8

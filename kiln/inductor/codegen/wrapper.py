@@ -56,8 +56,6 @@ def _device_name(device: torch.device) -> str:
     return f"dev_{device.type}{'' if device.index is None else device.index}"
 
 
-# torch.mm / torch.bmm always return a fresh row-major result
-LAYOUT_GUARANTEED_EXTERNS = ("mm", "addmm", "bmm")
 
 
 def ensure_layout(t, shape, stride):
@@ -119,9 +117,6 @@ def _dense(shape, stride) -> bool:
     return 1 + sum((d - 1) * abs(st) for d, st in zip(shape, stride)) == n and min(stride, default=1) >= 0
 
 
-FRESH_RESULT_EXTERNS = {"mm", "addmm", "bmm", "sdpa", "conv"}
-
-
 class _ReusePool:
     """Dead buffers by (element count, dtype, device): a compile-time plan, so a call only
     renames tensors. A buffer is recycled only after the step that last reads it, so a kernel
@@ -167,7 +162,7 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
     aliased = {s.node.target for s in sched.steps if isinstance(s, ScatterStep)}
     # a library op other than these may return a view of its operand (an eager fallback)
     for s in sched.steps:
-        if isinstance(s, ir.Extern) and s.op.name not in FRESH_RESULT_EXTERNS:
+        if isinstance(s, ir.Extern) and not s.op.fresh_result:  # (a property of the library prim)
             aliased |= s.reads()
     devices = {}
     launch_defs: list = []  # module-level launch lines (_triton_call)
@@ -218,7 +213,7 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
             args = [_value_text(r, buffers) for r in step.inputs]
             kwargs = [f"{k}={_value_text(v, buffers)}" for k, v in step.kwargs.items()]
             lines.append(f"    {step.name} = extern_{step.op.name}({', '.join(args + kwargs)})")
-            if step.op.name not in LAYOUT_GUARANTEED_EXTERNS and not isinstance(step, ir.MultiExtern):
+            if not step.op.exact_layout and not isinstance(step, ir.MultiExtern):
                 # kernels index the result with the strides meta promised; a library may pick
                 # another layout (flash attention on CUDA returns [B, T, H, D] transposed)
                 lines.append(f"    {step.name} = ensure_layout({step.name}, {py_tuple(step.shape)}, {py_tuple(step.stride)})")

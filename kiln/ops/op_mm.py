@@ -1,0 +1,90 @@
+"""mm: every rule of ``core.mm`` and of the library prim it decomposes to, ``prims.mm``, in one
+file.
+
+    capture        torch.mm(a, b), a.mm(b) (two 2-D tensors; torch.matmul and ``@`` are
+                   ``core.matmul``, ops/core_nn.py)
+    core.mm        eager torch.mm; meta: [n, k] @ [k, m] -> contiguous [n, m], one dtype
+    decomposition  prims.mm itself (kept whole: a library call)
+    VJP            grad_a = g @ b^T, grad_b = a^T @ g
+    prims.mm       a library prim: lowering keeps it whole as an extern call (cuBLAS/MKL)
+    lowering       ``inductor/pad_gemm.gemm_rule``: realize the operands in a layout the
+                   library takes (padding awkward sizes on CUDA), then one extern call
+    autocast       the autocast dtype on CPU and CUDA (torch's lower-precision list)
+    properties     prims.mm: a library prim whose result is always a fresh row-major tensor
+                   (``fresh_result``, ``exact_layout``: the wrapper neither guards its layout
+                   nor treats it as a view); core.mm: eager's result is contiguous whatever
+                   the operands' layouts (``eager_layout``); never recomputed in a backward
+
+The rules that need a stage's helpers reach them through stage handles (``registry.stage_api``),
+bound when the stage is imported: this file imports no stage.
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.graph.proxy import Proxy
+from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
+from kiln.ops import core
+from kiln.ops.autocast import LOWER
+from kiln.ops.core import CoreOpError
+from kiln.ops.prims import PrimError
+from kiln.ops.registry import (CAPTURE_FUNCTIONS, CAPTURE_METHODS, DECOMPOSITIONS, LOWERINGS,
+                               META_RULES, VJP_RULES, define, stage_api)
+
+G = stage_api("pad_gemm")  # inductor/pad_gemm.py
+C = stage_api("capture")   # capture/torch_api.py (Unsupported)
+
+__all__ = ["mm", "prim_mm"]
+
+# ------------------------------------------------------------------ prims.mm
+prim_mm = define("prims", "mm", torch.mm, library=True, fresh_result=True, exact_layout=True)
+
+
+@META_RULES.register(prim_mm)
+def _prim_mm_meta(a, b):
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise PrimError(f"[meta] prims.mm: cannot multiply {list(a.shape)} by {list(b.shape)}")
+    if a.dtype != b.dtype:
+        raise PrimError(f"[meta] prims.mm: dtypes differ ({a.dtype} vs {b.dtype})")
+    shape = (a.shape[0], b.shape[1])
+    return TensorMeta(shape, contiguous_strides(shape), a.dtype, a.device,
+                      a.requires_grad or b.requires_grad)
+
+
+LOWERINGS[prim_mm] = G.gemm_rule
+
+# ------------------------------------------------------------------ core.mm
+mm = define("core", "mm", torch.mm, eager_layout="contiguous", autocast={"cpu": LOWER, "cuda": LOWER})
+
+
+@META_RULES.register(mm)
+def _mm_meta(a, b):
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise CoreOpError(f"[meta] core.mm: cannot multiply {list(a.shape)} by {list(b.shape)}")
+    if a.dtype != b.dtype:
+        raise CoreOpError(f"[meta] core.mm: dtypes differ ({a.dtype} vs {b.dtype})")
+    return TensorMeta.contiguous((a.shape[0], b.shape[1]), a.dtype, a.device,
+                                 a.requires_grad or b.requires_grad)
+
+
+@DECOMPOSITIONS.register(mm)
+def _mm_decomposition(a, b):
+    return prim_mm(a, b)
+
+
+@VJP_RULES.register(mm)
+def _mm_vjp(g, out, a, b):
+    return core.mm(g, core.transpose(b, 0, 1)), core.mm(core.transpose(a, 0, 1), g)
+
+
+# ------------------------------------------------------------------ capture
+def _capture_mm(input, other, *, out=None):
+    if out is not None:
+        raise C.Unsupported("matmul(out=...) is not supported")
+    if not (isinstance(input, Proxy) and isinstance(other, Proxy)) or input.ndim != 2 or other.ndim != 2:
+        raise C.Unsupported("matmul is only supported for two 2-D tensors (core.mm)")
+    return mm(input, other)
+
+
+CAPTURE_FUNCTIONS[torch.mm] = _capture_mm
+CAPTURE_METHODS["mm"] = _capture_mm
