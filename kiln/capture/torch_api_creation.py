@@ -223,6 +223,11 @@ def legacy_type(dtype):
             return tensor(list(args[0]), dtype=dtype, device="cpu")
         if all(isinstance(a, int) and not isinstance(a, bool) for a in args):
             return core.full(tuple(args), 0, dtype, torch.device("cpu"))
+        if len(args) == 1 and isinstance(args[0], Proxy):
+            t = args[0]
+            if t.dtype != dtype or t.device.type != "cpu":  # eager's TypeError, raised by eager
+                raise TypeError(f"expected {dtype} on the CPU (got {t.dtype} on {t.device})")
+            return t  # eager returns the same tensor
         raise Unsupported(f"the legacy {dtype} tensor constructor with these arguments is not "
                           "supported")
     return adapter
