@@ -211,10 +211,11 @@ HELPERS["kiln_shr"] = r"""template <typename T> static inline T kiln_shr(T a, T 
 }"""
 HELPERS["kiln_sigmoidf"] = "static inline float kiln_sigmoidf(float x) { return 1.0f / (1.0f + kiln_expf(-x)); }"
 # erf: glibc's erff is a scalar call that gcc does not vectorize (GELU's exact form in BERT and
-# ViT: [2, 64, 512] took 1.36 ms, eager 0.09 ms; now 0.12-0.2 ms). Two polynomials, both evaluated and one selected so the loop
-# stays branch-free. The coefficients are least-squares fits on Chebyshev nodes against mpmath's
-# erf (P relative, Q absolute in log(erfc)), rounded to float one at a time with the rest
-# refitted: at most 1.6 ulp, 0.25 ulp on average, over every third float in [0, 4.5].
+# ViT: [2, 64, 512] took 1.36 ms, eager 0.09 ms; now 0.12-0.2 ms). Two polynomials, both
+# evaluated and one selected, so the loop stays branch-free. The coefficients are least-squares
+# fits on Chebyshev nodes against mpmath's erf (P relative, Q absolute in log(erfc)), rounded
+# to float one at a time with the rest refitted: at most 1.6 ulp, 0.25 ulp on average, over
+# every third float in [0, 4.5].
 HELPERS["kiln_erff"] = r"""static inline float kiln_erff(float x) {
     float a = std::fabs(x);
     float t = x * x;  // |x| < 1.25: x * (1 + P(x^2))
