@@ -256,6 +256,21 @@ HELPER_DEPS = {"kiln_round_bf16": ("kiln_bf16_to_float", "kiln_float_to_bf16"),
                "kiln_erff": ("kiln_expf", "kiln_bits"),
                "kiln_idiv": ("kiln_zero_div",), "kiln_imod": ("kiln_zero_div",)}
 
+# libm calls with no vector form under -O3 (no -ffast-math): a loop holding one runs an element
+# at a time. The rest of the table's std:: forms (abs, sqrt, rounding) are single instructions.
+_VECTOR_STD = {"abs", "sqrt", "floor", "ceil", "trunc", "round"}
+
+
+def scalar_math_call(op: str, dtype: torch.dtype) -> bool:
+    """True when the op's C++ form at ``dtype`` is a scalar libm call (sin, cos, pow, erf in
+    float64 ...): costly enough that lowering stores a multi-use value holding one rather than
+    have every consumer recompute it (lower._recompute_is_costly)."""
+    if op in VECTOR_MATH and compute_dtype(dtype) == torch.float32:
+        return False
+    if op == "sigmoid":  # float64 and the rest: std::exp
+        return True
+    return CppOps.TABLE.get(op, "").startswith("std::") and op not in _VECTOR_STD
+
 
 def _helpers_for(code: str) -> str:
     used = [name for name in HELPERS if name in code]
