@@ -64,10 +64,14 @@ def main(argv=None) -> dict:
     results: dict = {}
     for r in range(args.rounds):
         for i, (tree, settings) in enumerate(variants):
-            for row in run_once(tree, settings, args):
+            rows = run_once(tree, settings, args)
+            for row in rows:
                 key = (row["model"], row["mode"])
                 results.setdefault(key, {}).setdefault(i, []).append(row["kiln_vs_eager"])
-            print(f"round {r + 1}/{args.rounds}: {tree} {settings!r} done", file=sys.stderr)
+            # each process's figures as they come, so a run cut short still says something
+            print(f"round {r + 1}/{args.rounds}: {tree} {settings!r}: " +
+                  ", ".join(f"{row['model']} {row['mode']} {row['kiln_vs_eager']:.3f}x" for row in rows),
+                  file=sys.stderr, flush=True)
     names = [f"{os.path.relpath(t, ROOT) if t != ROOT else '.'}{' ' + s if s else ''}" for t, s in variants]
     print("| model | mode | " + " | ".join(f"kiln/eager: {n}" for n in names) + " | " +
           " | ".join(f"{n} / first" for n in names[1:]) + " |")
