@@ -103,16 +103,18 @@ class LoweringContext:
 INLINE_LOADS_LIMIT = 2
 
 
-def _recompute_is_costly(value: TValue) -> bool:
+def _recompute_is_costly(value: TValue, scalar_math_only=False) -> bool:
     """Also on the CPU (C++ kernels): any scalar libm call (``cpp.scalar_math_call``). A
     Llama's rotary ``cos``/``sin`` over [seq, head_dim] were recomputed by the q and k
     rotations of every layer at every batch and head (a broadcast: ``_read_more_than_once``),
-    each element a glibc call."""
+    each element a glibc call. A value read only through a broadcast is stored for that reason
+    alone (``scalar_math_only``): storing every costly broadcast value split GPT-2's and ViT's
+    kernels and cost them 25% on the CPU."""
     body = value.loader(ir.index_symbols(len(value.shape)))
     calls, buffers = 0, set()
     scalar_math = _scalar_math_fn(value.device)
     for e in ir.walk(body):
-        if isinstance(e, ir.Let):
+        if isinstance(e, ir.Let) and not scalar_math_only:
             return True
         if isinstance(e, ir.Call) and e.op != "cast":
             calls += 1
@@ -120,7 +122,7 @@ def _recompute_is_costly(value: TValue) -> bool:
                 return True
         elif isinstance(e, ir.Load):
             buffers.add(e.buffer)
-    return calls > INLINE_OPS_LIMIT or len(buffers) > INLINE_LOADS_LIMIT
+    return not scalar_math_only and (calls > INLINE_OPS_LIMIT or len(buffers) > INLINE_LOADS_LIMIT)
 
 
 def _read_more_than_once(node, value: TValue) -> bool:
@@ -210,7 +212,7 @@ def lower(graph: Graph) -> ir.LoopProgram:
                 value.layout = layout_hint(node.target, meta, args, node.meta.get("layout_from_meta", False))
             env[node] = value
             if isinstance(value, TValue) and value.ref is None and _read_more_than_once(node, value) \
-                    and _recompute_is_costly(value):
+                    and _recompute_is_costly(value, scalar_math_only=len(node.users) == 1):
                 ctx.realize(value)
         elif node.op == OUTPUT:
             outputs = []
