@@ -50,3 +50,18 @@ def test_rotary_matches_eager(target):
         for g, w in zip(kiln.compile(rotary)(q, k, f), rotary(q, k, f)):
             assert_close(g, w)
         assert len(got) == 2
+
+
+def test_costly_broadcast_value_without_libm_calls_stays_inlined():
+    """Only a scalar libm call makes a value read through a broadcast worth storing: a chain of
+    cheap vectorized ops is recomputed in its consumer's kernel, as before (storing those split
+    GPT-2's and ViT's CPU kernels and cost them 25%)."""
+    def fn(x, b):
+        v = ((b * 2 + 1).abs() - 3).clamp(min=0) * b + 0.5  # > INLINE_OPS_LIMIT ops, no libm call
+        return x * v[None, :]
+    x, b = torch.randn(64, 128), torch.randn(128)
+    with on_target(("cpu", "cpp")), kiln.config.patch(strict=True):
+        out = kiln.explain(fn)(x, b)
+        assert out.kernel_count == 1, [k.numel for k in out.kernels]
+        x, b = torch.randn(64, 128), torch.randn(128)
+        assert_close(kiln.compile(fn)(x, b), fn(x, b))
