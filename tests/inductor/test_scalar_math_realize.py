@@ -55,7 +55,7 @@ def test_rotary_matches_eager(target):
 def test_costly_broadcast_value_without_libm_calls_stays_inlined():
     """Only a scalar libm call makes a value read through a broadcast worth storing: a chain of
     cheap vectorized ops is recomputed in its consumer's kernel, as before (storing those split
-    GPT-2's and ViT's CPU kernels and cost them 25%)."""
+    off GPT-2's position-embedding gather into a kernel of its own)."""
     def fn(x, b):
         v = ((b * 2 + 1).abs() - 3).clamp(min=0) * b + 0.5  # > INLINE_OPS_LIMIT ops, no libm call
         return x * v[None, :]
