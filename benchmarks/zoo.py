@@ -396,6 +396,9 @@ def parse_args(argv):
     p.add_argument("--sgd", action="store_true", help="training: also take an SGD step per call")
     p.add_argument("--list", action="store_true", help="print the groups and models, and exit")
     p.add_argument("--verbose", action="store_true", help="print compiler tracebacks")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for eager (torch.set_num_threads) and for OpenMP in kiln's and "
+                        "inductor's kernels (OMP_NUM_THREADS); default: leave as is")
     args = p.parse_args(argv)
     if args.rounds is None:
         args.rounds = 2 if args.quick else 5
@@ -424,6 +427,10 @@ def main(argv=None) -> list[dict]:
         return []
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but torch.cuda.is_available() is False")
+    if args.threads:
+        # before any generated kernel's OpenMP runtime starts: it reads the variable once
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
     names = zoo_models.resolve(args.models or _default_models(args.device))
     modes = ["inference", "training"] if args.mode == "both" else [args.mode]
     t_start = time.perf_counter()

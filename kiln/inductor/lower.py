@@ -7,6 +7,8 @@ is not cheap to recompute.
 """
 from __future__ import annotations
 
+import math
+
 import sympy
 import torch
 
@@ -14,9 +16,10 @@ from kiln.graph.graph import Graph, getitem
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, flatten_args, map_args
 from kiln.inductor import ir
 from kiln.config import config
+from kiln.inductor.codegen.cpp import scalar_math_call
 from kiln.inductor.conv_layout import wants_channels_last
 from kiln.inductor.layout import layout_hint
-from kiln.inductor.lowering import TValue, extern_rule
+from kiln.inductor.lowering import TValue, broadcast_in_dim_rule, extern_rule
 from kiln.meta.symbolic import SymInt, expr_meta, free_symbols, has_symbols, symbol_reads, sympy_args
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import LOWERINGS
@@ -103,17 +106,58 @@ class LoweringContext:
 INLINE_LOADS_LIMIT = 2
 
 
-def _recompute_is_costly(value: TValue) -> bool:
+def _recompute_is_costly(value: TValue, scalar_math_only=False) -> bool:
+    """Also on the CPU (C++ kernels): any scalar libm call (``cpp.scalar_math_call``). A
+    Llama's rotary ``cos``/``sin`` over [seq, head_dim] were recomputed by the q and k
+    rotations of every layer at every batch and head (a broadcast: ``_read_more_than_once``),
+    each element a glibc call. A value read only through a broadcast is stored for that reason
+    alone (``scalar_math_only``): storing every costly broadcast value also split off GPT-2's
+    position-embedding gather into a kernel of its own, for no measured gain."""
     body = value.loader(ir.index_symbols(len(value.shape)))
     calls, buffers = 0, set()
+    scalar_math = _scalar_math_fn(value.device)
     for e in ir.walk(body):
-        if isinstance(e, ir.Let):
+        if isinstance(e, ir.Let) and not scalar_math_only:
             return True
         if isinstance(e, ir.Call) and e.op != "cast":
             calls += 1
+            if scalar_math is not None and scalar_math(e.op, e.dtype):
+                return True
         elif isinstance(e, ir.Load):
             buffers.add(e.buffer)
-    return calls > INLINE_OPS_LIMIT or len(buffers) > INLINE_LOADS_LIMIT
+    return not scalar_math_only and (calls > INLINE_OPS_LIMIT or len(buffers) > INLINE_LOADS_LIMIT)
+
+
+def _read_more_than_once(node, value: TValue) -> bool:
+    """Several users; or, for C++ kernels, one that broadcasts it (a chain of
+    ``broadcast_in_dim``: inlined, each element is recomputed once per broadcast copy, and the
+    CPU is compute bound where a GPU would not be)."""
+    if len(node.users) != 1:
+        return len(node.users) > 1
+    return _scalar_math_fn(value.device) is not None and _broadcast_read(node)
+
+
+def _broadcast_read(node) -> bool:
+    user = next(iter(node.users))
+    if LOWERINGS.get(user.target) is not broadcast_in_dim_rule:
+        return False
+    n, m = _numel(node), _numel(user)
+    if n is None or m is None:
+        return False  # symbolic sizes: not compared (a comparison would guard)
+    return m > n or (len(user.users) > 1 or (len(user.users) == 1 and _broadcast_read(user)))
+
+
+def _numel(node):
+    val = node.meta.get("val")
+    shape = getattr(val, "shape", None)
+    return math.prod(shape) if shape is not None and all(isinstance(d, int) for d in shape) else None
+
+
+def _scalar_math_fn(device):
+    """The C++ backend's test for a scalar libm call, where C++ kernels will compute the value."""
+    if torch.device(device).type != "cpu" or config.cpu_backend != "cpp":
+        return None
+    return scalar_math_call
 
 
 def _origin_of(node):
@@ -170,8 +214,8 @@ def lower(graph: Graph) -> ir.LoopProgram:
             if isinstance(value, TValue) and value.ref is None and value.layout is None:
                 value.layout = layout_hint(node.target, meta, args, node.meta.get("layout_from_meta", False))
             env[node] = value
-            if isinstance(value, TValue) and value.ref is None and len(node.users) > 1 \
-                    and _recompute_is_costly(value):
+            if isinstance(value, TValue) and value.ref is None and _read_more_than_once(node, value) \
+                    and _recompute_is_costly(value, scalar_math_only=len(node.users) == 1):
                 ctx.realize(value)
         elif node.op == OUTPUT:
             outputs = []

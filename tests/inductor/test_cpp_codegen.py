@@ -1,4 +1,4 @@
-"""C++ codegen for speed: vectorizable float32 math (exp, log, tanh, sigmoid), lane-accumulated
+"""C++ codegen for speed: vectorizable float32 math (exp, log, tanh, sigmoid, erf), lane-accumulated
 row reductions (max/min/prod/sum), flat indices over contiguous reduced dims; each checked
 against eager, special values included."""
 import re
@@ -27,6 +27,7 @@ MATH = {
     "log_abs": lambda x: torch.log(x.abs()),
     "tanh": lambda x: torch.tanh(x),
     "sigmoid": lambda x: torch.sigmoid(x),
+    "erf": lambda x: torch.erf(x),
 }
 
 
@@ -46,13 +47,32 @@ def test_vector_math_matches_eager_within_two_ulp(name):
     assert ((out[finite] - ref[finite]).abs() <= 1e-30 + 2.5e-7 * ref[finite].abs()).all()
 
 
-@pytest.mark.parametrize("name", ["exp", "tanh", "sigmoid"])
+@pytest.mark.parametrize("name", ["exp", "tanh", "sigmoid", "erf"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 def test_vector_math_other_dtypes(name, dtype):
     fn = MATH[name]
     x = randn((37, 5), dtype, "cpu", layout="transposed")
     with on_target(CPP):
         assert_close(kiln.compile(fn, dynamic=False)(x), fn(x))
+
+
+def test_erf_within_two_ulp_of_float64_on_a_dense_sweep():
+    """kiln_erff against erf in float64 rounded to float, over 2M points of [-5, 5] (both of its
+    polynomials, their boundaries at 1.25 and 4 and the saturation to +-1), and GELU's exact form
+    against eager."""
+    x = torch.linspace(-5, 5, 2_000_001)
+    x = torch.cat([x, torch.tensor([1.25, -1.25, 4.0, -4.0, 3.92, 1e-30, -1e-40])])
+    with on_target(CPP):
+        out = kiln.compile(torch.erf, dynamic=False)(x)
+    ref = torch.erf(x.double()).float()
+    ulp = (torch.nextafter(ref.abs(), torch.tensor(2.0)) - ref.abs()).double()
+    err = (out.double() - torch.erf(x.double())).abs() / ulp
+    assert err.max().item() <= 2.0, (err.max().item(), x[err.argmax()].item())
+    assert torch.equal(torch.sign(out), torch.sign(ref))
+    g = torch.randn(2, 64, 512) * 3
+    with on_target(CPP):
+        assert "kiln_erff(" in _source(torch.nn.functional.gelu, g)
+        assert_close(kiln.compile(torch.nn.functional.gelu, dynamic=False)(g), torch.nn.functional.gelu(g))
 
 
 def _source(fn, *args):

@@ -30,7 +30,8 @@ def _vectorized_lines(source: str, tmp_path) -> tuple[set, list]:
     assert proc.returncode == 0, proc.stderr[-2000:]
     done = {int(m.group(1)) for m in re.finditer(r"k\.cpp:(\d+):\d+: optimized: loop vectorized", proc.stderr)}
     lines = source.split("\n")
-    simd = [i + 1 for i, ln in enumerate(lines) if ln.strip() == "#pragma omp simd"]  # 1-based
+    simd = [i + 1 for i, ln in enumerate(lines)  # 1-based; `parallel for simd` loops too
+            if ln.strip().startswith("#pragma omp") and ln.strip().endswith(" simd")]
     return done, simd
 
 
@@ -110,3 +111,33 @@ def test_both_helpers_propagate_nan_and_match_eager(dtype):
     got = kiln.compile(fn)(a, b)
     for g, w in zip(got, fn(a, b)):
         torch.testing.assert_close(g, w, equal_nan=True)
+
+
+def test_small_flat_pointwise_loop_vectorizes(tmp_path):
+    """A flat pointwise loop below the threads threshold: gcc 12 left a combined
+    ``parallel for simd if(0)`` loop scalar (a Llama MLP's SiLU * up at [128, 384]: 515 us,
+    eager 65 us); it is now a plain simd loop."""
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 96), torch.randn(64, 96)
+
+    def fn(a, b):
+        return F.silu(a) * b
+    (source,) = _sources(fn, a, b)
+    assert "if(0)" not in source and "kiln_expf" in source
+    done, simd = _vectorized_lines(source, tmp_path)
+    assert _all_vectorized(done, simd), (sorted(done), simd)
+    a, b = torch.randn(64, 96), torch.randn(64, 96)
+    torch.testing.assert_close(kiln.compile(fn)(a, b), fn(a, b))
+
+
+def test_exact_gelu_loops_vectorize(tmp_path):
+    """GELU's exact form (BERT, ViT) calls erf: glibc's erff left its loops scalar (1.36 ms for
+    [2, 64, 512], eager 0.09 ms); kiln_erff is branch-free and vectorizes, forward and backward."""
+    x = torch.randn(2, 64, 512, requires_grad=True)
+    sources = _sources(lambda x: F.gelu(x).sum(), x)
+    sources += _sources(lambda x: torch.autograd.grad(F.gelu(x).sum(), x)[0], x)
+    erf = [s for s in sources if "kiln_erff(" in s]
+    assert erf and not any("std::erf(" in s for s in sources)
+    for source in erf:
+        done, simd = _vectorized_lines(source, tmp_path)
+        assert _all_vectorized(done, simd), (sorted(done), simd)
