@@ -633,7 +633,7 @@ def compile(model: Callable[..., Any] | torch.nn.Module | None = None, *, fullgr
     return CompiledFunction(model, **opts)
 
 
-def reset():
+def reset() -> None:
     """Forget every compiled entry and loaded kernel (the disk cache stays), zero the counters.
     ``torch.compiler.reset()`` calls it too (kiln/compiler_controls.py)."""
     from kiln.runtime import cache, cpp_build, triton_binary, triton_load
@@ -652,7 +652,7 @@ def reset():
 compiler_controls.install_reset_hook(reset)  # torch.compiler.reset() resets kiln too
 
 
-def disable(fn=None):
+def disable(fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """Run fn without kiln: calls inside it are not compiled, and tracing stops at it."""
     if fn is None:
         return disable
@@ -669,7 +669,7 @@ def disable(fn=None):
     return wrapper
 
 
-def graph_break():
+def graph_break() -> None:
     """A no-op in eager code; in compiled code, the graph breaks here."""
 
 
@@ -680,7 +680,7 @@ def is_compiling() -> bool:
     return bool(getattr(_local, "compiling", False))
 
 
-def mark_dynamic(tensor, dim):
+def mark_dynamic(tensor: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None:
     """Mark a size (or sizes: ``dim`` may be a list) as dynamic: the next compile that reads
     this tensor makes it a symbol (unless the size is 0 or 1), under every ``dynamic`` setting,
     as ``torch._dynamo.mark_dynamic`` does; kiln reads that mark (and ``mark_static``'s) too

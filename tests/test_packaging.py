@@ -98,9 +98,12 @@ def test_license_and_py_typed_are_shipped():
 
 
 def test_public_api_is_annotated():
-    for fn in (kiln.compile, kiln.explain, kiln.stats, kiln.is_compiling):
+    import inspect
+    for fn in (kiln.compile, kiln.explain, kiln.stats, kiln.is_compiling, kiln.reset,
+               kiln.disable, kiln.graph_break, kiln.mark_dynamic):
         hints = typing.get_type_hints(fn)  # resolvable, not just strings
         assert "return" in hints, fn.__name__
+        assert set(inspect.signature(fn).parameters) <= set(hints), fn.__name__
     assert set(typing.get_type_hints(kiln.compile)) >= {"model", "fullgraph", "dynamic", "mode", "options"}
 
 
