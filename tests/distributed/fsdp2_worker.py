@@ -219,11 +219,14 @@ def bf16_case(base, data):
     def sgd(params):  # not AdamW: it turns a bf16 rounding of a tiny gradient into a full step
         return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
+    def loss_of(model, x, y):  # the bf16 output in float32: torch 2.11's mse_loss backward
+        return F.mse_loss(model(x).float(), y)  # rejects a bf16 input with a float32 target
+
     model, params, _ = arrange(base, "eager_bf16")
-    want_grads, want_params = train(model, params, data, opt=sgd)
+    want_grads, want_params = train(model, params, data, loss_of=loss_of, opt=sgd)
     kiln.reset()
     model, params, _ = arrange(base, "kiln_bf16")
-    got_grads, got_params = train(model, params, data, opt=sgd)
+    got_grads, got_params = train(model, params, data, loss_of=loss_of, opt=sgd)
     stats = kiln.stats()
     return {"grad_diff_per_step": [largest_diff(g, w) for g, w in zip(got_grads, want_grads)],
             "grad_scale": max(float(g.abs().max()) for g in want_grads[-1]),

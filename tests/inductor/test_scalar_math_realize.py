@@ -19,7 +19,7 @@ def _rotate_half(x):
 
 
 def rotary(q, k, inv_freq):
-    pos = torch.arange(q.shape[2], dtype=torch.float32)
+    pos = torch.arange(q.shape[2], dtype=torch.float32, device=q.device)
     freqs = pos[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos()[None, None], emb.sin()[None, None]
