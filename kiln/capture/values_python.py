@@ -27,6 +27,7 @@ import types
 import torch
 
 from kiln.capture.torch_modules import is_torch_module
+from kiln.capture.dict_object import dict_method
 from kiln.capture.errors import Unsupported
 from kiln.capture.values import (ConstantVariable, DictVariable, FunctionVariable,
                                  TupleVariable, Variable, _Sequence)
@@ -128,8 +129,10 @@ class ObjectVariable(Variable):
 
     def truth(self, tx):
         for name in ("__bool__", "__len__"):  # Python's order; Python methods are inlined
-            if _static_lookup(self.cls, name)[0] is not _MISSING:
-                out = self._call(tx, name, []).as_python()
+            found = _static_lookup(self.cls, name)[0]
+            if found is not _MISSING:
+                method = dict_method(tx, self, name, found)
+                out = (method.call(tx, [], {}) if method is not None else self._call(tx, name, [])).as_python()
                 if not isinstance(out, (bool, int)):
                     raise Unsupported(f"truth value of a {self.cls.__name__} object")
                 return bool(out)
@@ -160,6 +163,9 @@ class ObjectVariable(Variable):
             return ConstantVariable(self.cls)
         if name == "__dict__" and self.value is None:
             return DictVariable(self.attrs)
+        method = dict_method(tx, self, name, value)  # a ModelOutput's own keys() and friends
+        if method is not None:
+            return method
         out = attribute_of_class(tx, self.cls, name, self, self.source)
         if out is None and real and isinstance(_static_lookup(self.cls, "__getattr__")[0], types.FunctionType):
             return self._read_for_real(tx, name)
@@ -183,6 +189,8 @@ class ObjectVariable(Variable):
         class's ``__len__``/``__getitem__`` inlined; a Python ``__iter__`` is called (a generator
         runs to its end)."""
         it, _ = _static_lookup(self.cls, "__iter__")
+        if dict_method(tx, self, "__iter__", it) is not None:
+            return dict_method(tx, self, "__iter__", it).call(tx, [], {}).iterate(tx)
         if it is collections.abc.Sequence.__iter__:
             n = self._call(tx, "__len__", []).as_python()
             if not isinstance(n, int):
@@ -205,7 +213,8 @@ class ObjectVariable(Variable):
 
     def python_len(self, tx):
         """``len(obj)`` through the class's Python ``__len__``."""
-        return self._call(tx, "__len__", [])
+        method = dict_method(tx, self, "__len__", _static_lookup(self.cls, "__len__")[0])
+        return method.call(tx, [], {}) if method is not None else self._call(tx, "__len__", [])
 
     def call(self, tx, args, kwargs):
         """``obj(...)`` through the class's Python ``__call__`` (a callable object as a hook).
@@ -416,6 +425,9 @@ class SuperVariable(Variable):
                 return DictVariable.getattr(self.obj, tx, name)
             if name in vars(klass):
                 value = vars(klass)[name]
+                method = dict_method(tx, self.obj, name, value) if isinstance(self.obj, ObjectVariable) else None
+                if method is not None:  # ``super().get`` in a ModelOutput's own get
+                    return method
                 if isinstance(value, types.FunctionType):
                     if is_torch_module(value.__module__) and klass is not object:
                         if name == "__init__":
