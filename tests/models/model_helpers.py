@@ -56,16 +56,20 @@ def loss_of(out):
     return total
 
 
-def counts(model, args, kwargs, train=False):
-    """(graphs, breaks, reasons) of kiln.explain with the eager backend (capture only)."""
+def explain_of(model, args, kwargs, train=False):
+    """kiln.explain of the model (a training step: its loss) with the eager backend (capture only)."""
     model.train(train)
     kiln.reset()
     if train:
         def step(*a, **k):
             return loss_of(model(*a, **k))
-        out = kiln.explain(step, backend="eager")(*args, **kwargs)
-    else:
-        out = kiln.explain(model, backend="eager")(*args, **kwargs)
+        return kiln.explain(step, backend="eager")(*args, **kwargs)
+    return kiln.explain(model, backend="eager")(*args, **kwargs)
+
+
+def counts(model, args, kwargs, train=False):
+    """(graphs, breaks, reasons) of kiln.explain with the eager backend (capture only)."""
+    out = explain_of(model, args, kwargs, train)
     for b in out.break_reasons:
         assert b.reason and b.lineno, b  # every break says why and where
     return out.graph_count, out.graph_break_count, [b.reason for b in out.break_reasons]
