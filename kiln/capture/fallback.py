@@ -5,7 +5,8 @@ runs eagerly inside the compiled graph (``core.fallback``), when that is safe:
   one node whose results are read by ``getitem``, kept as torch's named tuple where it has one);
 * it does not mutate (no trailing ``_``, no ``out=``), change device, or leave torch's compute
   namespaces (RNG state, CUDA streams, autograd, I/O are graph breaks);
-* no gradient is needed through it (fallback has no VJP rule).
+* no gradient is needed through a tensor passed by keyword (the fallback's VJP replays
+  torch's autograd of the call for its positional tensors: ``ops/core_fallback.py``).
 Each fallback is logged on the ``graph`` channel with the op's name.
 """
 from __future__ import annotations
@@ -61,8 +62,10 @@ def fallback_adapter(fn, name: str):
         proxies = [a for a in flatten_args((args, kwargs)) if isinstance(a, Proxy)]
         if not proxies:
             raise Unsupported(f"{name} has no tensor argument")
-        if torch.is_grad_enabled() and any(p.meta.requires_grad for p in proxies):
-            raise Unsupported(f"{name} has no core op, and a gradient is needed through it")
+        keyword = [a for a in flatten_args(kwargs) if isinstance(a, Proxy)]
+        if torch.is_grad_enabled() and any(p.meta.requires_grad for p in keyword):
+            raise Unsupported(f"{name} has no core op, and a gradient is needed through a "
+                              "tensor passed to it by keyword")
         target = register_fallback_target(name, fn)
         try:
             out = core.fallback(target, *args, **kwargs)
