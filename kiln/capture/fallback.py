@@ -11,6 +11,8 @@ Each fallback is logged on the ``graph`` channel with the op's name.
 """
 from __future__ import annotations
 
+import types
+
 import torch
 
 from kiln import log
@@ -62,10 +64,10 @@ def fallback_adapter(fn, name: str):
         proxies = [a for a in flatten_args((args, kwargs)) if isinstance(a, Proxy)]
         if not proxies:
             raise Unsupported(f"{name} has no tensor argument")
-        keyword = [a for a in flatten_args(kwargs) if isinstance(a, Proxy)]
-        if torch.is_grad_enabled() and any(p.meta.requires_grad for p in keyword):
-            raise Unsupported(f"{name} has no core op, and a gradient is needed through a "
-                              "tensor passed to it by keyword")
+        if torch.is_grad_enabled() and any(p.meta.requires_grad for p in proxies):
+            why = _not_replayable(fn, kwargs)
+            if why is not None:
+                raise Unsupported(f"{name} has no core op, and a gradient is needed through it ({why})")
         target = register_fallback_target(name, fn)
         try:
             out = core.fallback(target, *args, **kwargs)
@@ -82,6 +84,32 @@ def fallback_adapter(fn, name: str):
         log.log("graph", "fallback node: %s runs eagerly inside the compiled graph", name)
         return out
     return adapter, None
+
+
+def draws_random(fn) -> bool:
+    """Whether a C++-bound torch callable is a random op (its aten op is tagged
+    ``nondeterministic_seeded``: ``torch.bernoulli``, ``torch.poisson``, ``Tensor.random_``)."""
+    tags = getattr(fn, "tags", None)
+    if tags is not None:  # an OpOverload
+        return torch.Tag.nondeterministic_seeded in tags
+    packet = getattr(torch.ops.aten, getattr(fn, "__name__", "") or "_", None)
+    try:
+        overloads = [getattr(packet, o) for o in packet.overloads()] if packet is not None else []
+    except (AttributeError, RuntimeError):
+        return False
+    return any(torch.Tag.nondeterministic_seeded in o.tags for o in overloads)
+
+
+def _not_replayable(fn, kwargs) -> str | None:
+    """Why the backward cannot replay fn to get torch's gradient (the fallback's VJP runs the
+    call again on the saved inputs), or None."""
+    if any(isinstance(a, Proxy) and a.meta.requires_grad for a in flatten_args(kwargs)):
+        return "a tensor passed by keyword"
+    if isinstance(fn, types.FunctionType):  # Python code may draw random numbers (gumbel_softmax)
+        return "a Python function, which may draw random numbers again in the backward"
+    if draws_random(fn):
+        return "a random op: the backward would draw again"
+    return None
 
 
 def _with_nones(fn, name, args, kwargs):

@@ -123,7 +123,10 @@ def fallback_meta(target, *args, **kwargs):
     return to_meta(out)
 
 
-fallback = define("core", "fallback", _fallback_eager)
+# random=True: the callable may draw random numbers (torch.bernoulli, torch.poisson, a Python
+# function calling torch.rand): two equal calls are never merged by CSE, and the partitioner
+# never recomputes one (capture keeps a gradient through a drawing call a graph break)
+fallback = define("core", "fallback", _fallback_eager, random=True)
 META_RULES[fallback] = fallback_meta
 
 

@@ -64,3 +64,16 @@ def test_no_graph_break_for_the_gradient():
     x = torch.randn(5, 6, requires_grad=True)
     e = kiln.explain(lambda x: torch.as_strided(x * 2, (3, 4), (1, 3), 1))(x)
     assert e.graph_break_count == 0
+
+
+def test_a_gradient_through_a_random_or_python_fallback_is_a_graph_break():
+    # replaying torch.normal in the backward would draw again: d out / d std needs the draw
+    x = torch.randn(64, requires_grad=True)
+    for fn, word in ((lambda x: torch.normal(x, x.abs() + 1), "random"),):
+        e = kiln.explain(fn)(x)
+        assert e.graph_break_count == 1 and word in e.break_reasons[0].reason
+    fn = lambda x: torch.normal(x * 2, 1.0).sin()  # noqa: E731
+    kiln.compile(fn)(x).sum().backward()
+    x_ref = x.detach().clone().requires_grad_()
+    fn(x_ref).sum().backward()
+    assert_close(x.grad, x_ref.grad)  # torch's formula (zeros for the mean)
