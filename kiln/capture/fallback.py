@@ -86,6 +86,36 @@ def fallback_adapter(fn, name: str):
     return adapter, None
 
 
+def inplace_fallback_adapter(name: str):
+    """``x.foo_(*a)`` for a method with no capture-table entry: ``x.foo(*a)`` as a fallback node,
+    written into x (functionalized, ``torch_api_inplace.Writes``), when every overload of
+    ``aten.foo_`` is ``aten.foo`` with the same parameters and defaults written into self
+    (``bernoulli_``'s p=0.5 is not ``bernoulli``'s p=self, so it is refused). A result that
+    self's dtype cannot hold is a break, as eager raises."""
+    from kiln.capture.torch_api_inplace import Writes
+    from kiln.capture.torch_ops import _functional_of
+    functional = getattr(torch.Tensor, name[:-1], None)
+    packet = getattr(torch.ops.aten, name, None)
+    overloads = [o for o in packet.overloads() if "out" not in o.split("_")] if packet is not None else []
+    if functional is None or not overloads \
+            or any(_functional_of(getattr(packet, o)._schema) is None for o in overloads):
+        return None, f"Tensor.{name} mutates its input and is not its functional form written back"
+    adapter, why = fallback_adapter(functional, f"Tensor.{name[:-1]}")
+    if adapter is None:
+        return None, why
+
+    def inplace(self, *args, **kwargs):
+        out = adapter(self, *args, **kwargs)
+        if not isinstance(out, Proxy) or tuple(out.shape) != tuple(self.shape):
+            raise Unsupported(f"Tensor.{name}: the result's shape differs from self's")
+        if out.dtype != self.dtype:
+            if not torch.can_cast(out.dtype, self.dtype):
+                raise Unsupported(f"Tensor.{name}: a {out.dtype} result cannot be written into {self.dtype}")
+            out = core.to_dtype(out, self.dtype)
+        return Writes([(self, out)], self)
+    return inplace, None
+
+
 def draws_random(fn) -> bool:
     """Whether a C++-bound torch callable is a random op (its aten op is tagged
     ``nondeterministic_seeded``: ``torch.bernoulli``, ``torch.poisson``, ``Tensor.random_``)."""

@@ -35,6 +35,7 @@ from kiln.capture.resume_loops import LoopRest, wrap_loop_rest
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.values_introspect import INTROSPECT_TYPES, IntrospectVariable
 from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_stdlib
+from kiln.capture.vmap import wrap_vmap
 from kiln.capture.values_dict import (OrderedDictVariable, ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
@@ -165,6 +166,8 @@ class Tracer:
             exit_var.grad_prev = value.prev  # a later break rebuilds it (resume_glue._grad_prev)
             return exit_var
         special = wrap_autocast(self, value, source, guard)  # torch.autocast and its queries
+        if special is None:  # torch.vmap, unrolled (vmap.py)
+            special = wrap_vmap(self, value, source, guard)
         if special is None:  # os.environ, loggers, warnings.warn (values_stdlib.py)
             special = wrap_stdlib(self, value, source, guard)
         if special is not None:
