@@ -36,6 +36,10 @@ def reads_storage(name: str) -> bool:
     return not STORAGE_READERS.isdisjoint(name.split("."))
 
 
+# Callables torch has no meta kernel for: a function giving their results on meta tensors
+FALLBACK_METAS: dict[str, object] = {}
+
+
 def register_fallback_target(name: str, fn):
     FALLBACK_TARGETS[name] = fn
     return name
@@ -112,7 +116,7 @@ def fallback_meta(target, *args, **kwargs):
     if grad:  # eager's autograd decides which results need a gradient
         fake = _map(fake, lambda a: a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a)
     with torch.enable_grad() if grad else torch.no_grad():
-        out = resolve(target)(*fake[0], **fake[1])
+        out = FALLBACK_METAS.get(target, resolve(target))(*fake[0], **fake[1])
 
     def to_meta(t):
         if not isinstance(t, torch.Tensor):
@@ -138,3 +142,25 @@ def fallback_vjp(g, out, target, *args, **kwargs):
     from kiln.ops.core_custom import custom_op_vjp_replay
     return custom_op_vjp_replay(g, out, target, *args, **kwargs)
 DECOMPOSITIONS[fallback] = lambda target, *args, **kwargs: prims.fallback(target, *args, **kwargs)
+
+
+# ------------------------------------------------------------------ histogramdd
+# torch.histogramdd returns (hist, [bin_edges, ...]) and its bin-edge op has no meta kernel:
+# the node is this flat form (every tensor a result), with the shapes computed here; capture
+# puts torch's named tuple back together (capture/torch_api_reductions.py)
+def _histogramdd_flat(input, bins=10, *, range=None, weight=None, density=False):
+    hist, edges = torch.histogramdd(input, bins, range=range, weight=weight, density=density)
+    return (hist, *edges)
+
+
+def _histogramdd_flat_meta(input, bins=10, *, range=None, weight=None, density=False):
+    dims = input.shape[-1]
+    counts = [bins] * dims if isinstance(bins, int) else list(bins)
+    if len(counts) != dims or not all(isinstance(b, int) for b in counts):
+        raise TypeError(f"[meta] torch.histogramdd: bins={bins!r} for {dims}-d samples")
+    hist = torch.empty(counts, dtype=input.dtype, device="meta")
+    return (hist, *[torch.empty(b + 1, dtype=input.dtype, device="meta") for b in counts])
+
+
+FALLBACK_TARGETS["histogramdd_flat"] = _histogramdd_flat
+FALLBACK_METAS["histogramdd_flat"] = _histogramdd_flat_meta
