@@ -163,6 +163,9 @@ class TensorVariable(Variable):
             return tx.call_adapter(torch_api.TENSOR_VIEW_ATTRIBUTES[name], [self], {}, f"Tensor.{name}")
         if name in torch_api.TENSOR_METHODS:
             return MethodVariable(self, name)
+        if name == "item" and tx.input_items:
+            from kiln.capture.item_values import input_item
+            return input_item(tx, self)
         method = getattr(torch.Tensor, name, None)
         if callable(method):
             adapter, why = fallback_adapter(method, f"Tensor.{name}")
