@@ -16,7 +16,11 @@ this repository):
   own (``torch.compile``, ``run_and_get_code``, ...) is *not kept*: it tests Inductor itself.
 
 A case passes only when its results match eager and kiln compiled it: a case that fell back to
-eager, or ran a frame eagerly, is ``fallback``, not ``pass``.
+eager, or ran a frame eagerly, is ``fallback``, not ``pass``. kiln's refusal under
+``fullgraph=True`` (``GraphBreakError``) is raised as Dynamo's ``Unsupported`` too, so a case
+asserting that the compiler refuses (a ``torch.Generator`` argument) sees it; anywhere else it
+is a ``kiln_error``. A case that asserts an error eager does not raise (Inductor's own
+divergence), after kiln matched eager on those inputs, is not kept.
 
 Each case runs in a child process that survives nothing but the case: a crash (SIGFPE, a
 segfault) is recorded against the case that was running, and the next child resumes after it.
@@ -132,11 +136,26 @@ def _reset_case():
                  direct=False, matched=0)
 
 
+def _refusal(message):
+    """kiln's refusal under fullgraph=True (``GraphBreakError``) as the Dynamo ``Unsupported`` a
+    case may expect (``assertRaisesRegex(torch._dynamo.exc.Unsupported, "Generator")``); still
+    a KilnFailure for every case that does not expect one."""
+    from torch._dynamo.exc import Unsupported
+
+    class KilnRefusal(KilnFailure, Unsupported):
+        def __init__(self, msg):
+            Unsupported.__init__(self, msg)
+    KilnRefusal.__name__ = KilnRefusal.__qualname__ = "KilnFailure"  # _classify reads the name
+    return KilnRefusal(message)
+
+
 def _kiln_call(compiled, args, kwargs):
     import kiln
     before = kiln.stats()
     try:
         out = compiled(*args, **kwargs)
+    except kiln.GraphBreakError as e:
+        raise _refusal(f"{type(e).__name__}: {e}") from e
     except Exception as e:  # noqa: BLE001 - eager ran these inputs without raising
         raise KilnFailure(f"{type(e).__name__}: {e}") from e
     after = kiln.stats()
