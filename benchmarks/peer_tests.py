@@ -16,7 +16,11 @@ this repository):
   own (``torch.compile``, ``run_and_get_code``, ...) is *not kept*: it tests Inductor itself.
 
 A case passes only when its results match eager and kiln compiled it: a case that fell back to
-eager, or ran a frame eagerly, is ``fallback``, not ``pass``.
+eager, or ran a frame eagerly, is ``fallback``, not ``pass``. kiln's refusal under
+``fullgraph=True`` (``GraphBreakError``) is raised as Dynamo's ``Unsupported`` too, so a case
+asserting that the compiler refuses (a ``torch.Generator`` argument) sees it; anywhere else it
+is a ``kiln_error``. A case that asserts an error eager does not raise (Inductor's own
+divergence), after kiln matched eager on those inputs, is not kept.
 
 Each case runs in a child process that survives nothing but the case: a crash (SIGFPE, a
 segfault) is recorded against the case that was running, and the next child resumes after it.
@@ -129,7 +133,20 @@ _CASE = {}
 def _reset_case():
     _CASE.clear()
     _CASE.update(kiln_calls=0, fallbacks=0, eager_runs=0, breaks=0, stride_mismatch=0,
-                 direct=False)
+                 direct=False, matched=0)
+
+
+def _refusal(message):
+    """kiln's refusal under fullgraph=True (``GraphBreakError``) as the Dynamo ``Unsupported`` a
+    case may expect (``assertRaisesRegex(torch._dynamo.exc.Unsupported, "Generator")``); still
+    a KilnFailure for every case that does not expect one."""
+    from torch._dynamo.exc import Unsupported
+
+    class KilnRefusal(KilnFailure, Unsupported):
+        def __init__(self, msg):
+            Unsupported.__init__(self, msg)
+    KilnRefusal.__name__ = KilnRefusal.__qualname__ = "KilnFailure"  # _classify reads the name
+    return KilnRefusal(message)
 
 
 def _kiln_call(compiled, args, kwargs):
@@ -137,6 +154,8 @@ def _kiln_call(compiled, args, kwargs):
     before = kiln.stats()
     try:
         out = compiled(*args, **kwargs)
+    except kiln.GraphBreakError as e:
+        raise _refusal(f"{type(e).__name__}: {e}") from e
     except Exception as e:  # noqa: BLE001 - eager ran these inputs without raising
         raise KilnFailure(f"{type(e).__name__}: {e}") from e
     after = kiln.stats()
@@ -232,6 +251,7 @@ def kiln_check_model(self, model, example_inputs, kwargs=None, *, atol=None, rto
     if check_gradient:
         _check_gradients(self, output_process_fn_grad(actual), output_process_fn_grad(correct),
                          example_inputs, ref_inputs, grad_atol or atol, grad_rtol or rtol)
+    _CASE["matched"] += assert_equal  # eager ran these inputs, and kiln's results equal its
 
 
 def assert_same(actual, expected, atol, rtol, exact_dtype):
@@ -414,6 +434,10 @@ def _classify(result, test):
             return "kiln_error", last
         if _CASE["fallbacks"] or _CASE["eager_runs"]:
             return "fallback", last
+        if kind == "failure" and " not raised" in last and _CASE["matched"]:
+            # ``with self.assertRaises(...): self.common(...)``: Inductor raises where eager
+            # gives an answer (test_cat_unbacked_legacy_empty), and kiln gave eager's
+            return "not_kept", f"expects an error eager does not raise, and kiln matched eager ({last})"
         if kind == "failure":
             return "mismatch", last
         return "error", last

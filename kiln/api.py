@@ -377,7 +377,8 @@ class CompiledFunction:
         try:
             return trace(self.fn, args, kwargs, dynamic=self.dynamic, auto_dynamic=cache.auto_dynamic,
                          auto_dynamic_ints=ints, auto_dynamic_floats=floats,
-                         module_identity=self.mode in api_args.CUDAGRAPH_MODES)
+                         module_identity=self.mode in api_args.CUDAGRAPH_MODES,
+                         input_items=self.fullgraph)
         except Exception as e:  # noqa: BLE001 - re-raised unless a dynamic value caused it
             if floats:
                 kept = set(floats)

@@ -5,10 +5,13 @@ runs eagerly inside the compiled graph (``core.fallback``), when that is safe:
   one node whose results are read by ``getitem``, kept as torch's named tuple where it has one);
 * it does not mutate (no trailing ``_``, no ``out=``), change device, or leave torch's compute
   namespaces (RNG state, CUDA streams, autograd, I/O are graph breaks);
-* no gradient is needed through it (fallback has no VJP rule).
+* no gradient is needed through a tensor passed by keyword (the fallback's VJP replays
+  torch's autograd of the call for its positional tensors: ``ops/core_fallback.py``).
 Each fallback is logged on the ``graph`` channel with the op's name.
 """
 from __future__ import annotations
+
+import types
 
 import torch
 
@@ -62,7 +65,9 @@ def fallback_adapter(fn, name: str):
         if not proxies:
             raise Unsupported(f"{name} has no tensor argument")
         if torch.is_grad_enabled() and any(p.meta.requires_grad for p in proxies):
-            raise Unsupported(f"{name} has no core op, and a gradient is needed through it")
+            why = _not_replayable(fn, kwargs)
+            if why is not None:
+                raise Unsupported(f"{name} has no core op, and a gradient is needed through it ({why})")
         target = register_fallback_target(name, fn)
         try:
             out = core.fallback(target, *args, **kwargs)
@@ -79,6 +84,62 @@ def fallback_adapter(fn, name: str):
         log.log("graph", "fallback node: %s runs eagerly inside the compiled graph", name)
         return out
     return adapter, None
+
+
+def inplace_fallback_adapter(name: str):
+    """``x.foo_(*a)`` for a method with no capture-table entry: ``x.foo(*a)`` as a fallback node,
+    written into x (functionalized, ``torch_api_inplace.Writes``), when every overload of
+    ``aten.foo_`` is ``aten.foo`` with the same parameters and defaults written into self
+    (``bernoulli_``'s p=0.5 is not ``bernoulli``'s p=self, so it is refused). A result that
+    self's dtype cannot hold is a break, as eager raises."""
+    from kiln.capture.torch_api_inplace import Writes
+    from kiln.capture.torch_ops import _functional_of
+    functional = getattr(torch.Tensor, name[:-1], None)
+    packet = getattr(torch.ops.aten, name, None)
+    overloads = [o for o in packet.overloads() if "out" not in o.split("_")] if packet is not None else []
+    if functional is None or not overloads \
+            or any(_functional_of(getattr(packet, o)._schema) is None for o in overloads):
+        return None, f"Tensor.{name} mutates its input and is not its functional form written back"
+    adapter, why = fallback_adapter(functional, f"Tensor.{name[:-1]}")
+    if adapter is None:
+        return None, why
+
+    def inplace(self, *args, **kwargs):
+        out = adapter(self, *args, **kwargs)
+        if not isinstance(out, Proxy) or tuple(out.shape) != tuple(self.shape):
+            raise Unsupported(f"Tensor.{name}: the result's shape differs from self's")
+        if out.dtype != self.dtype:
+            if not torch.can_cast(out.dtype, self.dtype):
+                raise Unsupported(f"Tensor.{name}: a {out.dtype} result cannot be written into {self.dtype}")
+            out = core.to_dtype(out, self.dtype)
+        return Writes([(self, out)], self)
+    return inplace, None
+
+
+def draws_random(fn) -> bool:
+    """Whether a C++-bound torch callable is a random op (its aten op is tagged
+    ``nondeterministic_seeded``: ``torch.bernoulli``, ``torch.poisson``, ``Tensor.random_``)."""
+    tags = getattr(fn, "tags", None)
+    if tags is not None:  # an OpOverload
+        return torch.Tag.nondeterministic_seeded in tags
+    packet = getattr(torch.ops.aten, getattr(fn, "__name__", "") or "_", None)
+    try:
+        overloads = [getattr(packet, o) for o in packet.overloads()] if packet is not None else []
+    except (AttributeError, RuntimeError):
+        return False
+    return any(torch.Tag.nondeterministic_seeded in o.tags for o in overloads)
+
+
+def _not_replayable(fn, kwargs) -> str | None:
+    """Why the backward cannot replay fn to get torch's gradient (the fallback's VJP runs the
+    call again on the saved inputs), or None."""
+    if any(isinstance(a, Proxy) and a.meta.requires_grad for a in flatten_args(kwargs)):
+        return "a tensor passed by keyword"
+    if isinstance(fn, types.FunctionType):  # Python code may draw random numbers (gumbel_softmax)
+        return "a Python function, which may draw random numbers again in the backward"
+    if draws_random(fn):
+        return "a random op: the backward would draw again"
+    return None
 
 
 def _with_nones(fn, name, args, kwargs):

@@ -82,6 +82,10 @@ INPLACE_FROM_FUNCTIONAL = (
     "addcdiv", "masked_fill", "nan_to_num", "fmod", "remainder", "floor_divide", "logical_not",
     "logical_and", "logical_or", "logical_xor", "bitwise_not", "bitwise_and", "bitwise_or",
     "bitwise_xor", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+    "acos", "asin", "atan", "tan", "sinh", "cosh", "asinh", "acosh", "atanh", "arccos", "arcsin",
+    "arctan", "arcsinh", "arccosh", "arctanh", "atan2", "arctan2", "hypot", "erfc", "frac",
+    "deg2rad", "rad2deg", "copysign", "lgamma", "digamma", "sgn", "logit", "sinc", "heaviside",
+    "xlogy", "i0", "nextafter", "ldexp", "gcd", "lcm", "bitwise_left_shift", "bitwise_right_shift",
 )
 
 

@@ -104,7 +104,23 @@ def _softmax_like(op):
     return adapter
 
 
+def histogramdd(input, bins=10, *, range=None, weight=None, density=False):
+    """One fallback node of the flat form (ops/core_fallback.py), torch's named tuple rebuilt."""
+    if isinstance(bins, Proxy) or isinstance(bins, (list, tuple)) and not all(type(b) is int for b in bins):
+        raise Unsupported("torch.histogramdd with tensor bins is not captured")
+    if type(bins) is not int and not isinstance(bins, (list, tuple)):
+        raise Unsupported(f"torch.histogramdd: bins={bins!r} is not captured")
+    if torch.is_grad_enabled() and any(isinstance(t, Proxy) and t.meta.requires_grad for t in (input, weight)):
+        raise Unsupported("torch.histogramdd of a tensor that requires grad is not captured")
+    if range is not None:
+        range = [float(r) for r in range]
+    out = core.fallback("histogramdd_flat", input, bins if type(bins) is int else list(bins),
+                        range=range, weight=weight, density=density)
+    return torch.return_types.histogramdd((out[0], list(out[1:])))
+
+
 FUNCTIONS = {
+    torch.histogramdd: histogramdd,
     torch.mean: mean, torch.prod: prod, torch.amax: amax, torch.amin: amin,
     torch.max: _minmax(core.amax, core.max_dim, core.maximum, torch.return_types.max),
     torch.min: _minmax(core.amin, core.min_dim, core.minimum, torch.return_types.min),

@@ -78,8 +78,6 @@ class TorchOpVariable(Variable):
             if functional is None:
                 raise Unsupported(f"{what}: the op mutates its arguments (not captured)")
             return _write_into_self(tx, functional, args, kwargs, what)
-        if torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ()):
-            raise Unsupported(f"{what}: a random op (not captured)")
         if not schema.is_mutable and _all_numbers(args, kwargs):
             # as called: a packet picks its overload in torch (aten.add(4, 3.3) is add.Tensor)
             return tx.call_adapter(_on_numbers(self.op), args, kwargs, what)
@@ -100,7 +98,21 @@ def _functional_of(schema):
     writes = [a for a in args if a.alias_info is not None and a.alias_info.is_write]
     if writes != [args[0]] or name[:-1] in _SHAPE_CHANGING:
         return None
-    return getattr(torch.ops.aten, name[:-1], None)
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    if packet is None:
+        return None
+    # the functional overload with the same parameters and defaults: aten.bernoulli_.float
+    # (p=0.5) is aten.bernoulli.p, not aten.bernoulli.default (whose p is self)
+    want = _parameters(schema)
+    for overload_name in packet.overloads():
+        overload = getattr(packet, overload_name)
+        if _parameters(overload._schema) == want:
+            return overload
+    return None
+
+
+def _parameters(schema):
+    return [(a.name, str(a.type), repr(a.default_value), a.kwarg_only) for a in schema.arguments]
 
 
 # in-place ops that change self's metadata, not its values

@@ -35,6 +35,7 @@ from kiln.capture.resume_loops import LoopRest, wrap_loop_rest
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.values_introspect import INTROSPECT_TYPES, IntrospectVariable
 from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_stdlib
+from kiln.capture.vmap import wrap_vmap
 from kiln.capture.values_dict import (OrderedDictVariable, ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
@@ -110,6 +111,7 @@ class Tracer:
         self.storages: list = []  # mutation.Storage per tensor memory that aliasing touched
         self._placeholder_names: set[str] = set()
         self.steps = 0
+        self.input_items = False  # trace(input_items=...): .item() of integer inputs (item_values.py)
         self.side_effects = SideEffects()          # Python state written (side_effects.py)
         self.grad_enabled = torch.is_grad_enabled()  # changed by `with torch.no_grad()`
         self._executed: list[str] = []
@@ -165,6 +167,8 @@ class Tracer:
             exit_var.grad_prev = value.prev  # a later break rebuilds it (resume_glue._grad_prev)
             return exit_var
         special = wrap_autocast(self, value, source, guard)  # torch.autocast and its queries
+        if special is None:  # torch.vmap, unrolled (vmap.py)
+            special = wrap_vmap(self, value, source, guard)
         if special is None:  # os.environ, loggers, warnings.warn (values_stdlib.py)
             special = wrap_stdlib(self, value, source, guard)
         if special is not None:
@@ -656,11 +660,13 @@ def _is_hashable(value) -> bool:
 
 def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
           auto_dynamic=None, plan=None, auto_dynamic_ints=None, auto_dynamic_floats=None,
-          module_identity=False) -> CaptureResult:
+          module_identity=False, input_items=False) -> CaptureResult:
     """Interpret ``fn(*args, **kwargs)``'s bytecode symbolically; see the module docstring.
     ``dynamic`` / ``auto_dynamic``: which input sizes are symbolic (``Tracer``).
     ``plan`` (a ``resume.BreakPlan``): stop before a graph break; the result's ``break_state``
-    then says what the glue must rebuild, and the graph returns the live tensors."""
+    then says what the glue must rebuild, and the graph returns the live tensors.
+    ``input_items`` (fullgraph=True): ``.item()`` of an unwritten integer input tensor is its
+    value, guarded (capture/item_values.py), instead of a graph break."""
     kwargs = kwargs or {}
     func, bound_self = _unbind(fn)
     code = func.__code__
@@ -675,6 +681,7 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
     tx = Tracer(_graph_name(code.co_name), dynamic, auto_dynamic, auto_dynamic_ints,
                 auto_dynamic_floats, module_identity)
     tx.root_globals = func.__globals__
+    tx.input_items = input_items
     grad_at_entry = tx.grad_enabled
     nparams = code.co_argcount + code.co_kwonlyargcount
     nparams += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)

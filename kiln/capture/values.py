@@ -25,7 +25,7 @@ import types
 import torch
 
 from kiln.capture import controls, torch_api
-from kiln.capture.fallback import fallback_adapter
+from kiln.capture.fallback import fallback_adapter, inplace_fallback_adapter
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import ItemSource
 from kiln.meta.symbolic import SymInt, SymSize
@@ -163,9 +163,14 @@ class TensorVariable(Variable):
             return tx.call_adapter(torch_api.TENSOR_VIEW_ATTRIBUTES[name], [self], {}, f"Tensor.{name}")
         if name in torch_api.TENSOR_METHODS:
             return MethodVariable(self, name)
+        if name == "item" and tx.input_items:
+            from kiln.capture.item_values import input_item
+            return input_item(tx, self)
         method = getattr(torch.Tensor, name, None)
         if callable(method):
             adapter, why = fallback_adapter(method, f"Tensor.{name}")
+            if adapter is None and name.endswith("_") and not name.startswith("_"):
+                adapter, why = inplace_fallback_adapter(name)
             if adapter is not None:
                 return BoundAdapterVariable(self, adapter, f"Tensor.{name}")
             # the break happens at the call (where a resume function can pick up), not here
@@ -798,6 +803,10 @@ class MethodVariable(Variable):
         if isinstance(obj, TensorVariable):
             return tx.call_adapter(torch_api.TENSOR_METHODS[self.name], [obj, *args], kwargs,
                                    f"Tensor.{self.name}")
+        if isinstance(obj, ConstantVariable) and obj.value is torch.Tensor and args \
+                and isinstance(args[0], TensorVariable):
+            # ``torch.Tensor.acos_(x)``: the unbound method is x's method
+            return args[0].getattr(tx, self.name).call(tx, list(args[1:]), kwargs)
         if isinstance(obj, ConstantVariable):
             try:
                 py_args = [a.as_python() for a in args]

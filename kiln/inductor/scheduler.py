@@ -508,6 +508,10 @@ def schedule(program: ir.LoopProgram) -> Schedule:
                 if any(d in position and position[d] > i for d in deps):
                     continue  # a producer runs after this kernel
                 reason = _why_not(buf, step)
+                if reason is not None and isinstance(buf, ir.Pointwise):
+                    alt = _in_memory_order_if_it_fuses(program, buf, step, reason)
+                    if alt is not None:
+                        buf, reason = alt, None
                 horizontal = reason is None and not (buf.reads() & step.buffer_names())
                 if horizontal:
                     reason = _peak_reason(buf, i, steps, position, facts)
@@ -551,6 +555,71 @@ def schedule(program: ir.LoopProgram) -> Schedule:
         if isinstance(step, Kernel):
             step.stores = [n.name for n in step.nodes if n.name in needed]
     return Schedule(program, steps)
+
+
+def _in_memory_order_if_it_fuses(program, buf: ir.Pointwise, kernel, reason):
+    """``buf`` looped in its stride order (outermost dim = largest stride) when that lets it join
+    ``kernel`` and it did not as it was: an output in eager's transposed strides reading an
+    intermediate stored in memory order reads each element where the kernel's thread stored
+    it once both walk memory the same way. Loads address buffers by flat offsets and outputs
+    are strided views, so the reordered buffer holds the same bytes; an output naming it
+    becomes a view with its logical shape and strides. None (nothing changed) otherwise."""
+    alt = memory_order(buf)
+    if alt is None or _why_not(alt, kernel) is not None:
+        return None
+    log.log("schedule", "loop %s in its stride order %s to fuse it into %s (%s)", buf.name,
+            list(alt.shape), kernel.name, reason)
+    program.buffers[program.buffers.index(buf)] = alt
+    program.outputs = [ir.TensorRef(o, buf.shape, buf.stride, 0) if isinstance(o, str) and o == buf.name
+                       else o for o in program.outputs]
+    return alt
+
+
+def memory_order(buf: ir.Pointwise):
+    """``buf`` over its dims sorted by stride (size-1 dims first), stored contiguously in that
+    order: the same bytes, written walking memory; None when its strides are symbolic, not a
+    dense permutation, or already in order."""
+    shape, stride = buf.shape, buf.stride
+    if not all(type(v) is int for v in shape + stride) or math.prod(shape) == 0:
+        return None
+    perm = sorted(range(len(shape)), key=lambda d: (shape[d] != 1, -stride[d], d))
+    if perm == list(range(len(shape))):
+        return None
+    new_shape = tuple(shape[d] for d in perm)
+    new_stride = ir_contiguous(new_shape)
+    if any(shape[d] != 1 and stride[d] != new_stride[k] for k, d in enumerate(perm)):
+        return None  # not dense (padded, overlapping): another layout than a permutation
+    old, new = ir.index_symbols(len(shape)), ir.index_symbols(len(shape))
+    dummy = [sympy.Symbol(f"_perm{k}", integer=True) for k in range(len(shape))]
+    # old i_{perm[k]} is the new i_k (through dummies, as the two sets of names coincide)
+    to_dummy = {old[d]: dummy[k] for k, d in enumerate(perm)}
+    to_new = {dummy[k]: new[k] for k in range(len(shape))}
+    body = _reindex(buf.body, lambda e: e.xreplace(to_dummy).xreplace(to_new))
+    return ir.Pointwise(buf.name, new_shape, new_stride, buf.dtype, buf.device, body, buf.origins)
+
+
+def ir_contiguous(shape) -> tuple:
+    out, acc = [], 1
+    for size in reversed(shape):
+        out.append(acc)
+        acc *= size
+    return tuple(reversed(out))
+
+
+def _reindex(expr, fn):
+    """expr with fn applied to every index expression (loads, index values, let bounds' bodies)."""
+    if isinstance(expr, ir.Load):
+        return ir.Load(expr.buffer, fn(expr.index), expr.dtype)
+    if isinstance(expr, ir.IndexValue):
+        return ir.IndexValue(fn(expr.index), expr.dtype)
+    if isinstance(expr, ir.Call):
+        return ir.Call(expr.op, tuple(_reindex(a, fn) for a in expr.args), expr.dtype)
+    if isinstance(expr, ir.Let):
+        return ir.Let(expr.symbol, _reindex(expr.value, fn), expr.bound, _reindex(expr.body, fn),
+                      expr.wrap_negative)
+    if isinstance(expr, ir.Const):
+        return expr
+    raise TypeError(f"[schedule] memory_order: no rule for {type(expr).__name__}")
 
 
 # A per-element value a later pass of a C++ reduction kernel would compute again is stored by

@@ -447,6 +447,16 @@ def _decompose_backward(target, n, n_out, need, given, *rest, **kwargs):
 def custom_op_vjp(g, out, target, *args, **kwargs):
     """A ``custom_op``'s registered formula is called directly on the saved inputs and outputs;
     any other op's autograd runs again in the backward (``_replay_backward``)."""
+    return _vjp(g, out, target, args, kwargs, _opdef_formula(target) is not None)
+
+
+def custom_op_vjp_replay(g, out, target, *args, **kwargs):
+    """The VJP of an opaque call whose autograd is torch's, run again in the backward
+    (``core.fallback``'s rule)."""
+    return _vjp(g, out, target, args, kwargs, False)
+
+
+def _vjp(g, out, target, args, kwargs, direct):
     from kiln.graph.proxy import Proxy
     gs = g if isinstance(g, tuple) else (g,)
     outs = out if isinstance(out, tuple) else (out,)
@@ -458,7 +468,7 @@ def custom_op_vjp(g, out, target, *args, **kwargs):
     need = tuple(needs(a) for a in args)
     if not any(any(w) if isinstance(w, tuple) else w for w in need) or not any(given):
         return (None,) * (len(args) + 1)
-    saved = outs if _opdef_formula(target) is not None else ()
+    saved = outs if direct else ()
     grads = iter(custom_op_backward(target, len(args), len(saved), need, given, *args, *saved,
                                     *[x for x in gs if x is not None], **kwargs))
     return (None,) + tuple([next(grads) if wi else None for wi in w] if isinstance(w, tuple)

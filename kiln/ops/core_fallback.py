@@ -5,7 +5,11 @@ Capture turns a call to an unknown torch function or Tensor method into
 ``meta`` device (that is the meta rule); otherwise it stays a graph break. The callable is
 looked up by name in ``FALLBACK_TARGETS`` so the graph still prints as runnable Python. It
 decomposes to ``prims.fallback``, a library op: the wrapper calls torch for it, between kernels.
-There is no VJP rule, so capture only emits one where no gradient is needed.
+Autograd (``fallback_vjp``): the gradient is torch's own for the callable. The backward graph
+holds a ``core.custom_op_backward`` node that runs the callable again on the saved inputs with
+grad enabled and calls ``torch.autograd.grad`` (``core_custom._replay_backward``), so a fallback
+is differentiable wherever eager's op is. Which results need a gradient is eager's answer too:
+the meta rule runs the callable on meta tensors that require grad as the inputs do.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import torch
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.graph.node import flatten_args
 from kiln.ops import prims
-from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
+from kiln.ops.registry import DECOMPOSITIONS, META_RULES, VJP_RULES, define
 
 __all__ = ["fallback", "FALLBACK_TARGETS", "register_fallback_target"]
 
@@ -30,6 +34,10 @@ STORAGE_READERS = {"as_strided", "as_strided_copy", "as_strided_scatter"}
 def reads_storage(name: str) -> bool:
     """``torch.as_strided``, ``Tensor.as_strided``, ``torch.ops.aten.as_strided.default`` ..."""
     return not STORAGE_READERS.isdisjoint(name.split("."))
+
+
+# Callables torch has no meta kernel for: a function giving their results on meta tensors
+FALLBACK_METAS: dict[str, object] = {}
 
 
 def register_fallback_target(name: str, fn):
@@ -104,18 +112,55 @@ def fallback_meta(target, *args, **kwargs):
         raise TypeError(f"[meta] core.fallback({target}): needs a tensor argument")
     device = next((m.device for m in metas if m.device.type != "cpu"), metas[0].device)
     fake = _map((args, kwargs), lambda a: a.fake() if isinstance(a, TensorMeta) else a)
-    out = resolve(target)(*fake[0], **fake[1])
+    grad = any(m.requires_grad and m.dtype.is_floating_point for m in metas)
+    if grad:  # eager's autograd decides which results need a gradient
+        fake = _map(fake, lambda a: a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a)
+    with torch.enable_grad() if grad else torch.no_grad():
+        out = FALLBACK_METAS.get(target, resolve(target))(*fake[0], **fake[1])
 
     def to_meta(t):
         if not isinstance(t, torch.Tensor):
             raise NotTensors(f"[meta] core.fallback({target}): returns {type(t).__name__}, not tensors")
-        return TensorMeta(t.shape, t.stride(), t.dtype, device, False)
+        return TensorMeta(t.shape, t.stride(), t.dtype, device, grad and t.requires_grad)
     if isinstance(out, (tuple, list)):
         return tuple(to_meta(t) for t in out)
     return to_meta(out)
 
 
-# no VJP on purpose: capture emits fallbacks only where no gradient is needed through them
-fallback = define("core", "fallback", _fallback_eager, differentiable=False)
+# random=True: the callable may draw random numbers (torch.bernoulli, torch.poisson, a Python
+# function calling torch.rand): two equal calls are never merged by CSE, and the partitioner
+# never recomputes one (capture keeps a gradient through a drawing call a graph break)
+fallback = define("core", "fallback", _fallback_eager, random=True)
 META_RULES[fallback] = fallback_meta
+
+
+@VJP_RULES.register(fallback)
+def fallback_vjp(g, out, target, *args, **kwargs):
+    """Torch's autograd of the callable, replayed in the backward on the saved inputs
+    (``core.custom_op_backward`` with no saved outputs); tensors passed by keyword take no
+    gradient (capture breaks where one would need it)."""
+    from kiln.ops.core_custom import custom_op_vjp_replay
+    return custom_op_vjp_replay(g, out, target, *args, **kwargs)
 DECOMPOSITIONS[fallback] = lambda target, *args, **kwargs: prims.fallback(target, *args, **kwargs)
+
+
+# ------------------------------------------------------------------ histogramdd
+# torch.histogramdd returns (hist, [bin_edges, ...]) and its bin-edge op has no meta kernel:
+# the node is this flat form (every tensor a result), with the shapes computed here; capture
+# puts torch's named tuple back together (capture/torch_api_reductions.py)
+def _histogramdd_flat(input, bins=10, *, range=None, weight=None, density=False):
+    hist, edges = torch.histogramdd(input, bins, range=range, weight=weight, density=density)
+    return (hist, *edges)
+
+
+def _histogramdd_flat_meta(input, bins=10, *, range=None, weight=None, density=False):
+    dims = input.shape[-1]
+    counts = [bins] * dims if isinstance(bins, int) else list(bins)
+    if len(counts) != dims or not all(isinstance(b, int) for b in counts):
+        raise TypeError(f"[meta] torch.histogramdd: bins={bins!r} for {dims}-d samples")
+    hist = torch.empty(counts, dtype=input.dtype, device="meta")
+    return (hist, *[torch.empty(b + 1, dtype=input.dtype, device="meta") for b in counts])
+
+
+FALLBACK_TARGETS["histogramdd_flat"] = _histogramdd_flat
+FALLBACK_METAS["histogramdd_flat"] = _histogramdd_flat_meta

@@ -47,10 +47,17 @@ def _note_eager_strides(node, result):
     prims graph's metas are kiln's: a repeat is an expand there, a product contiguous)."""
     from kiln.meta.tensor_meta import TensorMeta
     from kiln.ops.core_fallback import reads_storage
-    if not (node.args and isinstance(node.args[0], str) and reads_storage(node.args[0])) \
-            or not isinstance(result, Proxy):
+    if not (node.args and isinstance(node.args[0], str) and reads_storage(node.args[0])):
         return
-    result.node.meta["eager_arg_strides"] = [
+    lead = []
+    if node.target.name == "custom_op_backward":  # a fallback's VJP replaying the call:
+        # one prims.custom_op read by getitem, whose args lead with its own target and spec
+        if not (isinstance(result, tuple) and result and isinstance(result[0], Proxy)):
+            return
+        result, lead = Proxy(result[0].node.args[0]), [None, None]
+    if not isinstance(result, Proxy):
+        return
+    result.node.meta["eager_arg_strides"] = lead + [
         tuple(a.meta["val"].stride) if isinstance(a, Node) and isinstance(a.meta.get("val"), TensorMeta)
         else None for a in node.args]
 
@@ -88,7 +95,7 @@ def decompose(graph: Graph) -> Graph:
             with out.inherit(origin=_describe(node), source=source):
                 env[node] = rule(*args, **kwargs)
             _mark_composite(out.nodes[first_new:], env[node], target.name)
-            if target.name == "fallback":
+            if target.name in ("fallback", "custom_op_backward"):
                 _note_eager_strides(node, env[node])
         elif node.op == OUTPUT:
             result = map_args(node.args[0], lambda n: env[n])

@@ -296,7 +296,9 @@ def _prim_fallback_eager(target, *args, **kwargs):
     return resolve(target)(*args, **kwargs)
 
 
-fallback = define("prims", "fallback", _prim_fallback_eager, library=True)
+# random=True: the callable may draw random numbers (torch.bernoulli, F.gumbel_softmax): two
+# calls are never merged by CSE (ops/core_fallback.py)
+fallback = define("prims", "fallback", _prim_fallback_eager, library=True, random=True)
 
 
 @META_RULES.register(fallback)

@@ -3,6 +3,7 @@ its metadata can be computed on the meta device; otherwise a graph break with th
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import kiln
@@ -33,15 +34,35 @@ def test_fallback_printout_runs_in_a_fresh_process():
     assert "torch.Size([3, 4])" in proc.stdout
 
 
-def test_fallback_needing_a_gradient_is_a_graph_break_naming_the_op():
-    x = torch.rand(4, 5, requires_grad=True)
-    e = kiln.explain(lambda x: torch.logcumsumexp(x, 0) * 2)(x)
-    assert e.graph_break_count == 1 and "torch.logcumsumexp" in e.break_reasons[0].reason
-    out = kiln.compile(lambda x: torch.logcumsumexp(x, 0) * 2)(x)
-    out.sum().backward()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fallback_needing_a_gradient_compiles_with_torchs_gradient(dtype):
+    """A fallback's VJP replays torch's autograd of the call in the backward (no break)."""
+    x = torch.rand(4, 5, dtype=dtype).t().requires_grad_()  # non-contiguous
+    fn = lambda x: torch.logcumsumexp(x, 0) * 2  # noqa: E731
+    e = kiln.explain(fn)(x)
+    assert e.graph_break_count == 0
+    out = kiln.compile(fn, fullgraph=True)(x)
+    g = torch.randn_like(out)
+    got, = torch.autograd.grad(out, x, g)
     x_ref = x.detach().clone().requires_grad_()
-    (torch.logcumsumexp(x_ref, 0) * 2).sum().backward()
-    assert_close(x.grad, x_ref.grad)
+    ref = fn(x_ref)
+    want, = torch.autograd.grad(ref, x_ref, g)
+    assert_close(out, ref)  # tolerances fit the dtype (tests/testing.py)
+    assert out.stride() == ref.stride() and out.dtype == ref.dtype
+    assert_close(got, want)
+
+
+def test_fallback_with_a_keyword_tensor_needing_a_gradient_is_a_graph_break():
+    x, w = torch.rand(2, 3), torch.rand(2, 2, requires_grad=True)
+    fn = lambda x, w: torch.kron(x, other=w * 2)  # noqa: E731
+    e = kiln.explain(fn)(x, w)
+    assert e.graph_break_count == 1 and "by keyword" in e.break_reasons[0].reason
+    out = kiln.compile(fn)(x, w)
+    g = torch.randn_like(out)
+    w_ref = w.detach().clone().requires_grad_()
+    ref = fn(x, w_ref)
+    assert_close(out, ref)
+    assert_close(torch.autograd.grad(out, w, g)[0], torch.autograd.grad(ref, w_ref, g)[0])
 
 
 def test_side_effects_and_data_dependent_shapes_stay_graph_breaks():

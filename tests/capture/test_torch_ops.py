@@ -1,6 +1,9 @@
 """torch.ops.aten.* calls in captured code: the overload is bound from the arguments (a packet)
 or given (an OpOverload), then routed to the torch-level capture rule of the same name, or run
-as a fallback node; mutating, view-returning and random ops stay graph breaks."""
+as a fallback node; mutating and view-returning ops stay graph breaks. Random ops draw as
+their torch function does (kiln's RNG for a capture-table entry, torch's for a fallback node,
+which CSE never merges)."""
+import pytest
 import torch
 
 import kiln
@@ -62,7 +65,7 @@ def test_gradients_flow_through_routed_aten_calls():
     assert_close(gw, w2.grad)
 
 
-def test_in_place_aten_ops_write_the_input_and_random_ones_break():
+def test_in_place_aten_ops_write_the_input():
     def fn(x):
         aten.add_.Tensor(x, 1)
         return x * 2
@@ -71,8 +74,30 @@ def test_in_place_aten_ops_write_the_input_and_random_ones_break():
     _one_graph(fn, x.clone())
     assert_close(kiln.compile(fn, fullgraph=True)(x), fn(x_ref))
     assert_close(x, x_ref)
-    e = kiln.explain(lambda x: aten.rand_like(x) * x)(torch.randn(3))
-    assert e.graph_break_count == 1 and "torch.ops.aten.rand_like" in e.break_reasons[0].reason
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_random_aten_ops_compile_and_two_draws_differ(dtype):
+    """PyTorch's test_bernoulli2: aten.bernoulli(a) has eager's mean; two equal random calls
+    are two draws (a fallback node is never merged by CSE), and bernoulli_'s default p=0.5
+    is not bernoulli(self)'s p=self."""
+    a = torch.full((200, 200), 0.3, dtype=dtype)
+    fns = {
+        "bernoulli": (lambda a: aten.bernoulli(a).float().mean(), 0.3),
+        "rand_like": (lambda a: aten.rand_like(a).float().mean(), 0.5),
+        "uniform_": (lambda a: aten.uniform_(a.clone(), 2, 3).float().mean(), 2.5),
+    }
+    for name, (fn, mean) in fns.items():
+        assert kiln.explain(fn)(a).graph_break_count == 0, name
+        got = kiln.compile(fn, fullgraph=True)(a)
+        assert got.dtype == fn(a).dtype
+        assert abs(got.item() - mean) < 0.02, name
+    for op in (torch.bernoulli, torch.poisson, aten.bernoulli):
+        two = lambda a: (op(a) - op(a)).abs().sum()  # noqa: E731
+        assert kiln.compile(two)(a.float()).item() > 1000, op
+    same_p = lambda a: aten.bernoulli_(a.clone()).mean()  # noqa: E731  (p=0.5, not a's 0.3)
+    got = kiln.compile(same_p)(a.float())
+    assert abs(got.item() - 0.5) < 0.02
 
 
 def test_a_torch_function_with_another_signature_is_not_used():

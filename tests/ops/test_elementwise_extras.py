@@ -10,10 +10,6 @@ from testing import TARGETS, assert_close, on_target, randn
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.xfail(reason="since eager layouts (inductor/layout.py), a multi-use intermediate of a "
-                   "transposed input is stored in the input's order and the output in eager's "
-                   "strides without walking memory in order: 2 kernels (session 24 notes)",
-                   strict=False)
 def test_activation_chain_is_one_kernel(target):
     def chain(x, y):
         h = F.gelu(x) * F.silu(y) + F.hardswish(x)
