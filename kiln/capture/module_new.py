@@ -228,7 +228,10 @@ def construct_module(tx, cls, args, kwargs):
         py_args = [real_value(a) for a in args]
         py_kwargs = {k: real_value(v) for k, v in kwargs.items()}
         try:
-            m = cls(*py_args, **py_kwargs)
+            # a module with parameters draws their initial values: the trace must leave the
+            # generator as it found it (the module is then refused, and eager builds it again)
+            with torch.random.fork_rng(devices=[]):
+                m = cls(*py_args, **py_kwargs)
         except Exception as e:  # noqa: BLE001
             raise Unsupported(f"creating a {name} module inside compiled code raised {e!r}") from None
         return local_child(tx, m)
