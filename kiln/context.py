@@ -40,6 +40,9 @@ class CompileContext:
         self.events: list[dict] = []
         # called (once) when this compile's next build stage starts (autograd/speculate.py)
         self.before_build: list = []
+        # the strides of the last lowered graph's tensor outputs (None for other outputs): a
+        # training forward's saved tensors, for the backward's speculation
+        self.output_strides: list | None = None
 
     def record(self, stage: str, name: str, ir):
         self.artifacts.append((stage, name, ir))

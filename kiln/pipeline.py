@@ -81,6 +81,19 @@ def output_strides(graph: Graph):
             else None for o in out]
 
 
+def promised_strides(graph: Graph):
+    """The strides the graph's outputs must have: its metas' (``output_strides``), except where
+    the graph carries strides promised before its inputs' layouts were known
+    (``promised_output_strides``: a backward's grads keep the strides the partition gave them,
+    eager's, whatever layouts the forward saved its tensors in)."""
+    own = output_strides(graph)
+    promised = getattr(graph, "promised_output_strides", None)
+    if promised is None or len(promised) != len(own):
+        return own
+    return [p if p is not None and o is not None and len(p) == len(o) and
+            all(isinstance(s, int) for s in p) else o for p, o in zip(promised, own)]
+
+
 class CompiledGraph:
     """The kiln backend's result: a generated wrapper around generated kernels."""
 
@@ -237,10 +250,12 @@ def _compile_graph(graph: Graph, backend: str):
     prims_graph = _stage("decomp", cse, prims_graph)
     # eager's strides for the outputs, from the captured graph's metas: lowering allocates
     # them so (the prims' own metas are contiguous)
-    prims_graph.output_strides = output_strides(graph)
+    prims_graph.output_strides = promised_strides(graph)
     # a training forward (compile_training): its saved tensors keep the layouts the
-    # backward was built against (inductor/conv_layout.py)
+    # backward was built against, or (a channels-last conv graph) the layouts lowering gives
+    # them, for which the backward is then compiled (inductor/conv_layout.py)
     prims_graph.saves_for_backward = getattr(graph, "saves_for_backward", False)
+    prims_graph.saved_outputs_from = getattr(graph, "saved_outputs_from", None)
     if config.verify:
         _stage("decomp", verify, prims_graph, ("prims",), name="verify_prims")
     if backend == "aot_eager":
@@ -279,6 +294,7 @@ def compile_training(graph: Graph, backend: str, strategy: str | None = None):
         spec = speculate.BackwardSpeculation(graph.name, part, backward)
         speculate.before_forward_build(spec)
     part.forward.saves_for_backward = trains  # lowering keeps the saved tensors' layouts
+    part.forward.saved_outputs_from = part.num_user_outputs  # the outputs after the user's are saved
     try:
         forward = compile_graph(part.forward, backend)
     finally:
@@ -367,6 +383,9 @@ def compile_prims_graph(prims_graph: Graph) -> CompiledGraph:
             return hit
     prestart(choose_target(device))  # build workers start while lowering and codegen run
     program = _stage("lowering", lower, prims_graph)
+    ctx = context.current()
+    if ctx is not None:  # read by the backward's speculation (autograd/speculate.py)
+        ctx.output_strides = [tuple(o.stride) if hasattr(o, "stride") else None for o in program.outputs]
     sched = _stage("scheduling", schedule, program)
     target = choose_target(program.device)
     generated = _stage("codegen", generate_kernels, sched, target)

@@ -16,7 +16,7 @@ import torch
 from kiln import log
 from kiln.autograd.partition import Partition
 from kiln.graph.graph import Graph
-from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, map_args
+from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, Node, map_args
 from kiln.meta.symbolic import concretize, free_symbols, shape_env_of, symbol_values
 from kiln.meta.tensor_meta import TensorMeta, WrappedNumberMeta
 from kiln.ops.autocast import disabled as autocast_disabled
@@ -103,7 +103,13 @@ class CompiledAutograd:
 def compile_backward(part: Partition, compiler, metas):
     """The backward graph of ``part`` for these input metas (saved, then tangents), compiled by
     ``compiler`` (``pipeline.compile_backward``: it falls back to eager ops itself)."""
-    return compiler(copy_graph(part.backward, metas))
+    graph = copy_graph(part.backward, metas)
+    # the grads keep the strides the partition promised (eager's), whatever layouts the
+    # forward saved its tensors in (pipeline.promised_strides)
+    graph.promised_output_strides = [
+        tuple(o.meta["val"].stride) if isinstance(o, Node) and isinstance(o.meta.get("val"), TensorMeta)
+        else None for o in part.backward.output_node.args[0]]
+    return compiler(graph)
 
 
 def _layout_key(meta, t, sizes):

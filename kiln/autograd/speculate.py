@@ -39,13 +39,30 @@ class BackwardSpeculation:
         self._lock = threading.Lock()
 
     def start(self):
-        """Start the thread (once)."""
+        """Start the thread (once), for the layouts the forward's lowering gave its saved
+        tensors (a channels-last conv graph keeps its own: inductor/lower.py ``_realize_saved``)."""
         with self._lock:
             if self._thread is not None:
                 return
+            self._use_forward_layouts()
             self._thread = threading.Thread(target=self._run, name=f"kiln-backward-{self.name}", daemon=True)
             self._thread.start()
         log.log("aot", "compiling the backward of %s while its forward builds", self.name)
+
+    def _use_forward_layouts(self):
+        ctx = context.current()
+        strides = getattr(ctx, "output_strides", None) if ctx is not None else None
+        if strides is None:  # a forward from the graph cache: the metas' prediction
+            return
+        k = self.part.num_user_outputs
+        for i, primal in enumerate(self.part.saved_inputs):
+            if primal is not None:
+                continue
+            st = strides[k] if k < len(strides) else None
+            k += 1
+            m = self.metas[i]
+            if st is not None and len(st) == len(m.shape) and tuple(st) != tuple(m.stride):
+                self.metas[i] = m.with_(stride=tuple(st))
 
     def _run(self):
         try:

@@ -287,7 +287,7 @@ def store_attr(frame, inst):
 
 def store_attribute(tx, obj, name, value):
     """``obj.name = value`` (STORE_ATTR, and the ``setattr`` builtin)."""
-    if isinstance(obj, ModuleVariable):
+    if isinstance(obj, ModuleVariable) and not obj.local:
         if isinstance(value, TensorVariable) and value.source is None and \
                 name in obj.module._parameters:
             raise Unsupported(f"assigning a computed tensor to parameter {name!r}")

@@ -61,25 +61,26 @@ def call_module(tx, mv, args, kwargs):
     if _is_compiled_module(m):  # kiln.compile(layer) inside a compiled root: the layer itself
         return _call_compiled_module(tx, mv, args, kwargs)
     g = ExprSource(GLOBALS)
+    if mv.local:  # made in this trace (module_new.py): its own hook tables are known now
+        if m._forward_hooks or m._forward_pre_hooks:
+            raise Unsupported(f"calling a {type(m).__name__} module made inside compiled code "
+                              "with forward hooks registered on it")
     if not (m._forward_hooks or m._forward_pre_hooks or nn_module._global_forward_hooks or
             nn_module._global_forward_pre_hooks):  # the common case: forward alone
         tx.guards.add(g, _NO_GLOBAL_HOOKS)
-        tx.guards.add(mv.source, _NO_HOOKS)
+        if not mv.local:
+            tx.guards.add(mv.source, _NO_HOOKS)
         return _forward(tx, mv).call(tx, args, kwargs)
     tx.guards.add(g, "not ({}._global_backward_hooks or {}._global_backward_pre_hooks)")
+    if mv.local:  # no hooks of its own (checked above): only the global ones run
+        return _call_with_hooks(tx, mv, list(args), dict(kwargs), *_global_hooks(tx, nn_module))
     tx.guards.add(mv.source, "not ({}._backward_hooks or {}._backward_pre_hooks)")
-    # a hook's source must load anywhere (a side effect's replay, a break's glue): the global
-    # tables are read through sys.modules, not through the guards' ``torch`` name
-    gm = ModuleSource(GLOBALS)
-    pre = _hook_table(tx, nn_module._global_forward_pre_hooks, AttrSource(gm, "_global_forward_pre_hooks"),
-                      None, None) + \
-        _hook_table(tx, m._forward_pre_hooks, AttrSource(mv.source, "_forward_pre_hooks"),
-                    m._forward_pre_hooks_with_kwargs, AttrSource(mv.source, "_forward_pre_hooks_with_kwargs"))
-    post = _hook_table(tx, nn_module._global_forward_hooks, AttrSource(gm, "_global_forward_hooks"),
-                       nn_module._global_forward_hooks_with_kwargs,
-                       AttrSource(gm, "_global_forward_hooks_with_kwargs")) + \
-        _hook_table(tx, m._forward_hooks, AttrSource(mv.source, "_forward_hooks"),
-                    m._forward_hooks_with_kwargs, AttrSource(mv.source, "_forward_hooks_with_kwargs"))
+    pre, post = _global_hooks(tx, nn_module)
+    pre = pre + _hook_table(tx, m._forward_pre_hooks, AttrSource(mv.source, "_forward_pre_hooks"),
+                            m._forward_pre_hooks_with_kwargs,
+                            AttrSource(mv.source, "_forward_pre_hooks_with_kwargs"))
+    post = post + _hook_table(tx, m._forward_hooks, AttrSource(mv.source, "_forward_hooks"),
+                              m._forward_hooks_with_kwargs, AttrSource(mv.source, "_forward_hooks_with_kwargs"))
     return _call_with_hooks(tx, mv, list(args), dict(kwargs), pre, post)
 
 
@@ -103,6 +104,19 @@ def _call_compiled_module(tx, mv, args, kwargs):
         raise hooks_unsupported(m, "hooks are registered on the kiln.compile wrapper itself")
     tx.guards.add(mv.source, _NO_HOOKS)
     return mv.getattr(tx, "_orig_mod").call(tx, args, kwargs)
+
+
+def _global_hooks(tx, nn_module):
+    """(pre, post): the global forward hook tables as ``_hook_table`` reads them. A hook's
+    source must load anywhere (a side effect's replay, a break's glue): the global tables are
+    read through sys.modules, not through the guards' ``torch`` name."""
+    gm = ModuleSource(GLOBALS)
+    pre = _hook_table(tx, nn_module._global_forward_pre_hooks,
+                      AttrSource(gm, "_global_forward_pre_hooks"), None, None)
+    post = _hook_table(tx, nn_module._global_forward_hooks, AttrSource(gm, "_global_forward_hooks"),
+                       nn_module._global_forward_hooks_with_kwargs,
+                       AttrSource(gm, "_global_forward_hooks_with_kwargs"))
+    return pre, post
 
 
 def _hook_table(tx, table, source, kw_table, kw_source) -> list:
@@ -184,7 +198,9 @@ def _forward(tx, mv):
         raise Unsupported(f"{type(m).__name__}.forward is not a method")
     # modules are guarded by type (tracer._wrap_module): another instance of the class may
     # carry a forward of its own (accelerate's hooks set ``module.forward``)
-    if "forward" in m.__dict__:
+    if mv.local:
+        pass  # made in this trace: the forward it holds is the one every call of it has
+    elif "forward" in m.__dict__:
         tx.guards.identity(tx.attr_source(tx.attr_source(mv.source, "forward"), "__func__"),
                            forward.__func__)
     else:

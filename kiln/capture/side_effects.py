@@ -26,6 +26,7 @@ made during the trace, and values with a source, which are fetched again).
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 
 from kiln.capture.errors import Unsupported
@@ -173,6 +174,8 @@ def extra_spec(v, proxies, spec_of):
         return ("object", v.cls, {k: spec_of(x, proxies) for k, x in v.attrs.items()})
     if v.source is not None:
         return ("source", _accessor(v.source))
+    if getattr(v, "local", False) and hasattr(v, "snapshot"):  # a module made in the trace
+        return ("fresh", v.snapshot())
     return None
 
 
@@ -188,6 +191,8 @@ def build_extra(spec, build, L, G):
         return obj
     if kind == "call":
         return spec[1](**{k: build(s) for k, s in spec[2].items()})
+    if kind == "fresh":  # a module made in the trace: each call gets its own (module_new.py)
+        return copy.deepcopy(spec[1])
     if kind == "source":
         if L is None:
             raise RuntimeError("kiln: a captured value must be fetched again, but rebuild got no L")

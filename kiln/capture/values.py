@@ -467,9 +467,24 @@ class CellVariable(Variable):
 
 
 class ModuleVariable(Variable):
+    # A module made during the trace (capture/module_new.py) is a real object private to the
+    # call: no source, no guards, read and written for real.
+    local = False
+
     def __init__(self, module, source):
         self.module = module
         self.source = source
+
+    def _guard(self, tx, check: str):
+        tx.guards.add(self.source, check)
+
+    def _child(self, tx, value, source):
+        """A value held by this module (a submodule, an item), reached through ``source``."""
+        return tx.wrap(value, source)
+
+    def _method(self, tx, name, fn):
+        """``module.name`` for a method ``fn`` of its class: inlined when called."""
+        return FunctionVariable(fn, self_var=self)
 
     def python_type(self):
         return type(self.module)
@@ -494,25 +509,25 @@ class ModuleVariable(Variable):
         except AttributeError as e:
             raise Unsupported(str(e)) from None
         if isinstance(value, types.MethodType) and value.__self__ is self.module:
-            return FunctionVariable(value.__func__, self_var=self)
-        return tx.wrap(value, tx.attr_source(self.source, name))
+            return self._method(tx, name, value.__func__)
+        return self._child(tx, value, tx.attr_source(self.source, name))
 
     def _children(self, tx):
         if not isinstance(self.module, (torch.nn.ModuleList, torch.nn.Sequential)):
             raise Unsupported(f"iterating over {type(self.module).__name__} is not supported")
         children = list(self.module)
-        tx.guards.add(self.source, f"len({{}}) == {len(children)}")
+        self._guard(tx, f"len({{}}) == {len(children)}")
         return children
 
     def _dict_keys(self, tx):
         keys = list(self.module.keys())
-        tx.guards.add(self.source, f"list({{}}.keys()) == {keys!r}")
+        self._guard(tx, f"list({{}}.keys()) == {keys!r}")
         return keys
 
     def iterate(self, tx):
         if isinstance(self.module, torch.nn.ModuleDict):  # iterating a ModuleDict gives its keys
             return [ConstantVariable(k) for k in self._dict_keys(tx)]
-        return [tx.wrap(m, ItemSource(self.source, i)) for i, m in enumerate(self._children(tx))]
+        return [self._child(tx, m, ItemSource(self.source, i)) for i, m in enumerate(self._children(tx))]
 
     def direct_children(self, tx, named: bool):
         """``children()`` / ``named_children()`` (timm's stages loop ``for b in
@@ -520,7 +535,7 @@ class ModuleVariable(Variable):
         the names of the module's submodules (a None entry is skipped, as torch skips it)."""
         modules = self.module._modules
         keys = list(modules.keys())
-        tx.guards.add(self.source, f"list({{}}._modules.keys()) == {keys!r}")
+        self._guard(tx, f"list({{}}._modules.keys()) == {keys!r}")
         holder = tx.attr_source(self.source, "_modules")
         out, seen = [], set()
         for k in keys:
@@ -528,14 +543,14 @@ class ModuleVariable(Variable):
             if m is None or id(m) in seen:  # torch yields each submodule once
                 continue
             seen.add(id(m))
-            child = tx.wrap(m, ItemSource(holder, k))
+            child = self._child(tx, m, ItemSource(holder, k))
             out.append(TupleVariable([ConstantVariable(k), child]) if named else child)
         return TupleVariable(out)
 
     def module_dict_method(self, tx, name):
         """``items()`` / ``keys()`` / ``values()`` of a ModuleDict, as a tuple of trackers."""
         keys = self._dict_keys(tx)
-        values = [tx.wrap(self.module[k], ItemSource(self.source, k)) for k in keys]
+        values = [self._child(tx, self.module[k], ItemSource(self.source, k)) for k in keys]
         if name == "keys":
             return TupleVariable([ConstantVariable(k) for k in keys])
         if name == "values":
@@ -547,15 +562,15 @@ class ModuleVariable(Variable):
             k = key.as_python()
             if k not in self._dict_keys(tx):
                 raise Unsupported(f"ModuleDict has no key {k!r}")
-            return tx.wrap(self.module[k], ItemSource(self.source, k))
+            return self._child(tx, self.module[k], ItemSource(self.source, k))
         children = self._children(tx)
         key = key.as_python()
         if isinstance(key, slice):
-            return ListVariable([tx.wrap(children[i], ItemSource(self.source, i))
+            return ListVariable([self._child(tx, children[i], ItemSource(self.source, i))
                                  for i in range(len(children))[key]])
         if not isinstance(key, int):
             raise Unsupported(f"indexing {type(self.module).__name__} with {type(key).__name__}")
-        return tx.wrap(children[key], ItemSource(self.source, key % len(children)))
+        return self._child(tx, children[key], ItemSource(self.source, key % len(children)))
 
     def call(self, tx, args, kwargs):
         from kiln.capture.module_call import call_module  # hooks inlined around forward

@@ -430,6 +430,9 @@ class SuperVariable(Variable):
                     return method
                 if isinstance(value, types.FunctionType):
                     if is_torch_module(value.__module__) and klass is not object:
+                        from kiln.capture.module_new import RealMethodVariable, runs_for_real
+                        if getattr(self.obj, "local", False) and runs_for_real(name, value):
+                            return RealMethodVariable(self.obj, value)  # super().__init__(): for real
                         if name == "__init__":
                             return _NoOp()
                     if value in MAPPING_MIXINS and isinstance(self.obj, ObjectVariable):
@@ -544,8 +547,9 @@ def call_class(tx, cls, args, kwargs):
     from kiln.capture.torch_api_creation import FUNCTIONS as creation, LEGACY_TYPES
     if cls in LEGACY_TYPES:  # torch.LongTensor([294]): a capture-table entry, as torch.tensor
         return tx.call_adapter(creation[cls], args, kwargs, f"torch.{cls.__name__}")
-    if issubclass(cls, torch.nn.Module):
-        raise Unsupported(f"creating a {cls.__name__} module inside compiled code")
+    if issubclass(cls, torch.nn.Module):  # built at trace time, private to the call
+        from kiln.capture.module_new import construct_module
+        return construct_module(tx, cls, args, kwargs)
     if is_torch_module(cls.__module__) or not plain_metaclass(type(cls)) or \
             cls.__new__ is not object.__new__ or cls.__dict__.get("__slots__") is not None:
         raise Unsupported(f"creating a {cls.__qualname__} object is not supported")

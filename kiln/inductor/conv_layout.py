@@ -14,9 +14,15 @@ pointwise ops after it (batch norm, activations, residual adds) follow their ope
 graph's outputs are still stored with eager's strides (``lower._realize_output``). Values never
 change, only where they are stored.
 
+In a training forward the saved activations keep the layouts lowering gives them
+(``lower._realize_saved``) instead of being copied back to eager's for the backward, which is
+compiled (and speculated) for those real strides; its grads still get the strides the partition
+promised, eager's (``pipeline.promised_strides``).
+
 When it pays (``wants_channels_last``): on CUDA, a graph with 2-d convolutions over static
-shapes, without gradients (an inference graph: in a training graph the saved activations would
-have to change layout with the backward, which is not done yet), unless grouped convolutions
+shapes, without gradients (an inference graph: training graphs keep eager's layouts under
+"auto" until the channels-last training path is measured on the device; "channels_last" forces
+it for them too), unless grouped convolutions
 with several channels per group carry a large share of the work (channels-last makes those
 slower in cuDNN) or every convolution is tiny (at most 64 channels in and out: the copies then
 cost more than the kernels save). Depthwise convolutions (one channel per group) gain the most.
@@ -74,7 +80,7 @@ def wants_channels_last(graph, device) -> bool:
         return True
     if device.type != "cuda":
         return False
-    if getattr(graph, "saves_for_backward", False):
+    if getattr(graph, "saves_for_backward", False):  # not yet measured on the device (module doc)
         return False
     total = grouped = 0
     for x, w, out in metas:

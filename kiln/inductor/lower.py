@@ -21,6 +21,7 @@ from kiln.inductor.conv_layout import wants_channels_last
 from kiln.inductor.layout import layout_hint
 from kiln.inductor.lowering import TValue, broadcast_in_dim_rule, extern_rule
 from kiln.meta.symbolic import SymInt, expr_meta, free_symbols, has_symbols, symbol_reads, sympy_args
+from kiln.meta.strides import is_dense
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import LOWERINGS
 # The modules whose builders the ops' lowerings are written with: importing them binds their
@@ -212,7 +213,12 @@ def lower(graph: Graph) -> ir.LoopProgram:
             if isinstance(value, TValue) and not value.origins:
                 value.origins = ctx.current_origins
             if isinstance(value, TValue) and value.ref is None and value.layout is None:
-                value.layout = layout_hint(node.target, meta, args, node.meta.get("layout_from_meta", False))
+                # a reducing op's result takes its meta's (eager's) layout, except over the
+                # channels-last activations of a conv graph (conv_layout.py), where it follows
+                # them as an elementwise op's does: a train-mode batch norm stays channels-last
+                from_meta = node.meta.get("layout_from_meta", False) and \
+                    not (ctx.conv_channels_last and len(meta.shape) == 4)
+                value.layout = layout_hint(node.target, meta, args, from_meta)
             env[node] = value
             if isinstance(value, TValue) and value.ref is None and _read_more_than_once(node, value) \
                     and _recompute_is_costly(value, scalar_math_only=len(node.users) == 1):
@@ -220,13 +226,17 @@ def lower(graph: Graph) -> ir.LoopProgram:
         elif node.op == OUTPUT:
             outputs = []
             wanted = getattr(graph, "output_strides", None) or ()
+            free_from = _saved_layouts_free_from(ctx, graph)
             for i, (n, v) in enumerate(zip(node.args[0], map_args(node.args[0], lambda n: env[n]))):
                 if isinstance(v, TValue):
                     stride = wanted[i] if i < len(wanted) else None
                     if stride is None:  # what a later graph (the backward) was compiled against
                         meta = meta_of(n) if hasattr(n, "meta") else None
                         stride = tuple(meta.stride) if isinstance(meta, TensorMeta) else None
-                    outputs.append(_realize_output(ctx, v, stride))
+                    if free_from is not None and i >= free_from:
+                        outputs.append(_realize_saved(ctx, v, stride))
+                    else:
+                        outputs.append(_realize_output(ctx, v, stride))
                 else:
                     outputs.append(v)
     program = ir.LoopProgram(inputs, ctx.buffers, tuple(outputs), device, ctx.seed)
@@ -253,12 +263,48 @@ def _realize_output(ctx, value: TValue, stride) -> ir.TensorRef:
                                    and len(stride) == len(value.shape)):
         stride = None  # symbolic: contiguous, as before
     if value.ref is not None:
-        if stride is None or _same_layout(value.shape, value.ref.stride, stride):
-            return value.ref
+        ref = value.ref
+        if stride is None:
+            return ref
+        if _same_layout(value.shape, ref.stride, stride):
+            if tuple(ref.stride) != tuple(stride):  # differing on size-1 dims only: a view with
+                return ir.TensorRef(ref.buffer, ref.shape, tuple(stride), ref.offset)  # eager's strides
+            return ref
         value = TValue(value.shape, value.dtype, value.device, value.loader, None, value.origins)
     if stride is None and value.layout is not None:
         stride = contiguous_strides(value.shape)
     return ctx.realize(value, stride)
+
+
+def _static(*xs) -> bool:
+    return all(isinstance(v, int) for x in xs for v in x)
+
+
+def _saved_layouts_free_from(ctx, graph):
+    """The index of a training forward's first saved-tensor output when its saved tensors keep
+    the layouts lowering gives them (a graph whose convolutions run channels-last,
+    ``conv_layout.py``: copying each saved activation back to eager's layout would undo it);
+    None otherwise. The backward is compiled for the saved tensors' real strides
+    (autograd/function.py keys it by them)."""
+    start = getattr(graph, "saved_outputs_from", None)
+    if start is None or not ctx.conv_channels_last or not getattr(graph, "saves_for_backward", False):
+        return None
+    return start
+
+
+def _realize_saved(ctx, value: TValue, stride) -> ir.TensorRef:
+    """A saved tensor in the layout it has, or would get, in this graph: a buffer of its own
+    laid out densely in any dim order (a channels-last activation), or the value stored in its
+    layout hint; anything else (a strided or offset view) as ``_realize_output`` stores it."""
+    if value.ref is not None:
+        ref = value.ref
+        if ref.offset == 0 and _static(value.shape, ref.stride) and is_dense(value.shape, ref.stride):
+            return ref
+        return _realize_output(ctx, value, stride)
+    if value.layout is not None and config.eager_layouts and \
+            all(isinstance(n, int) for n in value.shape):
+        return ctx.realize(value)
+    return _realize_output(ctx, value, stride)
 
 
 def _in_eager_storage(ctx, value: TValue, stride) -> TValue:

@@ -166,7 +166,10 @@ def _realized(ctx, args, kwargs):
 def extern_multi_rule(ctx, metas, *args, **kwargs):
     """A library op with several results (fused attention and its saved state): one wrapper
     call, then one buffer per result (``ir.ExternItem``)."""
+    raw_kwargs = kwargs
     refs, kwargs = _realized(ctx, args, kwargs)
+    if ctx.current_op.layout_dependent:  # convolution's backward: its grads follow x's layout
+        metas = _meta_as_realized(ctx.current_op, metas, args, refs, raw_kwargs, kwargs)
     name = ctx.new_name("buf")
     ctx.add_buffer(ir.MultiExtern(name, ctx.current_op, refs, kwargs, metas[0].device, ctx.current_origins))
     outs = []
@@ -203,6 +206,11 @@ def _meta_as_realized(op, meta, args, refs, kwargs, realized):
         again = META_RULES[op](*metas, **kw)
     except Exception:  # noqa: BLE001 - the graph's meta stands; ensure_layout keeps it right
         return meta
+    if isinstance(meta, tuple):  # several results (extern_multi_rule)
+        if not isinstance(again, tuple) or len(again) != len(meta):
+            return meta
+        return tuple(m if tuple(a.shape) != tuple(m.shape) else m.with_(stride=a.stride)
+                     for m, a in zip(meta, again))
     if tuple(again.shape) != tuple(meta.shape):
         return meta
     return meta.with_(stride=again.stride)

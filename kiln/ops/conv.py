@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from kiln.meta.tensor_meta import TensorMeta
-from kiln.ops.attention import _dense_like
+from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
+from kiln.ops.prims_nn import _channels_last, _channels_last_strides
 from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, define, stage_api
 
 L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
@@ -54,16 +54,26 @@ def _conv_backward_meta(g, x, weight, stride, padding, dilation, groups, mask):
         raise ConvBackwardError(f"[meta] prims.conv_backward: grad {list(g.shape)} does not fit input "
                                 f"{list(x.shape)} and weight {list(weight.shape)}")
     out = []
-    if mask[0]:  # the library gives the input's gradient the input's memory format
-        out.append(TensorMeta(x.shape, _dense_like(x.shape, x), x.dtype, x.device, False))
+    # the library gives both gradients the convolution's memory format, channels-last when the
+    # input or the weight is (torch's suggest-memory-format rule, as for the forward's result),
+    # else contiguous: size-1 dims get torch's strides too (a 1x1 kernel's grad is (C, 1, 1, 1))
+    cl = _channels_last(x) or _channels_last(weight)
+
+    def layout(t):
+        return _channels_last_strides(t.shape) if cl else contiguous_strides(t.shape)
+    if mask[0]:
+        out.append(TensorMeta(x.shape, layout(x), x.dtype, x.device, False))
     if mask[1]:
-        out.append(TensorMeta(weight.shape, _dense_like(weight.shape, weight), weight.dtype, weight.device, False))
+        out.append(TensorMeta(weight.shape, layout(weight), weight.dtype, weight.device, False))
     if mask[2]:
         out.append(TensorMeta.contiguous((weight.shape[0],), g.dtype, g.device))
     return tuple(out)
 
 
-prim_conv_backward = define("prims", "conv_backward", _conv_backward_eager, library=True)
+# layout_dependent: lowering runs the meta again on the operands as realized (a channels-last
+# activation saved by the forward gives channels-last grads, with no copy)
+prim_conv_backward = define("prims", "conv_backward", _conv_backward_eager, library=True,
+                            layout_dependent=True)
 META_RULES[prim_conv_backward] = _conv_backward_meta
 LOWERINGS[prim_conv_backward] = L.extern_multi_rule
 conv_backward = define("core", "conv_backward", _conv_backward_eager, differentiable=False)  # no double backward

@@ -235,6 +235,16 @@ def _group_norm_meta(x, num_groups, weight=None, bias=None, eps=1e-5):
     if x.ndim < 2 or x.shape[1] % num_groups:
         raise NNError(f"[meta] core.group_norm: {x.shape[1] if x.ndim > 1 else '?'} channels do not "
                       f"split into {num_groups} groups")
+    return _norm_result(x, weight, bias)
+
+
+def _norm_result(x, weight, bias):
+    """batch_norm's and group_norm's result: torch allocates it in the input's suggested memory
+    format (``empty_like(x, x.suggest_memory_format())``), channels-last for a channels-last
+    input, else contiguous."""
+    from kiln.ops.prims_nn import _channels_last, _channels_last_strides
+    if _channels_last(x):
+        return TensorMeta(x.shape, _channels_last_strides(x.shape), x.dtype, x.device, _grad(x, weight, bias))
     return TensorMeta.contiguous(x.shape, x.dtype, x.device, _grad(x, weight, bias))
 
 
@@ -264,7 +274,7 @@ def _batch_norm_meta(x, running_mean, running_var, weight=None, bias=None, train
     if training and running_mean is not None:
         raise NNError("[meta] core.batch_norm: training mode with running stats updates buffers "
                       "in place, which compiled graphs do not do yet")
-    return TensorMeta.contiguous(x.shape, x.dtype, x.device, _grad(x, weight, bias))
+    return _norm_result(x, weight, bias)
 
 
 @DECOMPOSITIONS.register(batch_norm)

@@ -113,6 +113,7 @@ def graph_key(prims_graph, target: str) -> str:
                              prims_graph.python(), "\n".join(_meta_text(m) for m in metas), env_text,
                              repr(settings), repr(getattr(prims_graph, "output_strides", None)),
                              repr(getattr(prims_graph, "saves_for_backward", False)),
+                             repr(getattr(prims_graph, "saved_outputs_from", None)),
                              # eager's operand strides for storage-reading fallbacks (decompose)
                              repr([n.meta["eager_arg_strides"] for n in prims_graph.nodes
                                    if "eager_arg_strides" in n.meta]))

@@ -135,6 +135,11 @@ def _ids(lo=0, shape=(2, 8)):
     return torch.randint(lo, 128, shape)
 
 
+def _masked_labels(ids):
+    """Labels for a language-model loss: the ids, every third position ignored (-100)."""
+    return torch.where(torch.arange(ids.numel()).view(ids.shape) % 3 == 1, -100, ids)
+
+
 TEXT = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0)
@@ -164,6 +169,17 @@ def build(name, dropout=0.0, attn=None):
         return T.AlbertModel(T.AlbertConfig(embedding_size=16, **text)), (_ids(),), {}
     if name == "electra":
         return T.ElectraModel(T.ElectraConfig(embedding_size=16, **text)), (_ids(),), {}
+    if name == "bert_mlm":  # a head that builds its loss module in forward (CrossEntropyLoss())
+        ids = _ids()
+        return T.BertForMaskedLM(T.BertConfig(**text)), (ids,), dict(labels=_masked_labels(ids))
+    if name == "bert_cls":
+        model = T.BertForSequenceClassification(T.BertConfig(**text, num_labels=3))
+        return model, (_ids(),), dict(labels=torch.tensor([2, 0]))
+    if name == "t5_lm":
+        cfg = T.T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                         dropout_rate=dropout, decoder_start_token_id=0)
+        labels = _masked_labels(_ids(shape=(2, 6)))
+        return T.T5ForConditionalGeneration(cfg), (), dict(input_ids=_ids(), labels=labels)
     if name == "t5":
         cfg = T.T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                          dropout_rate=dropout, decoder_start_token_id=0)
