@@ -61,7 +61,8 @@ class BackwardSpeculation:
             st = strides[k] if k < len(strides) else None
             k += 1
             m = self.metas[i]
-            if st is not None and len(st) == len(m.shape) and tuple(st) != tuple(m.stride):
+            if st is not None and len(st) == len(m.shape) and all(type(v) is int for v in st) \
+                    and tuple(st) != tuple(m.stride):
                 self.metas[i] = m.with_(stride=tuple(st))
 
     def _run(self):

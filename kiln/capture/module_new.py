@@ -246,9 +246,5 @@ def construct_module(tx, cls, args, kwargs):
     return var
 
 
-def fresh_copy_spec(v):
-    """The output spec of a local module that outlives the trace (side_effects.extra_spec)."""
-    return ("fresh", v.snapshot())
-
-
-__all__ = ["LocalModuleVariable", "construct_module", "fresh_copy_spec", "real_value"]
+__all__ = ["LocalModuleVariable", "RealMethodVariable", "construct_module", "real_value",
+           "runs_for_real"]
