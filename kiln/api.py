@@ -18,7 +18,6 @@ from kiln.capture.tracer import CLOSURE_KEY
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
 from kiln.code_caches import CodeCaches
 from kiln.config import config
-from kiln.observe import logs
 from kiln.pipeline import RECORDERS, StageError, compile_frame, compile_graph, emit
 from kiln.runtime import profiler_regions
 
@@ -34,6 +33,23 @@ class _Local(threading.local):
 
 _local = _Local()
 _COUNTS = counters.counters  # the call path bumps its counter without a function call
+
+
+# ---------------------------------------------------------------------- hooks of higher layers
+# kiln/breaks.py and kiln/distributed.py sit above the api and fill these when they load
+# (kiln/__init__.py imports both), so the api imports neither (docs/architecture.md, "Layers").
+# The glue at a graph break: breaks.retrace_at_break(cf, cache, err, args, kwargs) -> a capture
+# up to the break, an EagerEntry after an internal error there, or None (the call runs eagerly).
+AT_BREAK: Callable | None = None
+# kiln.compile(module) for modules that a wrapper of its own compiles, tried in order:
+# (matches(module) -> bool, make(module, **opts) -> the compiled module); kiln.distributed's
+# is (is_ddp, CompiledDDP): DDP's Python forward around the inner compiled one.
+MODEL_WRAPPERS: list[tuple[Callable, Callable]] = []
+
+
+def register_model_wrapper(matches: Callable, make: Callable) -> Callable:
+    MODEL_WRAPPERS.append((matches, make))
+    return make
 
 
 class GraphBreakError(RuntimeError):
@@ -425,7 +441,7 @@ class CompiledFunction:
                 return None  # the caller runs it eagerly, noted (_run_eagerly)
             log.log("recompiles", "recompiling %s (%s:%d): %s", self.name, self.code.co_filename,
                     self.code.co_firstlineno, reason)
-            logs.recompile_detail(cache.entries, L, self.globals)
+            emit("recompiling", None, entries=cache.entries, L=L, G=self.globals)
             counters.bump("recompiles")
         return compile_frame(self, cache, L, args, kwargs, grad, reason)
 
@@ -490,8 +506,10 @@ class CompiledFunction:
         if self.fullgraph:
             raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
         log.log("graph_breaks", "%s", e)
-        from kiln.breaks import retrace_at_break
-        return retrace_at_break(self, cache, e, args, kwargs)
+        if AT_BREAK is None:
+            raise RuntimeError(f"kiln: graph break in {self.name} at capture ({e}), but "
+                               "kiln.breaks is not loaded to resume it (import kiln loads it)")
+        return AT_BREAK(self, cache, e, args, kwargs)
 
     def _add_entry(self, cache, capture, compiled, grad, compile_id) -> CacheEntry:
         entry = (CacheEntry if capture.break_state is None else BreakEntry)(capture, compiled, grad, compile_id)
@@ -624,9 +642,9 @@ def compile(model: Callable[..., Any] | torch.nn.Module | None = None, *, fullgr
     if disable:
         return model
     if isinstance(model, torch.nn.Module):
-        from kiln import distributed
-        if distributed.is_ddp(model):  # DDP's Python forward around the inner compiled one
-            return distributed.CompiledDDP(model, **opts)
+        for matches, make in MODEL_WRAPPERS:  # kiln.distributed's CompiledDDP, for DDP
+            if matches(model):
+                return make(model, **opts)
         return CompiledModule(model, **opts)
     if not callable(model):
         raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(model).__name__}")
