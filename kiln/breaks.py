@@ -14,7 +14,7 @@ from kiln import api, api_args, context, log
 from kiln.api import CompiledFunction, CompiledModule
 from kiln.capture import Unsupported, controls, trace
 from kiln.capture.resume import CannotResume, build_glue, plan_break
-from kiln.capture.values import FunctionVariable, ModuleVariable, TorchFunctionVariable
+from kiln.capture.values_callables import FunctionVariable, ModuleVariable, TorchFunctionVariable
 from kiln.eager_runs import note_eager_run
 from kiln.module_hooks import HookedForward
 from kiln.pipeline import StageError

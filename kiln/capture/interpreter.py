@@ -17,8 +17,9 @@ import sys
 from kiln.capture.errors import FrameState, Unsupported
 from kiln.capture.instructions import PY, Instruction, decode, source_line
 from kiln.capture.values import (NULL, CellVariable, ConstantVariable, DictVariable,
-                                 FunctionVariable, IteratorVariable, LazyVariable,
-                                 ModuleVariable, NullVariable, TensorVariable, Variable)
+                                 IteratorVariable, LazyVariable, NullVariable, TensorVariable,
+                                 Variable)
+from kiln.capture.values_callables import FunctionVariable, ModuleVariable
 
 MAX_STEPS = 200_000
 

@@ -10,8 +10,9 @@ import sys
 
 from kiln.capture.errors import Unsupported
 from kiln.capture.interpreter import handler
-from kiln.capture.values import (NULL, ConstantVariable, FunctionVariable, DictVariable, ListVariable, ModuleVariable,
-                                 TensorVariable, TupleVariable, _Sequence)
+from kiln.capture.values import (NULL, ConstantVariable, DictVariable, ListVariable, TensorVariable,
+                                 TupleVariable, _Sequence)
+from kiln.capture.values_callables import FunctionVariable, ModuleVariable
 from kiln.capture.values_python import SetVariable
 
 

@@ -176,7 +176,7 @@ def _str_keys(mv, kw) -> dict:
 
 def _forward(tx, mv):
     """The module's forward as a tracker, guarded to stay the same function."""
-    from kiln.capture.values import FunctionVariable
+    from kiln.capture.values_callables import FunctionVariable
 
     m = mv.module
     forward = m.forward

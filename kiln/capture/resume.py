@@ -54,8 +54,9 @@ from kiln.capture.resume_glue import (CannotResume, Glue, GradModeExit, _call,  
 from kiln.capture.resume_facts import (_cond_jump_kind, _operands, _result_layout, live_locals,
                                       loop_head)
 from kiln.capture.values import (NULL, BoundAdapterVariable, ConstantVariable, DictVariable,
-                                 FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
-                                 NullVariable, TensorVariable, TupleVariable, Variable, _Sequence)
+                                 IteratorVariable, ListVariable, MethodVariable, NullVariable,
+                                 TensorVariable, TupleVariable, Variable, _Sequence)
+from kiln.capture.values_callables import FunctionVariable
 
 PY = sys.version_info[:2]
 CO_VARARGS, CO_VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS

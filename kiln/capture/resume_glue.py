@@ -14,11 +14,11 @@ from kiln.capture.guards import AttrSource, GlobalSource, ItemSource, LocalSourc
 from kiln.meta.tensor_meta import WrappedNumberMeta
 from kiln.capture.resume_loops import load_as_rest
 from kiln.capture.resume_values import _construct, _construct_partial, replay_view, view_rebuild
-from kiln.capture.values import (BoundAdapterVariable, BuiltinVariable, ConstantVariable,
-                                 DictVariable, FunctionVariable, IteratorVariable, LazyVariable,
-                                 ListVariable, MethodVariable, ModuleVariable, NullVariable,
-                                 OpaqueVariable, PythonModuleVariable, TensorVariable,
-                                 TorchFunctionVariable, TupleVariable)
+from kiln.capture.values import (BoundAdapterVariable, ConstantVariable, DictVariable,
+                                 IteratorVariable, LazyVariable, ListVariable, MethodVariable,
+                                 NullVariable, OpaqueVariable, TensorVariable, TupleVariable)
+from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
+                                           PythonModuleVariable, TorchFunctionVariable)
 
 PY = sys.version_info[:2]
 

@@ -40,12 +40,12 @@ from kiln.capture.values_dict import (OrderedDictVariable, ContextVarVariable, i
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
                                         wrap_grad_mode_value,
                                         is_structseq, is_user_object)
-from kiln.capture.values import (BuiltinVariable, CellVariable, ConstantVariable, DictVariable,
-                                 FunctionVariable, IteratorVariable, LazyVariable, ListVariable,
-                                 MethodVariable, ModuleVariable,
-                                 OpaqueVariable, PYTHON_OPERATORS, PythonModuleVariable,
-                                 TensorVariable, TorchFunctionVariable, TupleVariable, Variable,
+from kiln.capture.values import (CellVariable, ConstantVariable, DictVariable, IteratorVariable,
+                                 LazyVariable, ListVariable, MethodVariable, OpaqueVariable,
+                                 PYTHON_OPERATORS, TensorVariable, TupleVariable, Variable,
                                  _Sequence, is_constant)
+from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
+                                           PythonModuleVariable, TorchFunctionVariable)
 from kiln.graph import Graph, Proxy
 from kiln.meta import TensorMeta, defaults
 from kiln.meta.symbolic import ShapeEnv, has_symbols, symbolic_meta

@@ -14,7 +14,8 @@ import types
 
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import Source
-from kiln.capture.values import ConstantVariable, DictVariable, FunctionVariable, Variable
+from kiln.capture.values import ConstantVariable, DictVariable, Variable
+from kiln.capture.values_callables import FunctionVariable
 from kiln.capture.values_python import _static_lookup, attribute_of_class
 
 

@@ -28,8 +28,8 @@ import torch
 
 from kiln.capture.torch_modules import is_torch_module
 from kiln.capture.errors import Unsupported
-from kiln.capture.values import (ConstantVariable, DictVariable, FunctionVariable,
-                                 TupleVariable, Variable, _Sequence)
+from kiln.capture.values import ConstantVariable, DictVariable, TupleVariable, Variable, _Sequence
+from kiln.capture.values_callables import FunctionVariable
 
 _MISSING = object()
 

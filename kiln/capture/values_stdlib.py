@@ -24,7 +24,8 @@ import warnings
 
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import Source
-from kiln.capture.values import ConstantVariable, FunctionVariable, Variable
+from kiln.capture.values import ConstantVariable, Variable
+from kiln.capture.values_callables import FunctionVariable
 
 _Environ = type(os.environ)
 
