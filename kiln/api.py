@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln import api_args, compiler_controls, context, counters, log, module_hooks
+from kiln import api_args, compiler_controls, context, counters, eager_runs, log, module_hooks
 from kiln.eager_runs import note_eager_run
 from kiln.module_wrapper import ModuleWrapper
 from kiln.capture import Unsupported, frame_locals, trace
@@ -18,8 +18,9 @@ from kiln.capture.tracer import CLOSURE_KEY
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
 from kiln.code_caches import CodeCaches
 from kiln.config import config
-from kiln.pipeline import RECORDERS, StageError, compile_frame, compile_graph, emit
+from kiln.pipeline import CompiledGraph, RECORDERS, StageError, compile_frame, compile_graph, emit
 from kiln.runtime import profiler_regions
+from kiln.meta.symbolic import hints
 
 _profiling = profiler_regions.enabled  # one C call per compiled call (kiln/runtime/profiler_regions.py)
 
@@ -72,7 +73,6 @@ class CacheEntry:
             compiled = run_disabled(compiled, devices)
         self.compiled = compiled
         # the call path calls the generated wrapper itself (no CompiledGraph.__call__ frame)
-        from kiln.pipeline import CompiledGraph
         self.call = compiled.call if type(compiled) is CompiledGraph else compiled
         if type(compiled) is CompiledGraph and getattr(compiled, "holders", None) is not None:
             compiled.holders.append(self)  # a cached graph's first call puts the plain call here
@@ -658,7 +658,6 @@ def reset() -> None:
 
     _CODE_CACHES.clear()
     _CACHE_GEN[0] += 1
-    from kiln import eager_runs
     eager_runs.reset()
     cache.reset_trust()  # the cache's owner and modes are checked again
     cpp_build.clear_memory()
@@ -758,7 +757,6 @@ def _note_changed_ints(cache: CodeCache, L, G):
 def _note_changed_sizes(cache: CodeCache, L, G):
     """Automatic dynamic: the input sizes that differ from an earlier compile's are marked
     dynamic for the next one (a recompile after a size change compiles them symbolic)."""
-    from kiln.meta.symbolic import hints
     for entry in cache.entries:
         cap = entry.capture
         for src, node in zip(cap.input_sources, cap.graph.placeholders):

@@ -19,6 +19,8 @@ from kiln.capture.values import (BoundAdapterVariable, ConstantVariable, DictVar
                                  NullVariable, OpaqueVariable, TensorVariable, TupleVariable)
 from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
                                            PythonModuleVariable, TorchFunctionVariable)
+from kiln.meta.symbolic import SymInt
+from kiln.capture.values_python import _MISSING, _static_lookup
 
 PY = sys.version_info[:2]
 
@@ -30,7 +32,6 @@ class CannotResume(Exception):
 def _is_own_symbol(v) -> bool:
     """A dynamic int (a symbol) held by the variable its source names: the glue reloads it from
     that source (the frame's value at entry) instead of specializing it."""
-    from kiln.meta.symbolic import SymInt
     value = v.value
     return isinstance(value, SymInt) and v.source is not None and value.expr.is_Symbol and \
         value.env.sources.get(value.expr) == v.source.expr()
@@ -95,7 +96,6 @@ def _is_made_object(v) -> bool:
 
 def _binds_to(self_var, name: str, fn) -> bool:
     """Does ``<the real self_var>.name`` give a method bound to ``fn``?"""
-    from kiln.capture.values_python import _MISSING, _static_lookup
     owner = getattr(self_var, "module", None)
     if owner is None:
         owner = getattr(self_var, "value", None)

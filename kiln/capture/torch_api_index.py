@@ -23,6 +23,7 @@ from kiln.graph import Proxy
 from kiln.meta.symbolic import SymInt
 from kiln.ops import core
 from kiln.ops.promotion import broadcast_shapes
+from kiln.capture.torch_api_inplace import _fill_value, _Shaped, masked_assign
 
 
 def _is_advanced(k) -> bool:
@@ -168,7 +169,6 @@ def _mask_entry(view, entries):
 def put(view, entries, values, accumulate=False):
     """The new value of ``view`` after ``view[entries] = values`` (``+=`` with accumulate):
     ``values`` a tensor or a Python number, broadcast to the indexed result's shape."""
-    from kiln.capture.torch_api_inplace import _fill_value, _Shaped, masked_assign
     mask = _mask_entry(view, entries)
     if mask is not None:
         dim, m = mask

@@ -49,6 +49,7 @@ from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, Mo
 from kiln.graph import Graph, Proxy
 from kiln.meta import TensorMeta, defaults
 from kiln.meta.symbolic import ShapeEnv, has_symbols, symbolic_meta
+from kiln.ops import core
 
 MAX_INLINE_DEPTH = 32
 _CO_GENERATOR_LIKE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -634,7 +635,6 @@ def _type_check(cls) -> str:
 
 
 def _detach_all(out):
-    from kiln.ops import core
     if isinstance(out, Proxy):
         if not out.meta.requires_grad:
             return out

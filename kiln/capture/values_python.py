@@ -28,8 +28,10 @@ import torch
 
 from kiln.capture.torch_modules import is_torch_module
 from kiln.capture.errors import Unsupported
-from kiln.capture.values import ConstantVariable, DictVariable, TupleVariable, Variable, _Sequence
+from kiln.capture.values import (ConstantVariable, DictVariable, TensorVariable, TupleVariable,
+                                 Variable, _Sequence)
 from kiln.capture.values_callables import FunctionVariable
+from kiln.capture.values_introspect import construct
 
 _MISSING = object()
 
@@ -374,7 +376,6 @@ class SetVariable(_Sequence):
 
     def contains(self, tx, v):
         """``v in s``: a tensor by identity, a constant by value among the constants."""
-        from kiln.capture.values import TensorVariable
         if isinstance(v, TensorVariable):
             return any(x is v for x in self.items)
         key = v.as_python()
@@ -510,7 +511,6 @@ def call_class(tx, cls, args, kwargs):
     if cls is collections.OrderedDict:
         from kiln.capture.values_dict import make_ordered_dict
         return make_ordered_dict(tx, args, kwargs)
-    from kiln.capture.values_introspect import construct
     made = construct(tx, cls, args, kwargs)  # inspect.Parameter / Signature on constants
     if made is not None:
         return made

@@ -38,6 +38,7 @@ from kiln.graph.node import flatten_args
 from kiln.meta.symbolic import SymInt, concretize, shape_env_of, to_sympy
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, VJP_RULES, define, stage_api
+from kiln.graph.proxy import Proxy
 
 L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
 
@@ -253,7 +254,6 @@ LOWERINGS[prim_custom_op] = _prim_lowering
 
 
 def _metas_of(obj):
-    from kiln.graph.proxy import Proxy
     return _map(obj, lambda a: a.meta if isinstance(a, Proxy) else a)
 
 
@@ -447,7 +447,6 @@ def _decompose_backward(target, n, n_out, need, given, *rest, **kwargs):
 def custom_op_vjp(g, out, target, *args, **kwargs):
     """A ``custom_op``'s registered formula is called directly on the saved inputs and outputs;
     any other op's autograd runs again in the backward (``_replay_backward``)."""
-    from kiln.graph.proxy import Proxy
     gs = g if isinstance(g, tuple) else (g,)
     outs = out if isinstance(out, tuple) else (out,)
     given = tuple(x is not None for x in gs)

@@ -17,7 +17,7 @@ from kiln.ops import prims
 from kiln.ops import prims_more as pm
 from kiln.ops.core_views import normalize_dim
 from kiln.ops.prim_utils import to_dtype
-from kiln.ops.promotion import result_type
+from kiln.ops.promotion import result_type, scalar_for
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
 
 __all__ = ["slice", "select", "cat", "flip", "roll", "tril", "triu", "repeat", "constant_pad",
@@ -326,5 +326,4 @@ def _constant_pad_decomp(x, pad, value=0.0):
         lo, hi = [builtins.max(a, 0) for a in lo], [builtins.max(b, 0) for b in hi]
     if not builtins.any(lo + hi):
         return prims.copy(x)
-    from kiln.ops.promotion import scalar_for
     return pm.pad(x, tuple(lo), tuple(hi), scalar_for(value, x.dtype))
