@@ -20,6 +20,9 @@ from kiln.code_caches import CodeCaches
 from kiln.config import config
 from kiln.pipeline import CompiledGraph, RECORDERS, StageError, compile_frame, compile_graph, emit
 from kiln.runtime import profiler_regions
+from kiln.ops.autocast import run_disabled
+from kiln.capture.guards import argument_guards, explain_failure
+from kiln.graph import Graph
 from kiln.meta.symbolic import hints
 
 _profiling = profiler_regions.enabled  # one C call per compiled call (kiln/runtime/profiler_regions.py)
@@ -69,7 +72,6 @@ class CacheEntry:
         self.rebuild = capture.rebuild
         devices = getattr(capture, "autocast_devices", ())
         if devices and compiled is not None:  # called inside torch.autocast: the graph holds its casts, torch must not add more
-            from kiln.ops.autocast import run_disabled
             compiled = run_disabled(compiled, devices)
         self.compiled = compiled
         # the call path calls the generated wrapper itself (no CompiledGraph.__call__ frame)
@@ -368,7 +370,6 @@ class CompiledFunction:
                 return f"torch.is_grad_enabled() changed: was {entry.grad_enabled}, now {grad}"
             guard_set = getattr(entry.capture, "guard_set", None)
             if guard_set is not None:  # plain words for the first failing check (guards.py)
-                from kiln.capture.guards import explain_failure
                 why = explain_failure(guard_set, L, G)
                 if why is not None:
                     return why
@@ -543,8 +544,6 @@ class CompiledFunction:
             cache.eager_reason = reason
             return None
         if capture is None:  # the error was in capture: the arguments' guards
-            from kiln.capture.guards import argument_guards
-            from kiln.graph import Graph
             guard_set = argument_guards(L)
             source, fn = guard_set.compile()
             capture = types.SimpleNamespace(guard_set=guard_set, guards=guard_set.exprs(), guard_fn=fn,

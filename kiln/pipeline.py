@@ -37,6 +37,7 @@ from kiln.graph.graph import Graph
 from kiln.graph.node import Node
 from kiln.graph.propagate import propagate_meta
 from kiln.ops.decompose import decompose
+from kiln.capture.mutation import with_writeback
 
 
 class StageError(RuntimeError):
@@ -212,7 +213,6 @@ def compile_graph(graph: Graph, backend: str = "kiln"):
     them written back after each call (``capture.mutation.WritebackGraph``)."""
     compiled = _compile_graph(graph, backend)
     if getattr(graph, "input_mutations", None):  # wrap: the writeback
-        from kiln.capture.mutation import with_writeback
         compiled = with_writeback(compiled, graph)
     return compiled
 

@@ -112,3 +112,13 @@ def test_the_higher_layers_fill_the_lower_ones_hooks_at_import():
     run = subprocess.run([sys.executable, "-c", HOOKS], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
+
+
+def test_every_function_local_import_of_kiln_has_a_reason():
+    """A function-local import of a kiln module is there because ``import kiln`` does not load
+    that module (Triton's codegen and runtime, the debug dump: start-up time), because a
+    top-level import would close a cycle of modules, or because it would change the order
+    ``import kiln`` loads kiln's modules in; any other moves to the top of its module."""
+    imports, _ = import_graph.collect()
+    free = import_graph.why_local(imports).get("none", [])
+    assert free == [], "\n".join(f"{i.source}:{i.line} -> {i.target}" for i in free)

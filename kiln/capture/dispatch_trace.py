@@ -108,7 +108,6 @@ def _replay(tx, func, args, kwargs, result, known, keep, device, name):
         if isinstance(x, torch.device) and x.type == "meta":
             x = device  # factory ops made on the arguments' device
         if isinstance(x, (list, tuple)):
-            from kiln.capture.values import ListVariable, TupleVariable
             items = [var_of(i) for i in x]
             return TupleVariable(items) if isinstance(x, tuple) else ListVariable(items)
         return ConstantVariable(x)

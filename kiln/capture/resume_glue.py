@@ -20,7 +20,7 @@ from kiln.capture.values import (BoundAdapterVariable, ConstantVariable, DictVar
 from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
                                            PythonModuleVariable, TorchFunctionVariable)
 from kiln.meta.symbolic import SymInt
-from kiln.capture.values_python import _MISSING, _static_lookup
+from kiln.capture.values_python import _MISSING, _static_lookup, make_named_tuple
 
 PY = sys.version_info[:2]
 
@@ -275,7 +275,6 @@ class Glue:
                       Instr("LOAD_CONST", r.enabled), *_call(3))
             return True
         if type(v).__name__ == "NamedTupleVariable" and v.source is None:
-            from kiln.capture.values_python import make_named_tuple
             self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", make_named_tuple), Instr("LOAD_CONST", v.cls))
             for x in v.items:
                 self.load(x)

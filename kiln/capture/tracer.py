@@ -30,7 +30,7 @@ from kiln.capture.fast_sources import fast_map
 from kiln.capture.rebuild import _make_rebuild, _output_spec, _set_grad_after
 from kiln.capture.instructions import listing
 from kiln.capture.interpreter import Frame
-from kiln.capture.resume import GradModeExit, SetGradModeVariable, set_grad_mode
+from kiln.capture.resume import GradModeExit, SetGradModeVariable, finish_at_break, set_grad_mode
 from kiln.capture.resume_loops import LoopRest, wrap_loop_rest
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.values_introspect import INTROSPECT_TYPES, IntrospectVariable
@@ -38,8 +38,8 @@ from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_s
 from kiln.capture.values_dict import (OrderedDictVariable, ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
-                                        wrap_grad_mode_value,
-                                        is_structseq, is_user_object)
+                                        wrap_grad_mode_value, is_structseq, is_user_object,
+                                        ContextExitVariable, SetVariable)
 from kiln.capture.values import (CellVariable, ConstantVariable, DictVariable, IteratorVariable,
                                  LazyVariable, ListVariable, MethodVariable, OpaqueVariable,
                                  PYTHON_OPERATORS, TensorVariable, TupleVariable, Variable,
@@ -161,7 +161,6 @@ class Tracer:
         if type(value) is GradModeExit:  # a grad-mode block's exit, passed to a resume function
             if guard:
                 self.guards.identity(source, value)
-            from kiln.capture.values_python import ContextExitVariable
             exit_var = ContextExitVariable(lambda: setattr(self, "grad_enabled", value.prev))
             exit_var.grad_prev = value.prev  # a later break rebuilds it (resume_glue._grad_prev)
             return exit_var
@@ -201,7 +200,6 @@ class Tracer:
                 return BuiltinVariable(value, source)
             return ConstantVariable(value, source)
         if type(value) in (set, frozenset) and source is None and all(is_constant(v) for v in value):
-            from kiln.capture.values_python import SetVariable  # a set computed on constants
             return SetVariable([ConstantVariable(v) for v in value])
         return None
 
@@ -696,7 +694,6 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
     filename, lineno, line = root.location(root.current)
     break_state = None
     if plan is not None:
-        from kiln.capture.resume import finish_at_break
         if ret is not None or root.ip != plan.stop_at:
             raise Unsupported("the re-trace for a graph break did not stop at the break")
         break_state = finish_at_break(tx, root, plan)

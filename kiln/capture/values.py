@@ -26,6 +26,7 @@ import torch
 from kiln.capture import torch_api
 from kiln.capture.fallback import fallback_adapter
 from kiln.capture.errors import Unsupported
+from kiln.capture.mutation import refresh
 from kiln.meta.symbolic import SymInt, SymSize
 
 CONSTANT_TYPES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device,
@@ -143,7 +144,6 @@ class TensorVariable(Variable):
         # A view whose storage was written since it was last read replays its view chain.
         a = self.alias
         if a is not None and (self._seen != a.storage.version or a.storage.poisoned):
-            from kiln.capture.mutation import refresh
             refresh(self)
         return self._proxy
 

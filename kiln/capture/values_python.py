@@ -28,10 +28,11 @@ import torch
 
 from kiln.capture.torch_modules import is_torch_module
 from kiln.capture.errors import Unsupported
-from kiln.capture.values import (ConstantVariable, DictVariable, TensorVariable, TupleVariable,
-                                 Variable, _Sequence)
+from kiln.capture.values import (ConstantVariable, DictVariable, MethodVariable, TensorVariable,
+                                 TupleVariable, Variable, _Sequence)
 from kiln.capture.values_callables import FunctionVariable
 from kiln.capture.values_introspect import construct
+from kiln.capture.torch_api_creation import FUNCTIONS as creation, LEGACY_TYPES
 
 _MISSING = object()
 
@@ -383,7 +384,6 @@ class SetVariable(_Sequence):
 
     def getattr(self, tx, name):
         if name in ("add", "update", "union", "intersection", "difference"):
-            from kiln.capture.values import MethodVariable
             return MethodVariable(self, name)
         return super().getattr(tx, name)
 
@@ -529,7 +529,6 @@ def call_class(tx, cls, args, kwargs):
         return _make_namedtuple(tx, cls, args, kwargs)
     if issubclass(cls, dict) and dataclasses.is_dataclass(cls):
         return make_dict_dataclass(tx, cls, args, kwargs)
-    from kiln.capture.torch_api_creation import FUNCTIONS as creation, LEGACY_TYPES
     if cls in LEGACY_TYPES:  # torch.LongTensor([294]): a capture-table entry, as torch.tensor
         return tx.call_adapter(creation[cls], args, kwargs, f"torch.{cls.__name__}")
     if issubclass(cls, torch.nn.Module):

@@ -57,7 +57,6 @@ def wrap_stdlib(tx, value, source, guard):
         # a cached pure function: its body gives what the cache holds, so it is inlined
         if guard:
             tx.guards.identity(source, value)
-        from kiln.capture.guards import AttrSource
         return FunctionVariable(value.__wrapped__, source=AttrSource(source, "__wrapped__"))
     return None
 

@@ -11,6 +11,7 @@ import builtins
 import torch
 import torch.nn.functional as F
 
+from kiln.meta.strides import cat_strides
 from kiln.meta.symbolic import is_int_like, same_shape
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import prims
@@ -144,7 +145,7 @@ def _cat_meta(tensors, dim=0):
         return TensorMeta.contiguous((0,), dtype, tensors[0].device, grad)
     shape = list(parts[0].shape)
     shape[d] = builtins.sum(t.shape[d] for t in parts)
-    from kiln.meta.strides import cat_strides  # eager's cat stays channels-last when all inputs are
+    # eager's cat stays channels-last when all inputs are
     return TensorMeta(shape, cat_strides(parts, tuple(shape)), dtype, parts[0].device, grad)
 
 

@@ -7,6 +7,7 @@ from kiln.graph.proxy import Proxy
 from kiln.ops.registry import DECOMPOSITIONS
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops.core_fallback import reads_storage
+from kiln.ops import prims
 
 
 def _describe(node) -> str:
@@ -78,7 +79,6 @@ def decompose(graph: Graph) -> Graph:
                     env[node] = target(*args, **kwargs)
                 continue
             if _holds_complex(node) and target.name != "fallback":
-                from kiln.ops import prims
                 with out.inherit(origin=_describe(node), source=source):
                     env[node] = prims.fallback(f"core.{target.name}", *args, **kwargs)
                 continue
