@@ -10,8 +10,12 @@ from kiln.config import config
 from kiln.observe.explain import ExplainOutput, explain
 
 # The few objects a lower layer needs from a higher one are handed down here, where every
-# layer is loaded (docs/architecture.md, "Layers").
+# layer is loaded (docs/architecture.md, "Layers"). kiln.breaks and kiln.distributed fill the
+# api's hooks as they load (api.AT_BREAK, api.MODEL_WRAPPERS), and kiln.observe (loaded by
+# kiln.observe.explain above) subscribes to the driver's events: imported here so that every
+# way into kiln (kiln.compile, kiln.api, the interop backend) has them.
 from kiln import api as _api, pipeline as _pipeline  # noqa: E402
+from kiln import breaks as _breaks, distributed as _distributed  # noqa: E402, F401
 from kiln.capture import module_call as _module_call  # noqa: E402
 from kiln.runtime import cudagraphs as _cudagraphs  # noqa: E402
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln import api_args, compiler_controls, context, counters, log, module_hooks
+from kiln import api_args, compiler_controls, context, counters, eager_runs, log, module_hooks
 from kiln.eager_runs import note_eager_run
 from kiln.module_wrapper import ModuleWrapper
 from kiln.capture import Unsupported, frame_locals, trace
@@ -18,9 +18,12 @@ from kiln.capture.tracer import CLOSURE_KEY
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
 from kiln.code_caches import CodeCaches
 from kiln.config import config
-from kiln.observe import logs
-from kiln.pipeline import RECORDERS, StageError, compile_frame, compile_graph, emit
+from kiln.pipeline import CompiledGraph, RECORDERS, StageError, compile_frame, compile_graph, emit
 from kiln.runtime import profiler_regions
+from kiln.ops.autocast import run_disabled
+from kiln.capture.guards import argument_guards, explain_failure
+from kiln.graph import Graph
+from kiln.meta.symbolic import hints
 
 _profiling = profiler_regions.enabled  # one C call per compiled call (kiln/runtime/profiler_regions.py)
 
@@ -34,6 +37,23 @@ class _Local(threading.local):
 
 _local = _Local()
 _COUNTS = counters.counters  # the call path bumps its counter without a function call
+
+
+# ---------------------------------------------------------------------- hooks of higher layers
+# kiln/breaks.py and kiln/distributed.py sit above the api and fill these when they load
+# (kiln/__init__.py imports both), so the api imports neither (docs/architecture.md, "Layers").
+# The glue at a graph break: breaks.retrace_at_break(cf, cache, err, args, kwargs) -> a capture
+# up to the break, an EagerEntry after an internal error there, or None (the call runs eagerly).
+AT_BREAK: Callable | None = None
+# kiln.compile(module) for modules that a wrapper of its own compiles, tried in order:
+# (matches(module) -> bool, make(module, **opts) -> the compiled module); kiln.distributed's
+# is (is_ddp, CompiledDDP): DDP's Python forward around the inner compiled one.
+MODEL_WRAPPERS: list[tuple[Callable, Callable]] = []
+
+
+def register_model_wrapper(matches: Callable, make: Callable) -> Callable:
+    MODEL_WRAPPERS.append((matches, make))
+    return make
 
 
 class GraphBreakError(RuntimeError):
@@ -52,11 +72,9 @@ class CacheEntry:
         self.rebuild = capture.rebuild
         devices = getattr(capture, "autocast_devices", ())
         if devices and compiled is not None:  # called inside torch.autocast: the graph holds its casts, torch must not add more
-            from kiln.ops.autocast import run_disabled
             compiled = run_disabled(compiled, devices)
         self.compiled = compiled
         # the call path calls the generated wrapper itself (no CompiledGraph.__call__ frame)
-        from kiln.pipeline import CompiledGraph
         self.call = compiled.call if type(compiled) is CompiledGraph else compiled
         if type(compiled) is CompiledGraph and getattr(compiled, "holders", None) is not None:
             compiled.holders.append(self)  # a cached graph's first call puts the plain call here
@@ -352,7 +370,6 @@ class CompiledFunction:
                 return f"torch.is_grad_enabled() changed: was {entry.grad_enabled}, now {grad}"
             guard_set = getattr(entry.capture, "guard_set", None)
             if guard_set is not None:  # plain words for the first failing check (guards.py)
-                from kiln.capture.guards import explain_failure
                 why = explain_failure(guard_set, L, G)
                 if why is not None:
                     return why
@@ -426,7 +443,7 @@ class CompiledFunction:
                 return None  # the caller runs it eagerly, noted (_run_eagerly)
             log.log("recompiles", "recompiling %s (%s:%d): %s", self.name, self.code.co_filename,
                     self.code.co_firstlineno, reason)
-            logs.recompile_detail(cache.entries, L, self.globals)
+            emit("recompiling", None, entries=cache.entries, L=L, G=self.globals)
             counters.bump("recompiles")
         return compile_frame(self, cache, L, args, kwargs, grad, reason)
 
@@ -491,8 +508,10 @@ class CompiledFunction:
         if self.fullgraph:
             raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
         log.log("graph_breaks", "%s", e)
-        from kiln.breaks import retrace_at_break
-        return retrace_at_break(self, cache, e, args, kwargs)
+        if AT_BREAK is None:
+            raise RuntimeError(f"kiln: graph break in {self.name} at capture ({e}), but "
+                               "kiln.breaks is not loaded to resume it (import kiln loads it)")
+        return AT_BREAK(self, cache, e, args, kwargs)
 
     def _add_entry(self, cache, capture, compiled, grad, compile_id) -> CacheEntry:
         entry = (CacheEntry if capture.break_state is None else BreakEntry)(capture, compiled, grad, compile_id)
@@ -526,8 +545,6 @@ class CompiledFunction:
             cache.eager_reason = reason
             return None
         if capture is None:  # the error was in capture: the arguments' guards
-            from kiln.capture.guards import argument_guards
-            from kiln.graph import Graph
             guard_set = argument_guards(L)
             source, fn = guard_set.compile()
             capture = types.SimpleNamespace(guard_set=guard_set, guards=guard_set.exprs(), guard_fn=fn,
@@ -625,9 +642,9 @@ def compile(model: Callable[..., Any] | torch.nn.Module | None = None, *, fullgr
     if disable:
         return model
     if isinstance(model, torch.nn.Module):
-        from kiln import distributed
-        if distributed.is_ddp(model):  # DDP's Python forward around the inner compiled one
-            return distributed.CompiledDDP(model, **opts)
+        for matches, make in MODEL_WRAPPERS:  # kiln.distributed's CompiledDDP, for DDP
+            if matches(model):
+                return make(model, **opts)
         return CompiledModule(model, **opts)
     if not callable(model):
         raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(model).__name__}")
@@ -641,7 +658,6 @@ def reset() -> None:
 
     _CODE_CACHES.clear()
     _CACHE_GEN[0] += 1
-    from kiln import eager_runs
     eager_runs.reset()
     cache.reset_trust()  # the cache's owner and modes are checked again
     cpp_build.clear_memory()
@@ -741,7 +757,6 @@ def _note_changed_ints(cache: CodeCache, L, G):
 def _note_changed_sizes(cache: CodeCache, L, G):
     """Automatic dynamic: the input sizes that differ from an earlier compile's are marked
     dynamic for the next one (a recompile after a size change compiles them symbolic)."""
-    from kiln.meta.symbolic import hints
     for entry in cache.entries:
         cap = entry.capture
         for src, node in zip(cap.input_sources, cap.graph.placeholders):

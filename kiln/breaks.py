@@ -1,9 +1,10 @@
 """The api's graph-break path: re-trace up to the break, build the glue and resume functions.
 
-``CompiledFunction._compile`` calls ``retrace_at_break`` when capture raised ``Unsupported``
-(and ``fullgraph`` is off). The capture it returns has ``break_state`` (capture/resume.py) and
-``glue``; the prefix graph is compiled like any other, and ``BreakEntry.run`` calls
-``glue(outs, L)`` after it, which runs the breaking instruction and calls the resume function.
+``CompiledFunction._at_graph_break`` calls ``retrace_at_break`` (through ``api.AT_BREAK``, set
+at the end of this module) when capture raised ``Unsupported`` (and ``fullgraph`` is off). The
+capture it returns has ``break_state`` (capture/resume.py) and ``glue``; the prefix graph is
+compiled like any other, and ``BreakEntry.run`` calls ``glue(outs, L)`` after it, which runs
+the breaking instruction and calls the resume function.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from kiln import api, api_args, context, log
 from kiln.api import CompiledFunction, CompiledModule
 from kiln.capture import Unsupported, controls, trace
 from kiln.capture.resume import CannotResume, build_glue, plan_break
-from kiln.capture.values import FunctionVariable, ModuleVariable, TorchFunctionVariable
+from kiln.capture.values_callables import FunctionVariable, ModuleVariable, TorchFunctionVariable
 from kiln.eager_runs import note_eager_run
 from kiln.module_hooks import HookedForward
 from kiln.pipeline import StageError
@@ -173,3 +174,6 @@ def _callee_wrapper(cf, where):
             return HookedForward(compiled), owner
         return compiled if owner is None else (compiled, owner)
     return wrap
+
+
+api.AT_BREAK = retrace_at_break  # the api's capture stage calls it at a break (api.AT_BREAK)

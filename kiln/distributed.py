@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln import context, counters, log, pipeline
+from kiln import api, context, counters, log, pipeline
 from kiln.api import CompiledFunction, CompiledModule
 from kiln.graph.graph import Graph, getitem
 from kiln.graph.node import CALL, GET_ATTR, PLACEHOLDER, Node, map_args
@@ -248,3 +248,6 @@ class CompiledDDP(CompiledModule):
                 inner.__dict__.pop("forward", None)
             else:
                 inner.__dict__["forward"] = had
+
+
+api.register_model_wrapper(is_ddp, CompiledDDP)  # kiln.compile(ddp) (api.MODEL_WRAPPERS)

@@ -36,8 +36,8 @@ from kiln.graph import cse, dce, verify
 from kiln.graph.graph import Graph
 from kiln.graph.node import Node
 from kiln.graph.propagate import propagate_meta
-from kiln.observe import logs
 from kiln.ops.decompose import decompose
+from kiln.capture.mutation import with_writeback
 
 
 class StageError(RuntimeError):
@@ -125,7 +125,11 @@ def _stage(stage, fn, ir, *args, **kwargs):
 # ---------------------------------------------------------------------- events
 # Observers of the driver, called in order as fn(event, ctx, **fields). Events: "started"
 # (reason: why it recompiles, or None), "captured" (name, capture), "guards" (name, capture),
-# "compiled" (compiled: the graph's result, or None where the compile stopped at capture).
+# "compiled" (compiled: the graph's result, or None where the compile stopped at capture), and
+# the api's "recompiling" (ctx None, before the recompile's context opens: entries, L, G: the
+# cache entries whose checks failed, the call's locals and globals). kiln/observe subscribes
+# its logs and the KILN_DEBUG dump (kiln/observe/__init__.py); a subscriber ignores the events
+# and fields it does not know.
 SUBSCRIBERS: list = []
 # Lists that get the context of every compile that starts (kiln.explain, the demo, tests)
 RECORDERS: list[list] = context.RECORDERS  # kiln.explain's and the demo's (the bottom layer holds it)
@@ -142,21 +146,13 @@ def emit(event: str, ctx, **fields):
 
 
 @subscribe
-def _observe(event, ctx, name=None, capture=None, compiled=None, reason=None):
-    """kiln/observe's part in a compile: the recorders, the capture and guard logs, the
-    KILN_DEBUG dump."""
+def _record(event, ctx, reason=None, **_):
+    """The driver's own subscriber, first: a started compile's context goes to the recorders."""
     if event == "started":
         if reason is not None:  # the dump and the report show why this recompile happened
             ctx.events.append({"kind": "recompile", "reason": reason})
         for rec in RECORDERS:
             rec.append(ctx)
-    elif event == "captured":
-        logs.captured(name, capture)
-    elif event == "guards":
-        logs.guards(name, capture)
-    elif event == "compiled" and config.debug:
-        from kiln.observe.debug import write_dump  # its loop-IR printer imports the inductor
-        write_dump(ctx, compiled)
 
 
 # ---------------------------------------------------------------------- the driver
@@ -230,7 +226,6 @@ def compile_graph(graph: Graph, backend: str = "kiln"):
     them written back after each call (``capture.mutation.WritebackGraph``)."""
     compiled = _compile_graph(graph, backend)
     if getattr(graph, "input_mutations", None):  # wrap: the writeback
-        from kiln.capture.mutation import with_writeback
         compiled = with_writeback(compiled, graph)
     return compiled
 

@@ -3,6 +3,7 @@
     python tools/import_graph.py            # summary: edges, back-edge cycles, local imports
     python tools/import_graph.py --edges    # every unit-to-unit edge with its import count
     python tools/import_graph.py --local    # every function-local import of a kiln module
+    python tools/import_graph.py --why      # why each one is local (imports kiln once to see)
 
 A *unit* is a subpackage of kiln (``kiln.capture``) or a top-level module (``kiln.config``);
 ``kiln`` itself is the package's ``__init__``. Imports are read from the source with ``ast``
@@ -159,10 +160,86 @@ def cycles(edges) -> list[list[str]]:
     return out
 
 
+def load_order(imports: list[Import]) -> list[str]:
+    """The order ``import kiln`` finishes loading kiln's modules, read from the top-level
+    imports (importlib moves a module to the end of sys.modules when it finishes)."""
+    top: dict[str, list] = defaultdict(list)
+    for i in imports:
+        if not i.local:
+            top[i.source].append((i.line, i.target))
+    order: list[str] = []
+    seen: set[str] = set()
+
+    def visit(m: str):
+        if m in seen:
+            return
+        if "." in m:
+            visit(m.rsplit(".", 1)[0])  # the package's __init__ runs first
+            if m in seen:
+                return
+        seen.add(m)
+        for _, t in sorted(top[m]):
+            visit(t)
+        order.append(m)
+
+    visit("kiln")
+    return order
+
+
+def _reaches(top: dict, a: str, b: str) -> bool:
+    seen, todo = set(), [a]
+    while todo:
+        v = todo.pop()
+        if v == b:
+            return True
+        if v not in seen:
+            seen.add(v)
+            todo.extend(top[v])
+    return False
+
+
+def why_local(imports: list[Import]) -> dict[str, list[Import]]:
+    """Each function-local import of a kiln module, by the reason it is not at the top:
+    ``start-up`` (``import kiln`` does not load the module: triton's codegen and runtime, the
+    debug dump, ...), ``cycle`` (a top-level import would close a cycle of modules),
+    ``load order`` (it would change the order ``import kiln`` loads kiln's modules in, whose
+    import-time registrations are left as they are), and ``none`` (could move to the top)."""
+    import subprocess
+    code = "import kiln, sys; print(' '.join(m for m in sys.modules if m.startswith('kiln')))"
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(ROOT)}
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                env=env, check=True).stdout.split())
+    top: dict[str, set] = defaultdict(set)
+    for i in imports:
+        if not i.local:
+            top[i.source].add(i.target)
+    baseline = load_order(imports)
+    top_lines: dict[str, list[int]] = defaultdict(list)
+    for i in imports:
+        if not i.local:
+            top_lines[i.source].append(i.line)
+    out: dict[str, list[Import]] = defaultdict(list)
+    for i in imports:
+        if not i.local:
+            continue
+        if i.target not in loaded:
+            out["start-up"].append(i)
+        elif _reaches(top, i.target, i.source):
+            out["cycle"].append(i)
+        # moved up to just after the top-level imports above its function
+        elif load_order([*imports, Import(i.source, i.target, max(
+                [n for n in top_lines[i.source] if n < i.line], default=0), False)]) != baseline:
+            out["load order"].append(i)
+        else:
+            out["none"].append(i)
+    return dict(out)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--edges", action="store_true", help="print every unit edge")
     parser.add_argument("--local", action="store_true", help="print every function-local import")
+    parser.add_argument("--why", action="store_true", help="why each function-local import is local")
     args = parser.parse_args(argv)
     imports, local_statements = collect()
     edges = unit_edges(imports)
@@ -181,6 +258,11 @@ def main(argv=None) -> int:
           f"{len(statements)} of them of kiln modules ({len(local)} names)")
     for component in cycles(edges):
         print(f"cycle of {len(component)} units: {' '.join(component)}")
+    if args.why:
+        for why, found in sorted(why_local(imports).items()):
+            print(f"{why}: {len({(i.source, i.line) for i in found})} statements")
+            for i in sorted(found, key=lambda i: (i.source, i.line)):
+                print(f"  {i.source}:{i.line} -> {i.target}")
     return 0
 
 

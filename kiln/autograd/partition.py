@@ -34,13 +34,11 @@ import dataclasses
 import math
 
 from kiln.autograd.joint import JointGraph, nbytes, strip_requires_grad
-from kiln.graph.graph import Graph
+from kiln.graph.graph import Graph, getitem
 from kiln.graph.node import CALL, GET_ATTR, PLACEHOLDER, Node, map_args
 from kiln.meta.tensor_meta import TensorMeta
 
 def recomputable(node: Node) -> bool:
-    from kiln.graph.graph import getitem
-
     if node.op != CALL or node.target.random:
         return False
     # ``recompute=True`` on the op's define: cheap to recompute inside a fused backward kernel
@@ -105,8 +103,6 @@ def _backward_frontier(joint: JointGraph, bw_nodes: set) -> list:
 def save_all(joint: JointGraph, bw_nodes: set) -> list:
     """The forward values that the VJP rules' nodes read (those nodes all run in the backward,
     even the ones that do not depend on the tangents)."""
-    from kiln.graph.graph import getitem
-
     rule_nodes = {n for n in joint.graph.nodes if n.op == CALL and n.meta.get("joint") == "backward"
                   and n.target is not getitem}
     return [n for n in _backward_frontier(joint, bw_nodes | rule_nodes) if n.op != GET_ATTR]

@@ -8,7 +8,8 @@ import types
 
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import AttrSource, ItemSource, LocalSource, Source
-from kiln.capture.values import DictVariable, FunctionVariable, LazyVariable, TupleVariable
+from kiln.capture.values import DictVariable, LazyVariable, TupleVariable
+from kiln.capture.values_callables import FunctionVariable
 
 
 def _placeholder_name(source: Source) -> str:

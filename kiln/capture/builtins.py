@@ -18,7 +18,9 @@ import torch
 from kiln.capture import controls, torch_api
 from kiln.capture.errors import Unsupported
 from kiln.capture.values import (ConstantVariable, DictVariable, IteratorVariable, ListVariable,
-                                 ModuleVariable, TensorVariable, TupleVariable, _Sequence)
+                                 MethodVariable, TensorVariable, TupleVariable, _Sequence)
+from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
+                                           TorchFunctionVariable)
 
 PURE_BUILTINS = {abs, min, max, sum, round, pow, divmod, int, float, bool, str, len, all, any,
                  sorted, repr, hash, chr, ord, math.sqrt, math.ceil, math.floor, math.prod,
@@ -335,7 +337,6 @@ def _hasattr(tx, obj, name):
 
 def has_attribute(tx, obj, name) -> bool:
     """hasattr() answered without guessing: a lookup that fails for another reason is a break."""
-    from kiln.capture.values import ModuleVariable
     from kiln.capture.values_python import ObjectVariable
     if isinstance(obj, TensorVariable):
         return name in torch_api.TENSOR_ATTRIBUTES or hasattr(torch.Tensor, name)
@@ -365,8 +366,6 @@ def _getattr(tx, obj, name, default=None):
 
 @handles(callable)
 def _callable(tx, obj):
-    from kiln.capture.values import (BuiltinVariable, FunctionVariable, MethodVariable,
-                                     TorchFunctionVariable)
     if isinstance(obj, (FunctionVariable, BuiltinVariable, MethodVariable, TorchFunctionVariable)):
         return ConstantVariable(True)
     if isinstance(obj, (TensorVariable, _Sequence, DictVariable)):

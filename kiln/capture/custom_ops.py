@@ -27,6 +27,8 @@ from kiln.graph import Proxy
 from kiln.ops.core_custom import CustomOpMetaError, custom_op, custom_op_mutating
 from kiln.ops.core_fallback import register_fallback_target
 from kiln.graph.node import flatten_args
+from kiln.capture.torch_api_inplace import Writes
+from kiln.capture import mutation
 
 # torch's own namespaces (torch 2.13 with torch.distributed loaded): their ops keep the aten
 # path (capture/torch_ops.py: torch-level rules or fallback nodes). Collectives and FSDP's
@@ -101,7 +103,6 @@ def mutated_arguments(schema) -> tuple:
 def _functionalized(overload, target, label, where, args, kwargs):
     """The mutating op as ``core.custom_op_mutating``: its results, with the new values of the
     arguments it writes as ``Writes`` (capture/mutation.py writes them back)."""
-    from kiln.capture.torch_api_inplace import Writes
     written = []
     for w in where:
         a = kwargs.get(w) if isinstance(w, str) else args[w] if w < len(args) else None
@@ -174,7 +175,6 @@ def check_written_memory(tx, overload, pos, kw, label: str):
     """A mutating op's written argument must not share memory with another tensor argument:
     eager's answer would depend on the order the op reads and writes in; the copy it gets
     here reads the old values."""
-    from kiln.capture import mutation
     from kiln.capture.values import TensorVariable
     where = mutated_arguments(overload._schema)
     if not where:

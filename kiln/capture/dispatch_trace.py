@@ -25,6 +25,9 @@ from torch.utils._pytree import tree_flatten
 from kiln import log
 from kiln.capture.errors import Unsupported
 from kiln.meta.symbolic import has_symbols
+from kiln.capture.values import (ConstantVariable, ListVariable, TensorVariable, TupleVariable,
+                                 is_constant)
+from kiln.capture.torch_ops import TorchOpVariable
 
 
 class _Recorder(TorchDispatchMode):
@@ -41,7 +44,6 @@ class _Recorder(TorchDispatchMode):
 
 def _to_meta(var, metas: dict):
     """A Python value for ``fn``: tensors as meta tensors (their variables remembered)."""
-    from kiln.capture.values import ConstantVariable, ListVariable, TensorVariable, TupleVariable
     if isinstance(var, TensorVariable):
         m = var.proxy.meta
         if has_symbols(m.shape) or has_symbols(m.stride):
@@ -96,9 +98,6 @@ def call_allowed_in_graph(tx, fn, name: str, args, kwargs):
 
 
 def _replay(tx, func, args, kwargs, result, known, keep, device, name):
-    from kiln.capture.torch_ops import TorchOpVariable
-    from kiln.capture.values import ConstantVariable
-
     def var_of(x):
         if isinstance(x, torch.Tensor):
             v = known.get(id(x))
@@ -109,7 +108,6 @@ def _replay(tx, func, args, kwargs, result, known, keep, device, name):
         if isinstance(x, torch.device) and x.type == "meta":
             x = device  # factory ops made on the arguments' device
         if isinstance(x, (list, tuple)):
-            from kiln.capture.values import ListVariable, TupleVariable
             items = [var_of(i) for i in x]
             return TupleVariable(items) if isinstance(x, tuple) else ListVariable(items)
         return ConstantVariable(x)
@@ -131,14 +129,12 @@ def _replay(tx, func, args, kwargs, result, known, keep, device, name):
 
 
 def _flat_vars(v):
-    from kiln.capture.values import ListVariable, TupleVariable
     if isinstance(v, (TupleVariable, ListVariable)):
         return [x for item in v.items for x in _flat_vars(item)]
     return [v]
 
 
 def _wrap_output(tx, out, known, name):
-    from kiln.capture.values import ConstantVariable, ListVariable, TupleVariable, is_constant
     if isinstance(out, torch.Tensor):
         v = known.get(id(out))
         if v is None:

@@ -26,6 +26,7 @@ from kiln.capture.guards import Source
 from kiln.graph.node import PLACEHOLDER, Node, flatten_args
 from kiln.meta.tensor_meta import WrappedNumberMeta
 from kiln.graph import Proxy
+from kiln.capture.values import TensorVariable
 
 
 class FloatCarrierSource(Source):
@@ -43,7 +44,6 @@ class FloatCarrierSource(Source):
 def wrap_dynamic_float(tx, value: float, source: Source):
     """The tracker of a dynamic float: a tensor variable over its carrier placeholder."""
     from kiln.capture.tracer import _placeholder_name
-    from kiln.capture.values import TensorVariable
     seen = tx.float_inputs.get(source.expr())
     if seen is not None:
         return seen

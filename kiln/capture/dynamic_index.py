@@ -26,6 +26,8 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.guards import Source
 from kiln.capture.values import LazyVariable, Variable
 from kiln.meta.symbolic import SymInt, py
+from kiln.capture.tracer import _type_check
+from kiln.capture.values_python import ObjectVariable, is_user_object
 
 
 class SymbolicItemSource(Source):
@@ -87,8 +89,6 @@ def symbolic_item(tx, seq, key: SymInt):
 
 
 def _track_element(tx, seq, key, hint, slot, index):
-    from kiln.capture.tracer import _type_check
-    from kiln.capture.values_python import ObjectVariable, is_user_object
     kind = seq.kind.__name__
     if isinstance(slot, LazyVariable):
         real = slot.value if is_user_object(slot.value) else None

@@ -20,7 +20,7 @@ from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
 from kiln.graph.node import flatten_args
 from kiln.ops import core
-from kiln.ops.core_fallback import NotTensors, register_fallback_target
+from kiln.ops.core_fallback import NotTensors, _map, register_fallback_target, tensor_positions
 
 # torch submodules whose functions are never run as fallbacks (RNG state, devices, autograd,
 # I/O, compilers): a call into them stays a graph break
@@ -146,7 +146,6 @@ def _with_nones(fn, name, args, kwargs):
     """A result tuple with None entries among its tensors: the node is the op's tensors only
     (target ``name[0,2]``, which the fallback resolves in any process), and the Nones are put
     back here, where they are Python constants."""
-    from kiln.ops.core_fallback import _map, tensor_positions
     fake = _map((args, kwargs), lambda a: a.meta.fake() if isinstance(a, Proxy) else a)
     try:
         result = fn(*fake[0], **fake[1])

@@ -17,8 +17,11 @@ import sys
 from kiln.capture.errors import FrameState, Unsupported
 from kiln.capture.instructions import PY, Instruction, decode, source_line
 from kiln.capture.values import (NULL, CellVariable, ConstantVariable, DictVariable,
-                                 FunctionVariable, IteratorVariable, LazyVariable,
-                                 ModuleVariable, NullVariable, TensorVariable, Variable)
+                                 IteratorVariable, LazyVariable, NullVariable, TensorVariable,
+                                 Variable)
+from kiln.capture.values_callables import FunctionVariable, ModuleVariable
+from kiln.capture.values_python import SuperVariable
+from kiln.capture.guards import GlobalSource, ItemSource
 
 MAX_STEPS = 200_000
 
@@ -150,8 +153,6 @@ class Frame:
         return cell.contents
 
     def load_global(self, name):
-        from kiln.capture.guards import GlobalSource, ItemSource
-
         written = self.tx.side_effects.load_global(self.globals, name)
         if written is not None:
             return written
@@ -487,7 +488,6 @@ def end_for(frame, inst):
 
 def frame_super(frame):
     """Zero-argument ``super()``: the ``__class__`` cell and the first argument of the frame."""
-    from kiln.capture.values_python import SuperVariable
     cell = frame.cells.get("__class__")
     if cell is None or cell.contents is None or not frame.code.co_varnames:
         raise Unsupported("super() without arguments outside a method")

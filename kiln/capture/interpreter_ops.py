@@ -10,9 +10,11 @@ import sys
 
 from kiln.capture.errors import Unsupported
 from kiln.capture.interpreter import handler
-from kiln.capture.values import (NULL, ConstantVariable, FunctionVariable, DictVariable, ListVariable, ModuleVariable,
-                                 TensorVariable, TupleVariable, _Sequence)
-from kiln.capture.values_python import SetVariable
+from kiln.capture.values import (NULL, ConstantVariable, DictVariable, ListVariable, TensorVariable,
+                                 TupleVariable, _Sequence)
+from kiln.capture.values_callables import FunctionVariable, ModuleVariable
+from kiln.capture.values_python import SetVariable, SuperVariable
+from kiln.capture.guards import ModuleSource
 
 
 # ---------------------------------------------------------------- operators
@@ -287,7 +289,6 @@ def import_name(frame, inst):
         name = importlib.util.resolve_name("." * level + name, frame.globals.get("__package__") or "")
     if name not in sys.modules:
         raise Unsupported(f"import of {name!r}, which is not imported yet")
-    from kiln.capture.guards import ModuleSource
     top = name if fromlist else name.partition(".")[0]
     frame.push(frame.tx.wrap(sys.modules[top], ModuleSource(top), guard=False))
 
@@ -352,7 +353,6 @@ def load_super_attr(frame, inst):
     # Pops self, the class and the global `super`; the low arg bit asks for a method load
     # (NULL + bound method here, as LOAD_ATTR), bit 1 marks the two-argument form.
     self_var, cls_var, super_fn = frame.pop(), frame.pop(), frame.pop()
-    from kiln.capture.values_python import SuperVariable
     del super_fn
     attr = SuperVariable(cls_var.as_python(), self_var).getattr(frame.tx, inst.argval)
     if inst.arg & 1:

@@ -24,6 +24,8 @@ import types
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import AttrSource, ExprSource, ModuleSource
 from kiln.capture.values_stdlib import DictValueAtSource
+from kiln.capture.values import ConstantVariable, DictVariable, TupleVariable
+from kiln.capture.values_callables import FunctionVariable
 
 GLOBALS = "torch.nn.modules.module"  # where nn.Module keeps the global hook tables
 _NO_GLOBAL_HOOKS = ("not ({}._global_forward_hooks or {}._global_forward_pre_hooks or "
@@ -134,14 +136,11 @@ def _hook_table(tx, table, source, kw_table, kw_source) -> list:
 
 
 def _is_none(v) -> bool:
-    from kiln.capture.values import ConstantVariable
     return isinstance(v, ConstantVariable) and v.value is None
 
 
 def _call_with_hooks(tx, mv, args: list, kwargs: dict, pre: list, post: list):
     """``_call_impl``'s forward path on trackers: pre-hooks, forward, forward hooks."""
-    from kiln.capture.values import DictVariable, TupleVariable
-
     # one kwargs dict for the whole call, as in _call_impl: a hook that writes into it in
     # place changes what forward (and the later hooks) get
     kw = DictVariable(kwargs)
@@ -172,7 +171,6 @@ def _call_with_hooks(tx, mv, args: list, kwargs: dict, pre: list, post: list):
 
 
 def _is_tuple(v) -> bool:
-    from kiln.capture.values import TupleVariable
     if isinstance(v, TupleVariable):
         return True
     try:
@@ -190,8 +188,6 @@ def _str_keys(mv, kw) -> dict:
 
 def _forward(tx, mv):
     """The module's forward as a tracker, guarded to stay the same function."""
-    from kiln.capture.values import FunctionVariable
-
     m = mv.module
     forward = m.forward
     if not (isinstance(forward, types.MethodType) and forward.__self__ is m):

@@ -35,8 +35,9 @@ import types
 import torch
 
 from kiln.capture.errors import Unsupported
-from kiln.capture.values import (DictVariable, IteratorVariable, ListVariable, ModuleVariable,
-                                 TensorVariable, TupleVariable, Variable)
+from kiln.capture.values import (DictVariable, IteratorVariable, ListVariable, TensorVariable,
+                                 TupleVariable, Variable)
+from kiln.capture.values_callables import FunctionVariable, ModuleVariable
 
 _BASE = "torch.nn.modules.module"  # nn.Module's own methods: run for real on a local module
 _TRACED_METHODS = ("forward", "__call__", "_call_impl", "_wrapped_call_impl")
@@ -213,7 +214,6 @@ def check_no_tensors(tx, m):
 
 def construct_module(tx, cls, args, kwargs):
     """``cls(*args, **kwargs)`` for an nn.Module class during capture (the module docstring)."""
-    from kiln.capture.values import FunctionVariable
     from kiln.capture.values_python import _static_lookup, plain_metaclass
 
     name = cls.__name__

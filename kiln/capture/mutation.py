@@ -35,11 +35,12 @@ from __future__ import annotations
 import torch
 
 from kiln.capture.errors import Unsupported
-from kiln.capture.torch_api_inplace import Rebinds, Writes
+from kiln.capture.torch_api_inplace import Rebinds, Writes, _fill_value
 from kiln.graph import Proxy, getitem
-from kiln.graph.node import CALL, PLACEHOLDER, Node
+from kiln.graph.node import CALL, PLACEHOLDER, Node, flatten_args
 from kiln.ops import core
 from kiln.ops.core_views import _view_strides
+from kiln.ops.registry import META_RULES
 
 
 class Storage:
@@ -131,8 +132,6 @@ class ViewStep:
 def eager_meta(var):
     """var's TensorMeta with eager's exact strides when capture knows them, else None. In-place
     writes never change a tensor's strides, so a view's are its root's, through its chain."""
-    from kiln.ops.registry import META_RULES
-
     a = var.alias
     if a is None:
         return eager_layout(var.proxy.node)
@@ -150,8 +149,6 @@ def eager_layout(node):
     """The eager TensorMeta (exact strides) of a graph value, or None where kiln's meta may
     differ from eager's layout (kiln's computed results are contiguous; eager's follow their
     inputs)."""
-    from kiln.ops.registry import META_RULES
-
     memo = _layout_memo(node.graph)
     if node in memo:
         return memo[node]
@@ -177,7 +174,6 @@ def eager_layout(node):
 
 
 def _flat(x):
-    from kiln.graph.node import flatten_args
     return list(flatten_args(x))
 
 
@@ -311,7 +307,6 @@ def _wrap_proxy(tx, out: Proxy, by_node, name):
         steps.append(node)
         node = node.args[0]
         base_var = by_node.get(node)
-    from kiln.ops.registry import META_RULES
 
     meta = eager_meta(base_var)
     if not steps:
@@ -440,7 +435,6 @@ def setitem(tx, target, key, value):
     (``torch_api_index.put``)."""
     from kiln.capture import torch_api
     from kiln.capture import torch_api_index
-    from kiln.capture.torch_api_inplace import _fill_value
     from kiln.capture.values import ConstantVariable, TensorVariable
 
     py_key = tx.unwrap(key, "tensor item assignment")

@@ -38,6 +38,7 @@ from kiln.meta import TensorMeta
 from kiln.ops import core
 from kiln.meta.symbolic import has_symbols
 from kiln.ops.registry import META_RULES
+from kiln.capture.values import LazyVariable
 
 
 def mem_key(t: torch.Tensor):
@@ -99,8 +100,6 @@ def input_alias(tx, var):
 def _wrap_lazy_arguments(tx, key):
     """Arguments of the traced function not read yet that share memory ``key``: wrap them now,
     so the group holds them from its start."""
-    from kiln.capture.values import LazyVariable
-
     frame = getattr(tx, "_current_frame", None)
     while frame is not None and frame.parent is not None:
         frame = frame.parent

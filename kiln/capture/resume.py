@@ -54,8 +54,10 @@ from kiln.capture.resume_glue import (CannotResume, Glue, GradModeExit, _call,  
 from kiln.capture.resume_facts import (_cond_jump_kind, _operands, _result_layout, live_locals,
                                       loop_head)
 from kiln.capture.values import (NULL, BoundAdapterVariable, ConstantVariable, DictVariable,
-                                 FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
-                                 NullVariable, TensorVariable, TupleVariable, Variable, _Sequence)
+                                 IteratorVariable, ListVariable, MethodVariable, NullVariable,
+                                 TensorVariable, TupleVariable, Variable, _Sequence)
+from kiln.capture.values_callables import FunctionVariable
+from kiln.meta.symbolic import SymInt
 
 PY = sys.version_info[:2]
 CO_VARARGS, CO_VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
@@ -243,7 +245,6 @@ def finish_at_break(tx, root, plan) -> BreakState:
 
 def _specialize_sizes(v, depth=0):
     """Symbolic sizes handed to Python at a break become ints (int() records their guards)."""
-    from kiln.meta.symbolic import SymInt
     if depth > 50:
         return
     if isinstance(v, ConstantVariable):

@@ -14,11 +14,13 @@ from kiln.capture.guards import AttrSource, GlobalSource, ItemSource, LocalSourc
 from kiln.meta.tensor_meta import WrappedNumberMeta
 from kiln.capture.resume_loops import load_as_rest
 from kiln.capture.resume_values import _construct, _construct_partial, replay_view, view_rebuild
-from kiln.capture.values import (BoundAdapterVariable, BuiltinVariable, ConstantVariable,
-                                 DictVariable, FunctionVariable, IteratorVariable, LazyVariable,
-                                 ListVariable, MethodVariable, ModuleVariable, NullVariable,
-                                 OpaqueVariable, PythonModuleVariable, TensorVariable,
-                                 TorchFunctionVariable, TupleVariable)
+from kiln.capture.values import (BoundAdapterVariable, ConstantVariable, DictVariable,
+                                 IteratorVariable, LazyVariable, ListVariable, MethodVariable,
+                                 NullVariable, OpaqueVariable, TensorVariable, TupleVariable)
+from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
+                                           PythonModuleVariable, TorchFunctionVariable)
+from kiln.meta.symbolic import SymInt
+from kiln.capture.values_python import _MISSING, _static_lookup, make_named_tuple
 
 PY = sys.version_info[:2]
 
@@ -30,7 +32,6 @@ class CannotResume(Exception):
 def _is_own_symbol(v) -> bool:
     """A dynamic int (a symbol) held by the variable its source names: the glue reloads it from
     that source (the frame's value at entry) instead of specializing it."""
-    from kiln.meta.symbolic import SymInt
     value = v.value
     return isinstance(value, SymInt) and v.source is not None and value.expr.is_Symbol and \
         value.env.sources.get(value.expr) == v.source.expr()
@@ -95,7 +96,6 @@ def _is_made_object(v) -> bool:
 
 def _binds_to(self_var, name: str, fn) -> bool:
     """Does ``<the real self_var>.name`` give a method bound to ``fn``?"""
-    from kiln.capture.values_python import _MISSING, _static_lookup
     owner = getattr(self_var, "module", None)
     if owner is None:
         owner = getattr(self_var, "value", None)
@@ -275,7 +275,6 @@ class Glue:
                       Instr("LOAD_CONST", r.enabled), *_call(3))
             return True
         if type(v).__name__ == "NamedTupleVariable" and v.source is None:
-            from kiln.capture.values_python import make_named_tuple
             self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", make_named_tuple), Instr("LOAD_CONST", v.cls))
             for x in v.items:
                 self.load(x)

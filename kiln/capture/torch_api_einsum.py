@@ -18,6 +18,7 @@ from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
 from kiln.graph.node import flatten_args
 from kiln.ops import core
+from kiln.ops import autocast as policy_table
 
 
 def normalize(equation: str, ndims) -> tuple[list[str], str]:
@@ -63,7 +64,6 @@ def _whole(equation, operands, why):
 def _autocast_composite(operand) -> bool:
     """Under an autocast whose policy does not name einsum (CPU), torch autocasts only the bmm
     inside its composite, depending on the pattern: such a call is left to eager torch."""
-    from kiln.ops import autocast as policy_table
     device = operand.device.type
     if device not in policy_table.DEVICE_TYPES or policy_table.policy(device, "einsum") is not None:
         return False

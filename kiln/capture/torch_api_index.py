@@ -23,6 +23,9 @@ from kiln.graph import Proxy
 from kiln.meta.symbolic import SymInt
 from kiln.ops import core
 from kiln.ops.promotion import broadcast_shapes
+from kiln.capture.torch_api_inplace import _fill_value, _Shaped, masked_assign
+from kiln.capture.torch_api_more import getitem as basic_getitem
+from kiln.capture.torch_api_creation import tensor
 
 
 def _is_advanced(k) -> bool:
@@ -81,7 +84,6 @@ def _int_index(x, idx, dim, device):
             raise Unsupported("indexing a tensor with a list that is not a list of ints")
         if any(not -n <= i < n for i in idx):
             raise IndexError(f"index {idx} is out of bounds for dimension {dim} with size {n}")
-        from kiln.capture.torch_api_creation import tensor
         return tensor([i % n for i in idx], device=device)
     if idx.dtype in (torch.bool, torch.uint8):
         raise Unsupported("boolean mask indexing (its result's shape depends on the data)")
@@ -147,7 +149,6 @@ def gather(view, entries):
 
 def getitem(self, key):
     """``self[key]`` for a key with at least one index tensor or list."""
-    from kiln.capture.torch_api_more import getitem as basic_getitem
     basic, entries = split_key(self.ndim, key)
     view = basic_getitem(self, basic) if not all_full(basic) else self
     return gather(view, entries)
@@ -168,7 +169,6 @@ def _mask_entry(view, entries):
 def put(view, entries, values, accumulate=False):
     """The new value of ``view`` after ``view[entries] = values`` (``+=`` with accumulate):
     ``values`` a tensor or a Python number, broadcast to the indexed result's shape."""
-    from kiln.capture.torch_api_inplace import _fill_value, _Shaped, masked_assign
     mask = _mask_entry(view, entries)
     if mask is not None:
         dim, m = mask

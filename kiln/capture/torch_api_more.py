@@ -14,6 +14,7 @@ from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
 from kiln.meta.symbolic import SymInt, is_int_like
 from kiln.ops import core
+from kiln.ops.promotion import broadcast_shapes
 
 
 def _is_tensor(x) -> bool:
@@ -252,7 +253,6 @@ def expand(self, *sizes, implicit=False):
 def broadcast_tensors(*tensors):
     """Each tensor expanded to the shapes' broadcast (a view, differentiable through expand);
     torch.functional's wrapper (smooth_l1_loss, huber_loss) calls torch.broadcast_tensors."""
-    from kiln.ops.promotion import broadcast_shapes
     if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
         tensors = tuple(tensors[0])
     try:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from kiln.capture.errors import Unsupported
 from kiln.ops import core
+from kiln.meta.defaults import default_device, default_dtype
 
 
 def _pair(v, n):
@@ -102,7 +103,6 @@ def rand(*size, generator=None, dtype=None, device=None, layout=None, requires_g
          pin_memory=False, out=None):
     if generator is not None or out is not None or requires_grad:
         raise Unsupported("torch.rand with generator/out/requires_grad is not supported")
-    from kiln.meta.defaults import default_device, default_dtype
     return core.rand(_size_args(size), dtype or default_dtype(),
                      torch.device(device) if device is not None else default_device())
 

@@ -30,7 +30,7 @@ from kiln.capture.fast_sources import fast_map
 from kiln.capture.rebuild import _make_rebuild, _output_spec, _set_grad_after
 from kiln.capture.instructions import listing
 from kiln.capture.interpreter import Frame
-from kiln.capture.resume import GradModeExit, SetGradModeVariable, set_grad_mode
+from kiln.capture.resume import GradModeExit, SetGradModeVariable, finish_at_break, set_grad_mode
 from kiln.capture.resume_loops import LoopRest, wrap_loop_rest
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.values_introspect import INTROSPECT_TYPES, IntrospectVariable
@@ -39,17 +39,18 @@ from kiln.capture.vmap import wrap_vmap
 from kiln.capture.values_dict import (OrderedDictVariable, ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
-                                        wrap_grad_mode_value,
-                                        is_structseq, is_user_object)
-from kiln.capture.values import (BuiltinVariable, CellVariable, ConstantVariable, DictVariable,
-                                 FunctionVariable, IteratorVariable, LazyVariable, ListVariable,
-                                 MethodVariable, ModuleVariable,
-                                 OpaqueVariable, PYTHON_OPERATORS, PythonModuleVariable,
-                                 TensorVariable, TorchFunctionVariable, TupleVariable, Variable,
+                                        wrap_grad_mode_value, is_structseq, is_user_object,
+                                        ContextExitVariable, SetVariable)
+from kiln.capture.values import (CellVariable, ConstantVariable, DictVariable, IteratorVariable,
+                                 LazyVariable, ListVariable, MethodVariable, OpaqueVariable,
+                                 PYTHON_OPERATORS, TensorVariable, TupleVariable, Variable,
                                  _Sequence, is_constant)
+from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
+                                           PythonModuleVariable, TorchFunctionVariable)
 from kiln.graph import Graph, Proxy
 from kiln.meta import TensorMeta, defaults
 from kiln.meta.symbolic import ShapeEnv, has_symbols, symbolic_meta
+from kiln.ops import core
 
 MAX_INLINE_DEPTH = 32
 _CO_GENERATOR_LIKE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -162,7 +163,6 @@ class Tracer:
         if type(value) is GradModeExit:  # a grad-mode block's exit, passed to a resume function
             if guard:
                 self.guards.identity(source, value)
-            from kiln.capture.values_python import ContextExitVariable
             exit_var = ContextExitVariable(lambda: setattr(self, "grad_enabled", value.prev))
             exit_var.grad_prev = value.prev  # a later break rebuilds it (resume_glue._grad_prev)
             return exit_var
@@ -204,7 +204,6 @@ class Tracer:
                 return BuiltinVariable(value, source)
             return ConstantVariable(value, source)
         if type(value) in (set, frozenset) and source is None and all(is_constant(v) for v in value):
-            from kiln.capture.values_python import SetVariable  # a set computed on constants
             return SetVariable([ConstantVariable(v) for v in value])
         return None
 
@@ -638,7 +637,6 @@ def _type_check(cls) -> str:
 
 
 def _detach_all(out):
-    from kiln.ops import core
     if isinstance(out, Proxy):
         if not out.meta.requires_grad:
             return out
@@ -703,7 +701,6 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
     filename, lineno, line = root.location(root.current)
     break_state = None
     if plan is not None:
-        from kiln.capture.resume import finish_at_break
         if ret is not None or root.ip != plan.stop_at:
             raise Unsupported("the re-trace for a graph break did not stop at the break")
         break_state = finish_at_break(tx, root, plan)

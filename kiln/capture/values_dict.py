@@ -13,9 +13,12 @@ import dataclasses
 import types
 
 from kiln.capture.errors import Unsupported
-from kiln.capture.guards import Source
-from kiln.capture.values import ConstantVariable, DictVariable, FunctionVariable, Variable
+from kiln.capture.guards import ItemSource, Source
+from kiln.capture.values import ConstantVariable, DictVariable, Variable
+from kiln.capture.values_callables import FunctionVariable
 from kiln.capture.values_python import _static_lookup, attribute_of_class
+from kiln.capture.builtins import call_builtin
+from kiln.capture.resume import Instr, _call
 
 
 # ====================================================================== context variables
@@ -129,7 +132,6 @@ class DictSubclassVariable(DictVariable):
 def wrap_dict_subclass(tx, value, source, guard: bool):
     """``tx.wrap`` of a Python dict subclass instance: one tracker per object, its class and
     keys guarded, its items wrapped as a dict's."""
-    from kiln.capture.guards import ItemSource
     seen = tx.side_effects.tracker_of(value)
     if seen is not None:
         if seen.source is not None and source is not None and seen.source != source:
@@ -188,7 +190,6 @@ class OrderedDictVariable(DictVariable):
         return super().call_method(tx, name, args, kwargs)
 
     def reconstruct(self, builder):
-        from kiln.capture.resume import Instr, _call
         builder.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", collections.OrderedDict))
         for k, x in self.items.items():
             builder.emit(Instr("LOAD_CONST", k))
@@ -199,7 +200,6 @@ class OrderedDictVariable(DictVariable):
 
 def make_ordered_dict(tx, args, kwargs):
     """``OrderedDict(...)`` in the trace: what ``dict(...)`` would hold, as an OrderedDict."""
-    from kiln.capture.builtins import call_builtin
     return OrderedDictVariable(call_builtin(tx, dict, args, kwargs).items)
 
 

@@ -22,9 +22,10 @@ import types
 from kiln.capture.builtins import handles
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import AttrSource, ItemSource
-from kiln.capture.values import (BuiltinVariable, ConstantVariable, DictVariable, FunctionVariable,
-                                 ListVariable, MethodVariable, ModuleVariable, PythonModuleVariable,
-                                 TensorVariable, TorchFunctionVariable, TupleVariable)
+from kiln.capture.values import (ConstantVariable, DictVariable, ListVariable, MethodVariable,
+                                 TensorVariable, TupleVariable)
+from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
+                                           PythonModuleVariable, TorchFunctionVariable)
 
 INTROSPECT_TYPES = (inspect.Signature, inspect.Parameter)
 

@@ -29,8 +29,11 @@ import torch
 from kiln.capture.torch_modules import is_torch_module
 from kiln.capture.dict_object import dict_method
 from kiln.capture.errors import Unsupported
-from kiln.capture.values import (ConstantVariable, DictVariable, FunctionVariable,
+from kiln.capture.values import (ConstantVariable, DictVariable, MethodVariable, TensorVariable,
                                  TupleVariable, Variable, _Sequence)
+from kiln.capture.values_callables import FunctionVariable
+from kiln.capture.values_introspect import construct
+from kiln.capture.torch_api_creation import FUNCTIONS as creation, LEGACY_TYPES
 
 _MISSING = object()
 
@@ -383,7 +386,6 @@ class SetVariable(_Sequence):
 
     def contains(self, tx, v):
         """``v in s``: a tensor by identity, a constant by value among the constants."""
-        from kiln.capture.values import TensorVariable
         if isinstance(v, TensorVariable):
             return any(x is v for x in self.items)
         key = v.as_python()
@@ -391,7 +393,6 @@ class SetVariable(_Sequence):
 
     def getattr(self, tx, name):
         if name in ("add", "update", "union", "intersection", "difference"):
-            from kiln.capture.values import MethodVariable
             return MethodVariable(self, name)
         return super().getattr(tx, name)
 
@@ -525,7 +526,6 @@ def call_class(tx, cls, args, kwargs):
     if cls is collections.OrderedDict:
         from kiln.capture.values_dict import make_ordered_dict
         return make_ordered_dict(tx, args, kwargs)
-    from kiln.capture.values_introspect import construct
     made = construct(tx, cls, args, kwargs)  # inspect.Parameter / Signature on constants
     if made is not None:
         return made
@@ -544,7 +544,6 @@ def call_class(tx, cls, args, kwargs):
         return _make_namedtuple(tx, cls, args, kwargs)
     if issubclass(cls, dict) and dataclasses.is_dataclass(cls):
         return make_dict_dataclass(tx, cls, args, kwargs)
-    from kiln.capture.torch_api_creation import FUNCTIONS as creation, LEGACY_TYPES
     if cls in LEGACY_TYPES:  # torch.LongTensor([294]): a capture-table entry, as torch.tensor
         return tx.call_adapter(creation[cls], args, kwargs, f"torch.{cls.__name__}")
     if issubclass(cls, torch.nn.Module):  # built at trace time, private to the call

@@ -23,8 +23,10 @@ import types
 import warnings
 
 from kiln.capture.errors import Unsupported
-from kiln.capture.guards import Source
-from kiln.capture.values import ConstantVariable, FunctionVariable, Variable
+from kiln.capture.guards import AttrSource, ItemSource, Source
+from kiln.capture.values import ConstantVariable, Variable
+from kiln.capture.values_callables import FunctionVariable
+from kiln.capture.values_python import PartialVariable
 
 _Environ = type(os.environ)
 
@@ -55,7 +57,6 @@ def wrap_stdlib(tx, value, source, guard):
         # a cached pure function: its body gives what the cache holds, so it is inlined
         if guard:
             tx.guards.identity(source, value)
-        from kiln.capture.guards import AttrSource
         return FunctionVariable(value.__wrapped__, source=AttrSource(source, "__wrapped__"))
     return None
 
@@ -64,8 +65,6 @@ def wrap_partial(tx, value, source, guard):
     """A ``functools.partial`` object reached as a value (``self.act = partial(F.gelu, ...)``):
     its function and bound arguments are read through ``.func``/``.args[i]``/``.keywords[k]``,
     each with the guards of any value there; the partial itself by type and layout."""
-    from kiln.capture.guards import AttrSource, ItemSource
-    from kiln.capture.values_python import PartialVariable
     if guard:
         tx.guards.add(source, f"id(type({{}})) == {id(functools.partial)} and "
                               f"len({{}}.args) == {len(value.args)} and "
@@ -100,7 +99,6 @@ class DictValueAtSource(Source):
 
 def dict_item_source(source, i, key):
     """Where the guards read the value of ``key`` (at position ``i``) of the dict at ``source``."""
-    from kiln.capture.guards import ItemSource
     if source is None:
         return None
     spelled = type(key) in _VALUE_KEYS or type(key) is tuple and all(type(x) in _VALUE_KEYS for x in key)

@@ -21,6 +21,7 @@ so a stage reading its table sees only real rules and pays nothing per lookup.
 A missing rule is a loud error that names the op and the stage (``MissingRule``).
 """
 from __future__ import annotations
+from kiln.graph.proxy import active_graph, find_proxy
 
 
 class MissingRule(NotImplementedError):
@@ -217,8 +218,6 @@ class Op:
         return self.qualname
 
     def __call__(self, *args, **kwargs):
-        from kiln.graph.proxy import active_graph, find_proxy
-
         proxy = find_proxy(args, kwargs)
         if proxy is not None:
             return proxy.graph_builder.call(self, args, kwargs)

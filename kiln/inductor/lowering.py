@@ -15,8 +15,10 @@ import sympy
 import torch
 
 from kiln.inductor import ir
-from kiln.meta.tensor_meta import contiguous_strides, view_strides
-from kiln.ops.registry import bind_stage
+from kiln.meta.tensor_meta import TensorMeta, contiguous_strides, view_strides
+from kiln.ops.registry import META_RULES, bind_stage
+from kiln.meta.symbolic import has_symbols
+from kiln.config import config
 
 
 class TValue:
@@ -188,9 +190,6 @@ def extern_multi_rule(ctx, metas, *args, **kwargs):
 
 
 def _meta_as_realized(op, meta, args, refs, kwargs, realized):
-    from kiln.meta.symbolic import has_symbols
-    from kiln.meta.tensor_meta import TensorMeta
-    from kiln.ops.registry import META_RULES
     def as_meta(a, r):
         if not isinstance(a, TValue):
             return a
@@ -265,7 +264,6 @@ def split_plan(kind: str, shape, dims, device):
 
     argmax/argmin stay unsplit: their second stage would need (value, index) pairs.
     """
-    from kiln.config import config
     if not config.split_reductions or kind not in SPLIT_COMBINE:
         return None
     rows = math.prod(s for d, s in enumerate(shape) if d not in dims)

@@ -1,8 +1,8 @@
 """What the KILN_LOGS channels print, formatted from the stages' IR (kiln/log.py routes here).
 
-``pass_done`` is called after every pass (``context.run_pass``); the other functions are called
-by the api at the points of a compile that are not passes (a capture, a recompile). Each
-function writes the concise lines with ``log.log`` and the verbose ones with ``log.detail``.
+``pass_done`` is called after every pass (``context.run_pass``); the other functions at the
+driver's events that are not passes (a capture, its guards, a recompile), by
+``kiln/observe/__init__.py``'s subscriber. Each function writes the concise lines with ``log.log`` and the verbose ones with ``log.detail``.
 """
 from __future__ import annotations
 

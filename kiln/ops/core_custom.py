@@ -38,6 +38,7 @@ from kiln.graph.node import flatten_args
 from kiln.meta.symbolic import SymInt, concretize, shape_env_of, to_sympy
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import DECOMPOSITIONS, LOWERINGS, META_RULES, VJP_RULES, define, stage_api
+from kiln.graph.proxy import Proxy
 
 L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
 
@@ -253,7 +254,6 @@ LOWERINGS[prim_custom_op] = _prim_lowering
 
 
 def _metas_of(obj):
-    from kiln.graph.proxy import Proxy
     return _map(obj, lambda a: a.meta if isinstance(a, Proxy) else a)
 
 
@@ -457,7 +457,6 @@ def custom_op_vjp_replay(g, out, target, *args, **kwargs):
 
 
 def _vjp(g, out, target, args, kwargs, direct):
-    from kiln.graph.proxy import Proxy
     gs = g if isinstance(g, tuple) else (g,)
     outs = out if isinstance(out, tuple) else (out,)
     given = tuple(x is not None for x in gs)

@@ -539,7 +539,6 @@ masked_fill = _core("masked_fill", torch.masked_fill)
 
 @META_RULES.register(masked_fill)
 def _masked_fill_meta(x, mask, value):
-    from kiln.meta.tensor_meta import TensorMeta
     if mask.dtype != torch.bool:
         raise ElementwiseError(f"[meta] core.masked_fill: mask must be bool, got {mask.dtype}")
     if broadcast_shapes(x.shape, mask.shape) != tuple(x.shape):

@@ -18,7 +18,7 @@ import torch
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.graph.node import flatten_args
 from kiln.ops import prims
-from kiln.ops.registry import DECOMPOSITIONS, META_RULES, VJP_RULES, define
+from kiln.ops.registry import DECOMPOSITIONS, META_RULES, VJP_RULES, define, lookup
 
 __all__ = ["fallback", "FALLBACK_TARGETS", "register_fallback_target"]
 
@@ -57,7 +57,6 @@ def resolve(name: str):
         return fn
     head, _, rest = name.partition(".")
     if head == "core":  # a core op kept whole (a complex one: ops/decompose.py), its eager form
-        from kiln.ops.registry import lookup
         fn = FALLBACK_TARGETS[name] = lookup("core", rest).eager
         return fn
     obj = torch.Tensor if head == "Tensor" else torch if head == "torch" else None

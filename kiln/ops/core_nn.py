@@ -20,6 +20,7 @@ from kiln.ops.core_views import normalize_dim
 from kiln.ops.prim_utils import broadcast_to, to_dtype
 from kiln.ops.promotion import broadcast_shapes
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
+from kiln.ops.registry import DECOMPOSITIONS as D
 
 __all__ = ["matmul", "bmm", "addmm", "baddbmm", "layer_norm", "rms_norm", "group_norm",
            "batch_norm", "embedding", "gather", "index_select", "cross_entropy", "nll_loss",
@@ -389,7 +390,6 @@ META_RULES[cross_entropy] = _ce_meta
 
 
 def _log_softmax_classes(x):
-    from kiln.ops.registry import DECOMPOSITIONS as D
     from kiln.ops import core
     return D[core.log_softmax](x, 1 if x.ndim > 1 else 0)
 

@@ -11,13 +11,14 @@ import builtins
 import torch
 import torch.nn.functional as F
 
+from kiln.meta.strides import cat_strides
 from kiln.meta.symbolic import is_int_like, same_shape
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import prims
 from kiln.ops import prims_more as pm
 from kiln.ops.core_views import normalize_dim
 from kiln.ops.prim_utils import to_dtype
-from kiln.ops.promotion import result_type
+from kiln.ops.promotion import result_type, scalar_for
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
 
 __all__ = ["slice", "select", "cat", "flip", "roll", "tril", "triu", "repeat", "constant_pad",
@@ -144,7 +145,7 @@ def _cat_meta(tensors, dim=0):
         return TensorMeta.contiguous((0,), dtype, tensors[0].device, grad)
     shape = list(parts[0].shape)
     shape[d] = builtins.sum(t.shape[d] for t in parts)
-    from kiln.meta.strides import cat_strides  # eager's cat stays channels-last when all inputs are
+    # eager's cat stays channels-last when all inputs are
     return TensorMeta(shape, cat_strides(parts, tuple(shape)), dtype, parts[0].device, grad)
 
 
@@ -326,5 +327,4 @@ def _constant_pad_decomp(x, pad, value=0.0):
         lo, hi = [builtins.max(a, 0) for a in lo], [builtins.max(b, 0) for b in hi]
     if not builtins.any(lo + hi):
         return prims.copy(x)
-    from kiln.ops.promotion import scalar_for
     return pm.pad(x, tuple(lo), tuple(hi), scalar_for(value, x.dtype))

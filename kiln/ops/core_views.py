@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from kiln.meta.strides import preserve_strides
 from kiln.meta.symbolic import same_shape
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides, view_strides
 from kiln.ops import prims
@@ -248,7 +249,7 @@ clone = define("core", "clone", _clone_eager, recompute=True, eager_layout="foll
 
 @META_RULES.register(clone)
 def _clone_meta(x):
-    from kiln.meta.strides import preserve_strides  # torch.preserve_format: a dense input keeps its strides
+    # torch.preserve_format: a dense input keeps its strides
     return TensorMeta(x.shape, preserve_strides(x), x.dtype, x.device, x.requires_grad)
 
 

@@ -5,6 +5,9 @@ from kiln.graph.graph import Graph, getitem
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, Node, flatten_args, map_args
 from kiln.graph.proxy import Proxy
 from kiln.ops.registry import DECOMPOSITIONS
+from kiln.meta.tensor_meta import TensorMeta
+from kiln.ops.core_fallback import reads_storage
+from kiln.ops import prims
 
 
 def _describe(node) -> str:
@@ -17,7 +20,6 @@ def _holds_complex(node) -> bool:
     """Does the node read or make a complex tensor? Kernels have no complex types, so such a
     core op stays whole as a library call (``prims.fallback`` of its eager form, run by torch
     between kernels), chosen here, before lowering: no kernel ever sees a complex buffer."""
-    from kiln.meta.tensor_meta import TensorMeta
     vals = [node.meta.get("val")] + [a.meta.get("val") for a in flatten_args((node.args, node.kwargs))
                                      if isinstance(a, Node)]
     return any(isinstance(m, TensorMeta) and m.dtype.is_complex for m in flatten_args(vals))
@@ -45,8 +47,6 @@ def _note_eager_strides(node, result):
     """A fallback that reads its operands' storage (``as_strided``): the strides eager gives
     each tensor operand, from the core graph's metas, for lowering to lay them out so (the
     prims graph's metas are kiln's: a repeat is an expand there, a product contiguous)."""
-    from kiln.meta.tensor_meta import TensorMeta
-    from kiln.ops.core_fallback import reads_storage
     if not (node.args and isinstance(node.args[0], str) and reads_storage(node.args[0])):
         return
     lead = []
@@ -86,7 +86,6 @@ def decompose(graph: Graph) -> Graph:
                     env[node] = target(*args, **kwargs)
                 continue
             if _holds_complex(node) and target.name != "fallback":
-                from kiln.ops import prims
                 with out.inherit(origin=_describe(node), source=source):
                     env[node] = prims.fallback(f"core.{target.name}", *args, **kwargs)
                 continue

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import LOWERINGS, META_RULES, define, stage_api
+from kiln.meta.symbolic import has_symbols
 
 L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
 _pad_gemm = stage_api("pad_gemm")
@@ -186,7 +187,6 @@ def _channels_last(t) -> bool:
     ``suggest_memory_format`` reads a 4-d or 5-d tensor."""
     if t.ndim not in (4, 5):
         return False
-    from kiln.meta.symbolic import has_symbols
     if has_symbols(tuple(t.shape) + tuple(t.stride)):
         return False
     cl = _channels_last_strides(t.shape)

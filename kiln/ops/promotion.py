@@ -12,6 +12,7 @@ import torch
 
 from kiln.meta.defaults import default_dtype
 from kiln.meta.tensor_meta import TensorMeta, WrappedNumberMeta
+from kiln.meta.symbolic import SymInt
 
 
 class Promotion(enum.Enum):
@@ -123,7 +124,6 @@ def broadcast_shapes(*shapes) -> tuple:
 
 
 def _is_symint(x) -> bool:
-    from kiln.meta.symbolic import SymInt
     return isinstance(x, SymInt)
 
 

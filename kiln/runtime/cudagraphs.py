@@ -52,6 +52,7 @@ from __future__ import annotations
 import torch
 
 from kiln import log
+from kiln.autograd.function import CompiledAutograd
 from kiln.config import config
 
 
@@ -63,7 +64,6 @@ COMPILED_GRAPH: type = type(None)
 
 def refusal(compiled, graph, dynamic=False) -> str | None:
     """Why compiled cannot be recorded, or None."""
-    from kiln.autograd.function import CompiledAutograd  # autograd loads at its first compile, not at kiln's import
     if isinstance(compiled, CompiledAutograd):
         return "the graph needs autograd (training); reduce-overhead records inference graphs only"
     if getattr(graph, "input_mutations", None):

@@ -37,6 +37,7 @@ from kiln.runtime import cache
 from kiln.graph.node import GET_ATTR, PLACEHOLDER
 from kiln.meta.symbolic import SymInt, shape_env_of
 from kiln.meta.tensor_meta import TensorMeta
+from kiln.ops.registry import lookup
 
 # settings that cannot change what a graph compiles to
 _IRRELEVANT_SETTINGS = {"cache_dir", "debug", "debug_dir", "verify", "strict", "disable", "graph_cache",
@@ -208,7 +209,6 @@ def load(key: str) -> GraphEntry | None:
     try:
         if rec is None:
             raise err
-        from kiln.ops.registry import lookup
         externs = [lookup(ns, name) for ns, name in rec["externs"]]
         kernels = [_kernel_from_record(r) for r in rec["kernels"]]
         return GraphEntry(rec["wrapper"], rec["size_args"], kernels, externs, rec["extern_count"])

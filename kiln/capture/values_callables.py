@@ -1,0 +1,359 @@
+"""Value trackers of the code the traced program calls into (values.py has the data ones).
+
+- ``ModuleVariable``: an ``nn.Module`` (calling it inlines its ``forward``, with its hooks);
+- ``FunctionVariable``: a user Python function (calling it inlines its bytecode);
+- ``BuiltinVariable`` / ``TorchFunctionVariable``: callables handled by a table (builtins.py,
+  the capture table of torch_api.py), else a fallback node or torch's own Python inlined;
+- ``PythonModuleVariable``: a Python module the code reads functions from (``torch``, ``math``).
+
+They build on values.py's trackers; nothing there needs these.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from kiln.capture import controls, torch_api
+from kiln.capture.errors import Unsupported
+from kiln.capture.fallback import fallback_adapter
+from kiln.capture.guards import ItemSource
+from kiln.capture.values import (ConstantVariable, ListVariable, TensorVariable, TupleVariable,
+                                 Variable, is_constant)
+
+
+class ModuleVariable(Variable):
+    # A module made during the trace (capture/module_new.py) is a real object private to the
+    # call: no source, no guards, read and written for real.
+    local = False
+
+    def __init__(self, module, source):
+        self.module = module
+        self.source = source
+
+    def _guard(self, tx, check: str):
+        tx.guards.add(self.source, check)
+
+    def _child(self, tx, value, source):
+        """A value held by this module (a submodule, an item), reached through ``source``."""
+        return tx.wrap(value, source)
+
+    def _method(self, tx, name, fn):
+        """``module.name`` for a method ``fn`` of its class: inlined when called."""
+        return FunctionVariable(fn, self_var=self)
+
+    def python_type(self):
+        return type(self.module)
+
+    def truth(self, tx):
+        return True
+
+    def getattr(self, tx, name):
+        written = tx.side_effects.load_attr(self, name)  # set earlier in this trace
+        if written is not None:
+            return written
+        if isinstance(self.module, torch.nn.ModuleDict) and name in ("items", "keys", "values"):
+            return _Thunk(lambda: self.module_dict_method(tx, name))
+        if name in ("children", "named_children") and _plain_module_method(self.module, name):
+            return _Thunk(lambda: self.direct_children(tx, named=name == "named_children"))
+        from kiln.capture.values_python import user_class_attribute
+        out = user_class_attribute(tx, self, name)  # properties, static/class methods
+        if out is not None:
+            return out
+        try:
+            value = getattr(self.module, name)
+        except AttributeError as e:
+            raise Unsupported(str(e)) from None
+        if isinstance(value, types.MethodType) and value.__self__ is self.module:
+            return self._method(tx, name, value.__func__)
+        return self._child(tx, value, tx.attr_source(self.source, name))
+
+    def _children(self, tx):
+        if not isinstance(self.module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            raise Unsupported(f"iterating over {type(self.module).__name__} is not supported")
+        children = list(self.module)
+        self._guard(tx, f"len({{}}) == {len(children)}")
+        return children
+
+    def _dict_keys(self, tx):
+        keys = list(self.module.keys())
+        self._guard(tx, f"list({{}}.keys()) == {keys!r}")
+        return keys
+
+    def iterate(self, tx):
+        if isinstance(self.module, torch.nn.ModuleDict):  # iterating a ModuleDict gives its keys
+            return [ConstantVariable(k) for k in self._dict_keys(tx)]
+        return [self._child(tx, m, ItemSource(self.source, i)) for i, m in enumerate(self._children(tx))]
+
+    def direct_children(self, tx, named: bool):
+        """``children()`` / ``named_children()`` (timm's stages loop ``for b in
+        self.children()``), as a tuple of trackers: torch's generator, computed now, guarded on
+        the names of the module's submodules (a None entry is skipped, as torch skips it)."""
+        modules = self.module._modules
+        keys = list(modules.keys())
+        self._guard(tx, f"list({{}}._modules.keys()) == {keys!r}")
+        holder = tx.attr_source(self.source, "_modules")
+        out, seen = [], set()
+        for k in keys:
+            m = modules[k]
+            if m is None or id(m) in seen:  # torch yields each submodule once
+                continue
+            seen.add(id(m))
+            child = self._child(tx, m, ItemSource(holder, k))
+            out.append(TupleVariable([ConstantVariable(k), child]) if named else child)
+        return TupleVariable(out)
+
+    def module_dict_method(self, tx, name):
+        """``items()`` / ``keys()`` / ``values()`` of a ModuleDict, as a tuple of trackers."""
+        keys = self._dict_keys(tx)
+        values = [self._child(tx, self.module[k], ItemSource(self.source, k)) for k in keys]
+        if name == "keys":
+            return TupleVariable([ConstantVariable(k) for k in keys])
+        if name == "values":
+            return TupleVariable(values)
+        return TupleVariable([TupleVariable([ConstantVariable(k), v]) for k, v in zip(keys, values)])
+
+    def getitem(self, tx, key):
+        if isinstance(self.module, torch.nn.ModuleDict):
+            k = key.as_python()
+            if k not in self._dict_keys(tx):
+                raise Unsupported(f"ModuleDict has no key {k!r}")
+            return self._child(tx, self.module[k], ItemSource(self.source, k))
+        children = self._children(tx)
+        key = key.as_python()
+        if isinstance(key, slice):
+            return ListVariable([self._child(tx, children[i], ItemSource(self.source, i))
+                                 for i in range(len(children))[key]])
+        if not isinstance(key, int):
+            raise Unsupported(f"indexing {type(self.module).__name__} with {type(key).__name__}")
+        return self._child(tx, children[key], ItemSource(self.source, key % len(children)))
+
+    def call(self, tx, args, kwargs):
+        from kiln.capture.module_call import call_module  # hooks inlined around forward
+        return call_module(tx, self, args, kwargs)
+
+    def __repr__(self):
+        return f"Module({type(self.module).__name__} at {self.source})"
+
+
+def _plain_module_method(module, name) -> bool:
+    """True when ``module.<name>`` is torch.nn.Module's own method, not a user override."""
+    return getattr(type(module), name, None) is getattr(torch.nn.Module, name)
+
+
+class _Thunk(Variable):
+    """A no-argument method whose result is computed when it is called."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def call(self, tx, args, kwargs):
+        if args or kwargs:
+            raise Unsupported("unexpected arguments")
+        return self.fn()
+
+
+def _real_object(var):
+    """The object a module or user-object tracker stands for (a method's ``self``)."""
+    for attr in ("module", "value"):
+        obj = getattr(var, attr, None)
+        if obj is not None:
+            return obj
+    return var.as_python()
+
+
+class FunctionVariable(Variable):
+    """A user Python function; calling it inlines its bytecode in a new frame.
+
+    Either a real function object (``fn``; its closure cells and defaults are read from it) or
+    one made by MAKE_FUNCTION during the trace (``code`` with tracked defaults and cells).
+    """
+
+    def __init__(self, fn=None, *, source=None, self_var=None, code=None, globals_=None,
+                 defaults=(), kwdefaults=None, closure=(), qualname=None):
+        self.fn = fn
+        self.source = source
+        self.self_var = self_var
+        self.code = fn.__code__ if fn is not None else code
+        self.globals = fn.__globals__ if fn is not None else globals_
+        self.defaults = defaults
+        self.kwdefaults = kwdefaults or {}
+        self.closure = closure
+        self.qualname = fn.__qualname__ if fn is not None else (qualname or self.code.co_name)
+
+    by_code = False  # guarded by code, globals and defaults' layout, not identity (tracer.wrap)
+
+    def python_type(self):
+        return types.MethodType if self.self_var is not None else types.FunctionType
+
+    def truth(self, tx):
+        return True
+
+    def getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            value = getattr(self.fn, name) if self.fn is not None else \
+                {"__name__": self.code.co_name, "__qualname__": self.qualname}.get(name)
+            if self.by_code and isinstance(value, (str, type(None))):  # not implied by its code
+                tx.guards.constant(tx.attr_source(self.source, name), value)
+            return ConstantVariable(value)
+        if name == "__func__" and self.self_var is not None:  # a bound method's function
+            return FunctionVariable(self.fn, source=tx.attr_source(self.source, name)) if self.fn is not None else \
+                FunctionVariable(code=self.code, globals_=self.globals, defaults=self.defaults,
+                                 kwdefaults=self.kwdefaults, closure=self.closure, qualname=self.qualname)
+        if name in ("__wrapped__", "__func__") and self.fn is not None and hasattr(self.fn, name):
+            return tx.wrap(getattr(self.fn, name), tx.attr_source(self.source, name))
+        if name == "__self__" and self.self_var is not None:
+            return self.self_var
+        if name == "__code__":
+            return ConstantVariable(self.code)
+        if name == "__class__":  # torchvision's _log_api_usage_once reads obj.__class__.__name__
+            return ConstantVariable(self.python_type())
+        raise Unsupported(f"attribute {name!r} of {self} is not supported")
+
+    def call(self, tx, args, kwargs):
+        fn = self.fn
+        if fn is not None:  # torch.compiler's marks on the function (capture/controls.py)
+            if getattr(fn, "_kiln_graph_break", False):
+                raise Unsupported("kiln.graph_break() called")
+            if controls.is_disabled(fn):
+                raise Unsupported(f"call to {self.qualname}, which is {controls.disabled_reason(fn)}")
+            if controls.is_constant_result(fn):
+                return self._constant_result(tx, args, kwargs)
+            if self.self_var is None and controls.is_allowed_in_graph(fn):
+                from kiln.capture.dispatch_trace import call_allowed_in_graph
+                out = call_allowed_in_graph(tx, fn, self.qualname, args, kwargs)
+                if out is not None:  # else: inlined below
+                    return out
+        if self.self_var is not None:
+            args = [self.self_var] + list(args)
+        return tx.inline_call(self, args, kwargs)
+
+    def _constant_result(self, tx, args, kwargs):
+        """``torch.compiler.assume_constant_result``: the function runs now, natively, once per
+        compile, and its result is a constant of the graph, guarded by nothing: the user
+        promised it does not change (as torch.compile takes it)."""
+        what = f"{self.qualname} (marked assume_constant_result)"
+        try:
+            # a method's self is the real module or object (its state is promised constant too)
+            owner = [] if self.self_var is None else [_real_object(self.self_var)]
+            py_args = owner + [a.as_python() for a in args]
+            py_kwargs = {k: v.as_python() for k, v in kwargs.items()}
+        except Unsupported as e:
+            raise Unsupported(f"{what}: its arguments must be Python constants ({e.reason})") from None
+        try:
+            out = self.fn(*py_args, **py_kwargs)
+        except Exception as e:  # the user's error: this call runs eagerly and raises it there
+            raise Unsupported(f"{what} raised {type(e).__name__}: {e}") from e
+        if not is_constant(out):
+            raise Unsupported(f"{what} returned a {type(out).__name__}, not a Python constant")
+        return ConstantVariable(out)
+
+    def __repr__(self):
+        return f"Function({self.qualname})"
+
+
+class BuiltinVariable(Variable):
+    def __init__(self, fn, source=None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return type(self.fn)
+
+    def as_python(self):
+        return self.fn
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        from kiln.capture.builtins import call_builtin
+        return call_builtin(tx, self.fn, args, kwargs)
+
+    def __repr__(self):
+        return f"Builtin({getattr(self.fn, '__name__', self.fn)})"
+
+
+# torch's Python modules whose functions, where the capture table has no entry and a fallback
+# node cannot serve, are inlined as user code: torch.nn.functional's helpers (_canonical_mask,
+# _none_or_dtype, _mha_shape_check), the functions it builds from other torch calls
+# (multi_head_attention_forward, which nn.MultiheadAttention and so torchvision's ViT call; the
+# losses, with a gradient), and the argument parsers they call (_Reduction.get_enum, _pair). The
+# table's entries still win, so an op kiln maps directly is never traced through torch's Python.
+INLINED_TORCH_MODULES = frozenset({"torch.nn.functional", "torch.nn._reduction",
+                                   "torch.nn.modules.utils", "torch.functional"})
+
+
+def _inlined_torch_python(fn) -> bool:
+    return isinstance(fn, types.FunctionType) and fn.__module__ in INLINED_TORCH_MODULES \
+        and not controls.is_disabled(fn)
+
+
+def _fallback_serves(tx, adapter, args, kwargs) -> bool:
+    """Whether the fallback node (one opaque call, kept where it works: a no-grad loss, a pool
+    with indices) takes this call: it has a tensor argument and no gradient is needed through
+    it. Otherwise torch's Python body is traced, which fuses and differentiates."""
+    if adapter is None:
+        return False
+    todo, tensors = list(args) + list(kwargs.values()), []
+    while todo:
+        v = todo.pop()
+        if isinstance(v, TensorVariable):
+            tensors.append(v.proxy)
+        elif isinstance(v, (ListVariable, TupleVariable)):
+            todo.extend(v.items)
+    return bool(tensors) and not (tx.grad_enabled and any(p.meta.requires_grad for p in tensors))
+
+
+class TorchFunctionVariable(Variable):
+    def __init__(self, fn, source=None):
+        self.fn = fn
+        self.source = source
+
+    def as_python(self):
+        return self.fn
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        name = torch_api.callable_name(self.fn)
+        adapter = torch_api.TORCH_FUNCTIONS.get(self.fn)
+        if adapter is None:
+            adapter, why = fallback_adapter(self.fn, name)
+            if _inlined_torch_python(self.fn):
+                if _fallback_serves(tx, adapter, args, kwargs):
+                    try:  # the fallback refuses before it records anything (no tensor result)
+                        return tx.call_adapter(adapter, args, kwargs, name)
+                    except Unsupported:
+                        pass
+                return FunctionVariable(self.fn, source=self.source).call(tx, args, kwargs)
+            if adapter is None:
+                raise Unsupported(f"call to {name} is not supported (not in the capture table; {why})")
+        return tx.call_adapter(adapter, args, kwargs, name)
+
+    def __repr__(self):
+        return f"TorchFunction({torch_api.callable_name(self.fn)})"
+
+
+class PythonModuleVariable(Variable):
+    def __init__(self, module, source=None):
+        self.module = module
+        self.source = source
+
+    def as_python(self):
+        return self.module
+
+    def truth(self, tx):
+        return True
+
+    def getattr(self, tx, name):
+        try:
+            value = getattr(self.module, name)
+        except AttributeError as e:
+            raise Unsupported(str(e)) from None
+        trusted = self.module.__name__.split(".")[0] in ("torch", "math", "operator")
+        return tx.wrap(value, tx.attr_source(self.source, name), guard=not trusted)
+
+    def __repr__(self):
+        return f"PythonModule({self.module.__name__})"
