@@ -21,6 +21,7 @@ from kiln.graph import Proxy
 from kiln.graph.node import flatten_args
 from kiln.ops import core
 from kiln.ops.core_fallback import NotTensors, _map, register_fallback_target, tensor_positions
+from kiln.capture.torch_api_inplace import Writes
 
 # torch submodules whose functions are never run as fallbacks (RNG state, devices, autograd,
 # I/O, compilers): a call into them stays a graph break
@@ -92,7 +93,6 @@ def inplace_fallback_adapter(name: str):
     ``aten.foo_`` is ``aten.foo`` with the same parameters and defaults written into self
     (``bernoulli_``'s p=0.5 is not ``bernoulli``'s p=self, so it is refused). A result that
     self's dtype cannot hold is a break, as eager raises."""
-    from kiln.capture.torch_api_inplace import Writes
     from kiln.capture.torch_ops import _functional_of
     functional = getattr(torch.Tensor, name[:-1], None)
     packet = getattr(torch.ops.aten, name, None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from kiln.capture.values import ConstantVariable, TensorVariable, Variable, _refuse, BoundAdapterVariable
 from kiln.graph.node import PLACEHOLDER
+from kiln.capture.errors import Unsupported
 
 
 def input_item(tx, var: TensorVariable) -> Variable:
@@ -48,7 +49,6 @@ class _ItemMethod(Variable):
 
     def call(self, tx, args, kwargs):
         if args or kwargs:
-            from kiln.capture.errors import Unsupported
             raise Unsupported("Tensor.item takes no arguments")
         return ConstantVariable(self.value)
 

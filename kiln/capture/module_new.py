@@ -38,6 +38,8 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.values import (DictVariable, IteratorVariable, ListVariable, TensorVariable,
                                  TupleVariable, Variable)
 from kiln.capture.values_callables import FunctionVariable, ModuleVariable
+from kiln.capture.resume_glue import CannotResume, _call
+from kiln.capture.values_python import _static_lookup, plain_metaclass
 
 _BASE = "torch.nn.modules.module"  # nn.Module's own methods: run for real on a local module
 _TRACED_METHODS = ("forward", "__call__", "_call_impl", "_wrapped_call_impl")
@@ -98,7 +100,6 @@ class LocalModuleVariable(ModuleVariable):
     def reconstruct(self, glue):
         """At a graph break: a fresh copy for this call (resume_glue.Glue.load's protocol)."""
         from bytecode import Instr
-        from kiln.capture.resume_glue import CannotResume, _call
         try:
             snap = self.snapshot()
         except Unsupported as e:
@@ -214,7 +215,6 @@ def check_no_tensors(tx, m):
 
 def construct_module(tx, cls, args, kwargs):
     """``cls(*args, **kwargs)`` for an nn.Module class during capture (the module docstring)."""
-    from kiln.capture.values_python import _static_lookup, plain_metaclass
 
     name = cls.__name__
     if (cls.__module__ or "").startswith("kiln.") or not plain_metaclass(type(cls)) or \

@@ -19,6 +19,7 @@ from kiln.meta.tensor_meta import TensorMeta
 from kiln.graph.node import flatten_args
 from kiln.ops import prims
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, VJP_RULES, define, lookup
+from kiln.ops.core_custom import custom_op_vjp_replay
 
 __all__ = ["fallback", "FALLBACK_TARGETS", "register_fallback_target"]
 
@@ -138,7 +139,6 @@ def fallback_vjp(g, out, target, *args, **kwargs):
     """Torch's autograd of the callable, replayed in the backward on the saved inputs
     (``core.custom_op_backward`` with no saved outputs); tensors passed by keyword take no
     gradient (capture breaks where one would need it)."""
-    from kiln.ops.core_custom import custom_op_vjp_replay
     return custom_op_vjp_replay(g, out, target, *args, **kwargs)
 DECOMPOSITIONS[fallback] = lambda target, *args, **kwargs: prims.fallback(target, *args, **kwargs)
 

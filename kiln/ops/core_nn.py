@@ -21,6 +21,7 @@ from kiln.ops.prim_utils import broadcast_to, to_dtype
 from kiln.ops.promotion import broadcast_shapes
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, define
 from kiln.ops.registry import DECOMPOSITIONS as D
+from kiln.ops.prims_nn import _channels_last, _channels_last_strides
 
 __all__ = ["matmul", "bmm", "addmm", "baddbmm", "layer_norm", "rms_norm", "group_norm",
            "batch_norm", "embedding", "gather", "index_select", "cross_entropy", "nll_loss",
@@ -243,7 +244,6 @@ def _norm_result(x, weight, bias):
     """batch_norm's and group_norm's result: torch allocates it in the input's suggested memory
     format (``empty_like(x, x.suggest_memory_format())``), channels-last for a channels-last
     input, else contiguous."""
-    from kiln.ops.prims_nn import _channels_last, _channels_last_strides
     if _channels_last(x):
         return TensorMeta(x.shape, _channels_last_strides(x.shape), x.dtype, x.device, _grad(x, weight, bias))
     return TensorMeta.contiguous(x.shape, x.dtype, x.device, _grad(x, weight, bias))
