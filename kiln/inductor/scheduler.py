@@ -526,6 +526,8 @@ def schedule(program: ir.LoopProgram) -> Schedule:
                     break
                 log.log("schedule", "do not fuse %s into %s: %s", buf.name, step.name, reason)
             if chosen is None:
+                if isinstance(buf, ir.Pointwise):
+                    buf = _start_in_memory_order(program, buf)
                 steps.append(Kernel(f"kernel{kernel_ids}", buf))
                 kernel_ids += 1
                 position[buf.name] = len(steps) - 1
@@ -555,6 +557,22 @@ def schedule(program: ir.LoopProgram) -> Schedule:
         if isinstance(step, Kernel):
             step.stores = [n.name for n in step.nodes if n.name in needed]
     return Schedule(program, steps)
+
+
+def _start_in_memory_order(program, buf: ir.Pointwise):
+    """A pointwise buffer that starts a kernel of its own loops in its stride order, so that its
+    stores walk memory: ``x.t() + y`` keeps eager's transposed strides (its first operand's), and
+    looped over its logical dims every store and the ``x`` loads strided by a row, where in
+    memory order only ``y``'s load is transposed and the 2-D tiles (codegen/triton_tiled.py)
+    make it coalesced as well. The same bytes either way (``memory_order``)."""
+    alt = memory_order(buf)
+    if alt is None:
+        return buf
+    log.log("schedule", "loop %s in its stride order %s", buf.name, list(alt.shape))
+    program.buffers[program.buffers.index(buf)] = alt
+    program.outputs = [ir.TensorRef(o, buf.shape, buf.stride, 0) if isinstance(o, str) and o == buf.name
+                       else o for o in program.outputs]
+    return alt
 
 
 def _in_memory_order_if_it_fuses(program, buf: ir.Pointwise, kernel, reason):
