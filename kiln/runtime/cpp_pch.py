@@ -43,6 +43,7 @@ _running: set = set()  # gcc processes building a header now
 _tmp_dirs: set = set()  # this process's header builds in progress (``.tmp-<pid>-*``)
 _reaped: set = set()    # pch folders swept of dead processes' leftovers this process
 STALE_S = 3600.0        # a leftover whose process cannot be asked is removed after this
+_stopping = False       # set at exit: a header build that starts after it cleans up at once
 
 
 @atexit.register
@@ -51,7 +52,9 @@ def _stop_builds():
     thread that would do it is gone), so its gcc would only take CPU from whatever runs next
     (on 2 cores, the next process's first call): stop it, and remove its temporary folder
     (about 15 MiB: short processes left one each)."""
-    with _lock:
+    global _stopping
+    with _lock:  # a build thread slowed by a loaded host may only now be making its folder
+        _stopping = True
         procs = list(_running)
         tmps = list(_tmp_dirs)
     for proc in procs:
@@ -207,7 +210,12 @@ def _ready_or_build(final: str, kind: str) -> str:
         _remove_dir(final)
     tmp = tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=os.path.dirname(final))  # 0700
     with _lock:
-        _tmp_dirs.add(tmp)
+        stopping = _stopping
+        if not stopping:
+            _tmp_dirs.add(tmp)
+    if stopping:  # the process is exiting: _stop_builds has already swept its folders
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError("the process is exiting: no header build")
     try:
         from kiln.runtime.cpp_build import write_private
         write_private(os.path.join(tmp, HEADER), pch_source(kind))
@@ -220,6 +228,8 @@ def _ready_or_build(final: str, kind: str) -> str:
                                 umask=0o077)  # the .gch is this user's from its first byte
         with _lock:
             _running.add(proc)
+            if _stopping:
+                proc.kill()
         try:
             timeout = config.build_timeout if config.build_timeout and config.build_timeout > 0 else None
             try:
