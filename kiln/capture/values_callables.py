@@ -284,16 +284,25 @@ INLINED_TORCH_MODULES = frozenset({"torch.nn.functional", "torch.nn._reduction",
                                    "torch.nn.modules.utils", "torch.functional"})
 
 
+# torch.nn.functional composites traced even where the fallback node would serve (no gradient
+# needed): one opaque call runs eager's sequence of kernels, the traced body lets kiln fuse and
+# lay them out. multi_head_attention_forward (nn.MultiheadAttention, torchvision's ViT) is eager's
+# in-projection GEMM, head reshapes with copies, SDPA and the out-projection: traced, it is one
+# packed addmm, SDPA on strided views and an addmm fused with its residual add (session 28's
+# profile: the fallback cost ViT-B/16 inference on the H200 0.83x of torch.compile).
+TRACED_WITHOUT_GRAD = frozenset({torch.nn.functional.multi_head_attention_forward})
+
+
 def _inlined_torch_python(fn) -> bool:
     return isinstance(fn, types.FunctionType) and fn.__module__ in INLINED_TORCH_MODULES \
         and not controls.is_disabled(fn)
 
 
-def _fallback_serves(tx, adapter, args, kwargs) -> bool:
+def _fallback_serves(tx, fn, adapter, args, kwargs) -> bool:
     """Whether the fallback node (one opaque call, kept where it works: a no-grad loss, a pool
     with indices) takes this call: it has a tensor argument and no gradient is needed through
     it. Otherwise torch's Python body is traced, which fuses and differentiates."""
-    if adapter is None:
+    if adapter is None or fn in TRACED_WITHOUT_GRAD:
         return False
     todo, tensors = list(args) + list(kwargs.values()), []
     while todo:
@@ -322,7 +331,7 @@ class TorchFunctionVariable(Variable):
         if adapter is None:
             adapter, why = fallback_adapter(self.fn, name)
             if _inlined_torch_python(self.fn):
-                if _fallback_serves(tx, adapter, args, kwargs):
+                if _fallback_serves(tx, self.fn, adapter, args, kwargs):
                     try:  # the fallback refuses before it records anything (no tensor result)
                         return tx.call_adapter(adapter, args, kwargs, name)
                     except Unsupported:

@@ -454,7 +454,10 @@ def simplify_index(expr, ranges: dict) -> sympy.Expr:
                 return q + simplify_index(sympy.floor(rest / den), ranges)
         return sympy.floor(args[0])
     if expr.is_Add:
-        args = _merge_unravelled(args)
+        # a simplified term may itself be a sum (``128*(2*i0 + floor(i2/128))`` distributes
+        # once its Mod is dropped): merge over the flattened terms, or an unravel pair split
+        # across two of them survives
+        args = _merge_unravelled([t for a in args for t in sympy.Add.make_args(a)])
     return expr.func(*args)
 
 
@@ -488,5 +491,8 @@ def ranges_of(shape) -> dict:
 def canonical_index_fn(ranges: dict):
     """The normal form in which a load's index is compared with a store's index."""
     def canon(expr):
-        return sympy.expand(simplify_index(expr, ranges))
+        out = sympy.expand(simplify_index(expr, ranges))
+        if out.is_Add:  # expanding can bring a scaled unravel pair together: c*Mod(a, n) + c*n*floor(a/n)
+            out = sympy.Add(*_merge_unravelled(list(out.args)))
+        return out
     return canon

@@ -28,6 +28,7 @@ import sympy
 from kiln import log
 from kiln.config import config
 from kiln.inductor import ir, loop_python
+from kiln.inductor.own_reads import drop_unused, resolve_own_reads
 
 
 class Kernel:
@@ -547,6 +548,7 @@ def schedule(program: ir.LoopProgram) -> Schedule:
             position[buf.name] = len(steps) - 1
 
     steps = hoist_recomputed_prologues(steps)
+    inlined = {step.name: resolve_own_reads(step) for step in steps if isinstance(step, Kernel)}
     # Decide stores: a value leaves registers only when someone outside its kernel needs it.
     # (a kernel's reads() never names its own buffers, so the reads of all steps together are
     # what each kernel's outside needs)
@@ -556,6 +558,7 @@ def schedule(program: ir.LoopProgram) -> Schedule:
     for step in steps:
         if isinstance(step, Kernel):
             step.stores = [n.name for n in step.nodes if n.name in needed]
+            drop_unused(step, inlined[step.name])
     return Schedule(program, steps)
 
 

@@ -142,6 +142,16 @@ class _ReusePool:
         return names.pop() if names else None
 
 
+def _check_bound(step, gen, bound: set) -> None:
+    """A kernel argument no earlier step produced would be a NameError at call time, far from
+    its cause; it is a compile error instead (the graph then runs eagerly, with a warning)."""
+    stores = set(step.stores)
+    for a in getattr(gen, "args", ()):
+        if isinstance(a, str) and a.isidentifier() and a not in bound and a not in stores:
+            raise ValueError(f"[codegen:wrapper] {step.name} reads {a}, which no earlier step "
+                             f"stores (a value computed inside the kernel, read off its store index?)")
+
+
 def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSource:
     """generated maps kernel name -> TritonKernel | CppKernel | loop_python.PythonKernel
     (target "python": the loop IR run as Python, for reading and checking, never compiled)."""
@@ -170,7 +180,11 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
         dev = _device_name(program.seed.device)
         devices[dev] = program.seed.device
         lines.append(f"    seed = torch.randint(0, 2 ** 62, (1,), dtype=torch.int64, device={dev})")
+    # names the wrapper has a value for, so far: inputs, sizes, the seed, earlier results
+    bound = set(inputs) | set(size_args) | {s.name for s in program.symbol_reads} | {"seed"}
     for i, step in enumerate(sched.steps):
+        if not isinstance(step, Kernel):
+            bound.add(step.node.name if isinstance(step, ScatterStep) else step.name)
         if isinstance(step, ScatterStep):
             gen = generated[step.name]
             if math.prod(step.node.src_ranges):
@@ -180,6 +194,8 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
             lines.append(f"    {step.node.name} = {step.node.target}  # accumulated in place")
         elif isinstance(step, Kernel):
             gen = generated[step.name]
+            _check_bound(step, gen, bound)
+            bound.update(step.stores)
             for name in step.stores:
                 b = buffers[name]
                 dev = _device_name(b.device)
