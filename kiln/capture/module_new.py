@@ -115,8 +115,14 @@ class LocalModuleVariable(ModuleVariable):
 def runs_for_real(name: str, fn) -> bool:
     """Is ``fn`` one of ``nn.Module``'s own methods that manage a module's state (not forward),
     which run for real on a local module?"""
-    return getattr(fn, "__module__", None) == _BASE and fn.__qualname__.startswith("Module.") and \
-        name not in _TRACED_METHODS
+    if name in _TRACED_METHODS:
+        return False
+    # what nn.Module holds under the name counts too: Dynamo, once it has run in the process,
+    # replaces Module.__init__ with a wrapper of its own (it tags each new module), and a
+    # user's super().__init__() must still build the module for real
+    if fn is vars(torch.nn.Module).get(name):
+        return True
+    return getattr(fn, "__module__", None) == _BASE and fn.__qualname__.startswith("Module.")
 
 
 class RealMethodVariable(Variable):

@@ -430,12 +430,12 @@ class SuperVariable(Variable):
                 if method is not None:  # ``super().get`` in a ModelOutput's own get
                     return method
                 if isinstance(value, types.FunctionType):
-                    if is_torch_module(value.__module__) and klass is not object:
+                    if klass is not object and getattr(self.obj, "local", False):
                         from kiln.capture.module_new import RealMethodVariable, runs_for_real
-                        if getattr(self.obj, "local", False) and runs_for_real(name, value):
+                        if runs_for_real(name, value):
                             return RealMethodVariable(self.obj, value)  # super().__init__(): for real
-                        if name == "__init__":
-                            return _NoOp()
+                    if is_torch_module(value.__module__) and klass is not object and name == "__init__":
+                        return _NoOp()
                     if value in MAPPING_MIXINS and isinstance(self.obj, ObjectVariable):
                         return _MixinCall(MAPPING_MIXINS[value], self.obj)
                     return FunctionVariable(value, self_var=self.obj)

@@ -192,3 +192,23 @@ def test_a_module_made_inside_stored_on_self_is_a_new_one_per_call():
     assert_close(compiled(x), (x * x).sum())
     assert type(m.loss_fct) is nn.MSELoss and m.loss_fct.reduction == "sum" and m.loss_fct is not first
     assert kiln.stats()["graph_breaks"] == 0
+
+
+def test_a_user_module_is_traced_after_module_init_was_wrapped(monkeypatch):
+    """Dynamo, once it has run in a process, replaces ``nn.Module.__init__`` with a wrapper that
+    tags each new module; a user's ``super().__init__()`` must still build the module for real
+    (it was a no-op, and ``self.act = ...`` then raised: 2 graphs, 2 breaks)."""
+    original = nn.Module.__init__
+
+    def tagging_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.__dict__["_tagged"] = True
+
+    tagging_init.__module__ = "torch._dynamo.mutation_guard"  # where Dynamo's wrapper lives
+    monkeypatch.setattr(nn.Module, "__init__", tagging_init)
+
+    def f(x):
+        return Scaled(1.5, nn.Tanh())(x) + Scaled(2)(x) + LossWithDefaults()(x, x.detach() + 1)
+
+    assert _breaks(f, torch.randn(3, 4))[:2] == (1, 0)
+    _check_grads(f, lambda: (torch.randn(3, 4).requires_grad_(),))
