@@ -9,10 +9,13 @@ slower (ConvNeXt-T: docs/notes/measurements.md). So lowering tracks,
 for each value not yet in memory, the strides eager would give it (``TValue.layout``), and
 ``LoweringContext.realize`` writes it in that order (``config.eager_layouts``).
 
-The hint follows two rules: an elementwise op (every tensor operand has the result's shape)
+The hint follows three rules: an elementwise op (every tensor operand has the result's shape)
 orders its dims the way TensorIterator does, the first operand whose strides tell two dims
-apart deciding; a permute permutes its operand's layout. Anything else gets no hint (a
-contiguous result, which is what kiln's metas promise). The hint changes where a value is
+apart deciding; a permute permutes its operand's layout; a pad or a cat keeps the dim order its
+operands share (eager's ``constant_pad_nd`` and ``cat`` keep their input's memory format: a
+max-pool's padded input over a channels-last activation stays channels-last, where a contiguous
+copy would read the activation across channels, 64 elements apart in ResNet's stem). Anything
+else gets no hint (a contiguous result, which is what kiln's metas promise). The hint changes where a value is
 stored, never its values: every reader indexes the buffer through the ref's strides.
 """
 from __future__ import annotations
@@ -100,6 +103,9 @@ def layout_hint(target, meta, args, from_meta=False) -> tuple | None:
         if has_symbols(st) or any(s == 0 and n != 1 for s, n in zip(st, x.shape)):
             return None  # a broadcast: eager would copy it out contiguous
         return _hint(shape, [st[d] for d in dims])
+    if target is prims.pad or target is prims.cat:
+        operands = list(args[0]) if target is prims.cat else [args[0]]
+        return _shared_order(shape, [t for t in operands if isinstance(t, TValue)])
     tensors = [a for a in args if isinstance(a, TValue)]
     if not tensors or any(t.shape != shape for t in tensors):
         return None
@@ -107,3 +113,23 @@ def layout_hint(target, meta, args, from_meta=False) -> tuple | None:
     if has_symbols(strides) or all(s == contiguous_strides(shape) for s in strides):
         return None
     return _hint(shape, dense_in_order(shape, _order(shape, strides)))
+
+
+def _shared_order(shape, operands) -> tuple | None:
+    """Dense strides for ``shape`` in the dim order every operand shares (a pad's or a cat's
+    result, same rank as its operands), or None where they disagree, broadcast or carry
+    symbols: eager then allocates contiguous."""
+    orders = set()
+    for t in operands:
+        st = value_strides(t)
+        if len(st) != len(shape) or has_symbols(st) or any(s == 0 and n != 1 for s, n in zip(st, t.shape)):
+            return None
+        # a size-1 dim's stride says nothing about order: it sorts where contiguous puts it
+        orders.add(tuple(sorted((d for d in range(len(st)) if t.shape[d] != 1), key=lambda d: (st[d], -d))))
+    if len(orders) != 1:
+        return None
+    inner = list(next(iter(orders)))
+    for d in range(len(shape) - 1, -1, -1):  # the size-1 dims, outermost, in their own order
+        if d not in inner:
+            inner.append(d)
+    return _hint(shape, dense_in_order(shape, inner))

@@ -11,7 +11,10 @@ torch's rules, computed on metadata:
 * ``clone`` (preserve format): a dense, non-overlapping input keeps its strides; others are
   laid out as pointwise would;
 * reductions, softmax, norms and scans: contiguous (their metas say so already);
-* ``cat``: channels-last when every input is, else contiguous.
+* ``cat``: channels-last when every input is, else contiguous;
+* ops that allocate in their input's ``suggest_memory_format`` (constant pad, pooling,
+  interpolation): channels-last when the input's strides are like channels-last, by c10's own
+  test (``format_like_input``), else contiguous.
 
 Symbolic sizes or strides give contiguous strides (their order is not known statically).
 """
@@ -80,7 +83,27 @@ def pointwise_strides(shape, metas) -> tuple:
     metas = [m for m in metas if m is not None]
     if not _static(shape, *(m.shape for m in metas), *(m.stride for m in metas)):
         return contiguous_strides(shape)
+    fast = _fast_setup(shape, metas)
+    if fast is not None:
+        return fast
     return dense_strides(shape, pointwise_perm(shape, metas))
+
+
+def _fast_setup(shape, metas):
+    """TensorIterator's fast setup, which runs before any reordering when every operand has the
+    result's shape: all contiguous gives contiguous, all channels-last-contiguous gives
+    channels-last. It decides the strides of size-1 dims, which the reordering would carry
+    over from the operand: relu of a [2, 1, 8, 8] tensor with strides (64, 1, 8, 1) is
+    (64, 64, 8, 1), and a later pool reads that as contiguous."""
+    if not metas or any(tuple(m.shape) != shape for m in metas):
+        return None
+    if all(m.is_contiguous() for m in metas):
+        return contiguous_strides(shape)
+    if len(shape) in (4, 5):
+        cl = dense_strides(shape, channels_last_order(len(shape)))
+        if all(all(n == 1 or a == b for n, a, b in zip(shape, m.stride, cl)) for m in metas):
+            return cl
+    return None
 
 
 def is_dense(shape, stride) -> bool:
@@ -115,4 +138,34 @@ def cat_strides(metas, out_shape) -> tuple:
     if metas and all(_is_channels_last(m) for m in metas) and len(out_shape) == metas[0].ndim:
         nd = len(out_shape)
         return dense_strides(out_shape, [1] + list(range(nd - 1, 1, -1)) + [0])
+    return contiguous_strides(out_shape)
+
+
+def channels_last_order(ndim) -> list:
+    """The dims of a channels-last (4-d) or channels-last-3d (5-d) tensor, innermost first."""
+    return [1] + list(range(ndim - 1, 1, -1)) + [0]
+
+
+def strides_like_channels_last(shape, stride) -> bool:
+    """c10's ``is_channels_last_strides_2d/3d``: walking channels, then the spatial dims inner
+    to outer, then the batch, the strides never fall below the extent walked so far. Ambiguous
+    cases (a size-1 channel dim with the batch's stride, a zero channel stride) read as
+    contiguous, as torch reads them."""
+    if len(shape) not in (4, 5) or not _static(shape, stride) or stride[1] == 0:
+        return False
+    low = 0
+    for d in channels_last_order(len(shape)):
+        if shape[d] == 0 or stride[d] < low:
+            return False
+        if d == 0 and low == stride[1]:
+            return False
+        low = stride[d] * shape[d] if shape[d] > 1 else stride[d]
+    return True
+
+
+def format_like_input(x, out_shape) -> tuple:
+    """Strides of a fresh result allocated in ``x.suggest_memory_format()`` (same rank)."""
+    out_shape = tuple(out_shape)
+    if len(out_shape) == x.ndim and _static(out_shape) and strides_like_channels_last(x.shape, x.stride):
+        return dense_strides(out_shape, channels_last_order(len(out_shape)))
     return contiguous_strides(out_shape)

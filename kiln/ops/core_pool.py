@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.graph.proxy import Proxy
+from kiln.meta.strides import format_like_input
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops.registry import DECOMPOSITIONS, META_RULES, VJP_RULES, define
 from kiln.ops.vjp_utils import sum_to_shape
@@ -119,7 +120,12 @@ def _pool_meta(name, x, kernel, stride, padding):
     if min(out) <= 0:
         raise PoolError(f"[meta] core.{name}: output size {out} is too small for input "
                         f"{list(x.shape)}")
-    return TensorMeta.contiguous(tuple(x.shape[:-2]) + tuple(out), x.dtype, x.device, x.requires_grad)
+    return _like_input(x, tuple(x.shape[:-2]) + tuple(out))
+
+
+def _like_input(x, shape):
+    # pooling and interpolation allocate in their input's suggested memory format, as eager does
+    return TensorMeta(shape, format_like_input(x, shape), x.dtype, x.device, x.requires_grad)
 
 
 def _windows(call, x, kernel, stride, padding, value):
@@ -290,8 +296,7 @@ def _adaptive_meta(x, output_size):
     if min(x.shape[-2:]) == 0 or min(output_size) < 0:  # an output size of 0 is empty, as eager
         raise PoolError(f"[meta] core.adaptive_avg_pool2d: empty input {list(x.shape)} or output "
                         f"size {output_size}")
-    return TensorMeta.contiguous(tuple(x.shape[:-2]) + tuple(output_size), x.dtype, x.device,
-                                 x.requires_grad)
+    return _like_input(x, tuple(x.shape[:-2]) + tuple(output_size))
 
 
 _composite(adaptive_avg_pool2d, _adaptive_forward, 1)
@@ -360,7 +365,7 @@ def _interpolate_meta(x, size, scales, mode, align_corners):
         raise PoolError(f"[meta] core.interpolate: mode {mode!r} on a {x.ndim}-d input is not supported")
     if min(size) <= 0:
         raise PoolError(f"[meta] core.interpolate: output size {size} must be positive")
-    return TensorMeta.contiguous(tuple(x.shape[:-2]) + tuple(size), x.dtype, x.device, x.requires_grad)
+    return _like_input(x, tuple(x.shape[:-2]) + tuple(size))
 
 
 _composite(interpolate, _interpolate_forward, 4)

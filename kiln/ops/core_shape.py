@@ -11,7 +11,7 @@ import builtins
 import torch
 import torch.nn.functional as F
 
-from kiln.meta.strides import cat_strides
+from kiln.meta.strides import cat_strides, format_like_input
 from kiln.meta.symbolic import is_int_like, same_shape
 from kiln.meta.tensor_meta import TensorMeta
 from kiln.ops import prims
@@ -313,7 +313,8 @@ def _pad_pairs(x, pad):
 def _constant_pad_meta(x, pad, value=0.0):
     lo, hi = _pad_pairs(x, pad)
     shape = [s + a + b for s, a, b in zip(x.shape, lo, hi)]
-    return TensorMeta.contiguous(shape, x.dtype, x.device, x.requires_grad)
+    # eager's constant_pad_nd allocates in the input's suggested memory format
+    return TensorMeta(shape, format_like_input(x, shape), x.dtype, x.device, x.requires_grad)
 
 
 @DECOMPOSITIONS.register(constant_pad)

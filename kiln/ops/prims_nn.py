@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
 from kiln.ops.registry import LOWERINGS, META_RULES, define, stage_api
+from kiln.meta.strides import strides_like_channels_last
 from kiln.meta.symbolic import has_symbols
 
 L = stage_api("lowering")  # the lowering stage's builders, bound when it is imported
@@ -183,15 +184,10 @@ def _channels_last_strides(shape):
 
 
 def _channels_last(t) -> bool:
-    """Strides channels-last and not also contiguous (size-1 dims say nothing), as torch's
-    ``suggest_memory_format`` reads a 4-d or 5-d tensor."""
-    if t.ndim not in (4, 5):
-        return False
-    if has_symbols(tuple(t.shape) + tuple(t.stride)):
-        return False
-    cl = _channels_last_strides(t.shape)
-    matches = all(sz == 1 or a == b for sz, a, b in zip(t.shape, t.stride, cl))
-    return matches and not t.is_contiguous()
+    """torch's ``suggest_memory_format`` of a 4-d or 5-d tensor is channels-last: c10's stride
+    test (meta/strides.py), which reads a sliced channels-last view as channels-last too and
+    the ambiguous size-1 cases as contiguous."""
+    return strides_like_channels_last(tuple(t.shape), tuple(t.stride))
 
 
 def _conv_lowering(ctx, meta, x, weight, bias=None, *rest, **kwargs):

@@ -5,6 +5,8 @@ graphs: each 4-d convolution gets its input channels-last, the pointwise ops aft
 and the graph's outputs keep eager's strides. The values must be eager's whatever the layout,
 in inference and in training, for fp32 and bf16, contiguous, channels-last and non-contiguous
 inputs."""
+import re
+
 import pytest
 import torch
 import torch.nn as nn
@@ -167,3 +169,43 @@ def test_symbolic_sizes_keep_the_bias_in_the_library_call():
             assert_close(compiled(x), F.relu(conv(x)))
     stats = kiln.stats()
     assert stats["fallbacks"] == 0 and stats.get("eager_runs", 0) == 0, stats
+
+
+class Stem(nn.Module):  # ResNet's: 7x7/2 conv, batch norm, ReLU, 3x3/2 max pool, and a cat
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 7, stride=2, padding=3, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.side = nn.Conv2d(16, 8, 1, bias=False)
+
+    def forward(self, x):
+        h = F.max_pool2d(F.relu(self.bn(self.conv(x))), 3, 2, 1)
+        return self.side(torch.cat([h, F.pad(h, (1, 1, 1, 1))[..., 1:-1, 1:-1] * 2], 1)[:, :16])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["contiguous", "channels_last"])
+def test_a_pad_and_a_cat_over_channels_last_values_stay_channels_last(dtype, kind):
+    """The max pool's padded input, a pad and a cat of channels-last activations are stored
+    channels-last (layout.py): a contiguous copy would read the activation across channels."""
+    torch.manual_seed(0)
+    model = Stem().eval().to(dtype)
+    x = _inputs(kind, dtype)
+    with torch.no_grad():
+        expected = model(x)
+        kiln.reset()
+        with kiln.config.patch(conv_layout="channels_last"):
+            out = kiln.explain(model)(x)
+            actual = kiln.compile(model)(x)
+    tol = dict(rtol=3e-2, atol=3e-2) if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(actual, expected, **tol)
+    assert actual.stride() == expected.stride()
+    src = "\n".join(str(w) for w in out.wrappers)
+    # buffers are allocated in memory order (the wrapper views them with as_strided): a
+    # channels-last buffer has its channels innermost; the padded max-pool input was
+    # (2, 16, 10, 10), read across channels from the (2, 16, 8, 8) channels-last activation
+    allocs = [tuple(map(int, a)) for a in
+              re.findall(r"empty_strided\(\((\d+), (\d+), (\d+), (\d+)\)", src)]
+    inner = [a for a in allocs if a != tuple(expected.shape)]
+    assert inner and all(a[-1] in (3, 16, 32) for a in inner), src
+    assert kiln.stats()["fallbacks"] == 0
