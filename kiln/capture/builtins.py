@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from kiln.capture import controls, torch_api
+from kiln.capture import controls, sized_later, torch_api
 from kiln.capture.errors import Unsupported
 from kiln.capture.scalar_values import NumberVariable, to_number
 from kiln.capture.values import (ConstantVariable, DictVariable, IteratorVariable, ListVariable,
@@ -467,6 +467,8 @@ def _torch_check(name):
     # so the call raises eager's error, with its message, itself
     def check(tx, *args, **kwargs):
         cond = args[1] if name == "_check_with" else (args[0] if args else kwargs.get("cond"))
+        if name == "_check" and sized_later.checked(tx, cond):  # z.size(0) == n of x.nonzero()
+            return ConstantVariable(None)
         if cond is not None and cond.truth(tx):
             return ConstantVariable(None)
         raise Unsupported(f"torch.{name}'s condition is false at trace time")

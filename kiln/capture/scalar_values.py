@@ -39,34 +39,37 @@ _ARITHMETIC = {"+", "-", "*", "/", "//", "%", "**"}
 class NumberVariable(TensorVariable):
     """A Python float, int or bool computed in the graph: a 0-d ``WrappedNumberMeta`` node."""
     python_float = True  # ``n += t`` rebinds the number, it writes into no tensor (tracer.binary_op)
+    origin = None  # what made it, for messages: "Tensor.item", "float()"
 
     def python_type(self):
         return self.proxy.meta.python_type
 
-    def _unknown(self, use: str):
+    def unknown(self, use: str) -> Unsupported:
         kind = self.python_type().__name__
-        return Unsupported(f"data-dependent {use}: this Python {kind} is computed from tensor data "
-                           f"inside the graph ({self.proxy.node.name}), so its value is only known "
-                           f"when the graph runs")
+        made = f" by {self.origin}" if self.origin else ""
+        return Unsupported(f"data-dependent {use}: this Python {kind} is computed from tensor data"
+                           f"{made} inside the graph ({self.proxy.node.name}), so its value is only "
+                           "known when the graph runs (kiln has no unbacked symbols)")
 
     def truth(self, tx):
-        raise self._unknown("branch")
+        raise self.unknown("branch")
 
     def as_python(self):
-        raise self._unknown("Python value")
+        raise self.unknown("Python value")
 
     def getattr(self, tx, name):
-        raise self._unknown(f"attribute {name!r}")
+        raise self.unknown(f"attribute {name!r}")
 
     def iterate(self, tx):
-        raise self._unknown("iteration")
+        raise self.unknown("iteration")
 
     def __repr__(self):
         return f"Number({self.proxy.node.name}: {self.python_type().__name__})"
 
 
-def wrap_number(tx, proxy) -> NumberVariable:
+def wrap_number(tx, proxy, origin=None) -> NumberVariable:
     var = NumberVariable(proxy)
+    var.origin = origin
     tx._var_of_node[proxy.node] = var
     return var
 
@@ -89,7 +92,7 @@ def to_number(tx, var: TensorVariable, kind: type, what: str) -> NumberVariable:
     if kind is int and meta.dtype.is_floating_point:
         raise Unsupported(f"{what}: int() of a floating value computed in the graph is not "
                           "supported (eager raises on nan and inf; a graph cannot)")
-    return wrap_number(tx, core.number(var.proxy, _DTYPES[kind]))
+    return wrap_number(tx, core.number(var.proxy, _DTYPES[kind]), what)
 
 
 def item_number(tx, var: TensorVariable) -> NumberVariable:

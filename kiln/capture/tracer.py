@@ -37,6 +37,7 @@ from kiln.capture.values_introspect import INTROSPECT_TYPES, IntrospectVariable
 from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_stdlib
 from kiln.capture.vmap import wrap_vmap
 from kiln.capture.scalar_values import NumberVariable, python_operands, python_unary_operand
+from kiln.capture.sized_later import UnbackedSizeVariable, compare_size
 from kiln.capture.values_dict import (OrderedDictVariable, ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
@@ -467,6 +468,9 @@ class Tracer:
                 e.args = (e.reason,)
             raise
         except Exception as e:
+            numbers = [v for v in (*args, *kwargs.values()) if isinstance(v, NumberVariable)]
+            if numbers:  # a number where the op needs a Python value (a size, an option)
+                raise numbers[0].unknown(f"argument of {name}") from e
             # Bad arguments or a meta rule refusing the inputs: eager torch will report it.
             raise Unsupported(f"{name} failed during capture: {type(e).__name__}: {e}") from e
         if not self.grad_enabled:
@@ -481,6 +485,8 @@ class Tracer:
     def binary_op(self, op: str, a: Variable, b: Variable) -> Variable:
         inplace = op.endswith("=") and op not in ("==", "!=", "<=", ">=")
         base = op[:-1] if inplace else op
+        if isinstance(a, UnbackedSizeVariable) or isinstance(b, UnbackedSizeVariable):
+            return compare_size(self, base, a, b)  # z.size(0) of z = x.nonzero() (sized_later.py)
         a, b = python_operands(self, base, a, b)  # Python's rules among numbers (scalar_values.py)
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             adapter = torch_api.BINARY_OPERATORS.get(base)

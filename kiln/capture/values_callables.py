@@ -327,6 +327,9 @@ class TorchFunctionVariable(Variable):
 
     def call(self, tx, args, kwargs):
         name = torch_api.callable_name(self.fn)
+        if self.fn is torch.nonzero and tx.scalar_outputs:  # its size fixed by torch._check
+            from kiln.capture.sized_later import nonzero
+            return nonzero(tx, args, kwargs)
         adapter = torch_api.TORCH_FUNCTIONS.get(self.fn)
         if adapter is None:
             adapter, why = fallback_adapter(self.fn, name)
