@@ -17,6 +17,7 @@ from __future__ import annotations
 from kiln.capture.values import ConstantVariable, TensorVariable, Variable, _refuse, BoundAdapterVariable
 from kiln.graph.node import PLACEHOLDER
 from kiln.capture.errors import Unsupported
+from kiln.capture.scalar_values import item_number
 
 
 def input_item(tx, var: TensorVariable) -> Variable:
@@ -73,7 +74,6 @@ class _NumberItem(Variable):
     def call(self, tx, args, kwargs):
         if args or kwargs:
             raise Unsupported("Tensor.item takes no arguments")
-        from kiln.capture.scalar_values import item_number
         return item_number(tx, self.var)
 
     def __repr__(self):
