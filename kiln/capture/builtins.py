@@ -15,8 +15,9 @@ import sys
 
 import torch
 
-from kiln.capture import controls, torch_api
+from kiln.capture import controls, sized_later, torch_api
 from kiln.capture.errors import Unsupported
+from kiln.capture.scalar_values import NumberVariable, to_number
 from kiln.capture.values import (ConstantVariable, DictVariable, IteratorVariable, ListVariable,
                                  MethodVariable, TensorVariable, TupleVariable, _Sequence)
 from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
@@ -184,7 +185,27 @@ def _print(tx, *args, **kwargs):
 def _bool(tx, x=None):
     if x is None:
         return ConstantVariable(False)
+    if isinstance(x, TensorVariable) and (tx.scalar_outputs or isinstance(x, NumberVariable)):
+        return to_number(tx, x, bool, "bool()")  # a number in the graph (scalar_values.py)
     return ConstantVariable(x.truth(tx))
+
+
+def _number_of(kind):
+    # float(t) / int(t) of a tensor: a number in the graph under fullgraph=True (a number
+    # already is one anywhere); other arguments are Python's (PURE_BUILTINS)
+    def convert(tx, *args, **kwargs):
+        if len(args) != 1 or kwargs or not isinstance(args[0], TensorVariable):
+            return NotImplemented
+        x = args[0]
+        if not (tx.scalar_outputs or isinstance(x, NumberVariable)):
+            raise Unsupported(f"{kind.__name__}() of a tensor reads its data: a graph break (under "
+                              "fullgraph=True it stays in the graph as a number)")
+        return to_number(tx, x, kind, f"{kind.__name__}()")
+    return convert
+
+
+BUILTIN_HANDLERS[float] = _number_of(float)
+BUILTIN_HANDLERS[int] = _number_of(int)
 
 
 # ---------------------------------------------------------------- more builtins
@@ -446,6 +467,8 @@ def _torch_check(name):
     # so the call raises eager's error, with its message, itself
     def check(tx, *args, **kwargs):
         cond = args[1] if name == "_check_with" else (args[0] if args else kwargs.get("cond"))
+        if name == "_check" and sized_later.checked(tx, cond):  # z.size(0) == n of x.nonzero()
+            return ConstantVariable(None)
         if cond is not None and cond.truth(tx):
             return ConstantVariable(None)
         raise Unsupported(f"torch.{name}'s condition is false at trace time")

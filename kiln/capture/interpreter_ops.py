@@ -13,6 +13,7 @@ from kiln.capture.interpreter import handler
 from kiln.capture.values import (NULL, ConstantVariable, DictVariable, ListVariable, TensorVariable,
                                  TupleVariable, _Sequence)
 from kiln.capture.values_callables import FunctionVariable, ModuleVariable
+from kiln.capture.scalar_values import holds_tensors, negate, sequence_contains
 from kiln.capture.values_python import SetVariable, SuperVariable
 from kiln.capture.guards import ModuleSource
 
@@ -109,6 +110,10 @@ def _identical_made_functions(a, b, tx) -> bool:
 @handler("CONTAINS_OP")
 def contains_op(frame, inst):
     container, item = frame.pop(), frame.pop()
+    if type(container) in (ListVariable, TupleVariable) and holds_tensors(container, item):
+        found = sequence_contains(frame.tx, container, item)  # a constant, or a bool number
+        frame.push(negate(frame.tx, found) if inst.arg else found)
+        return
     if isinstance(container, DictVariable):
         found = item.as_python() in container.items
     elif hasattr(container, "contains"):  # a user object: its __contains__ (values_python)

@@ -36,6 +36,8 @@ from kiln.capture.side_effects import SideEffects
 from kiln.capture.values_introspect import INTROSPECT_TYPES, IntrospectVariable
 from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_stdlib
 from kiln.capture.vmap import wrap_vmap
+from kiln.capture.scalar_values import NumberVariable, python_operands, python_unary_operand
+from kiln.capture.sized_later import UnbackedSizeVariable, compare_size
 from kiln.capture.values_dict import (OrderedDictVariable, ContextVarVariable, is_python_dict_subclass,
                                       wrap_dict_subclass)
 from kiln.capture.values_python import (NamedTupleVariable, ObjectVariable, grad_mode_decorated,
@@ -49,6 +51,7 @@ from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, Mo
                                            PythonModuleVariable, TorchFunctionVariable)
 from kiln.graph import Graph, Proxy
 from kiln.meta import TensorMeta, defaults
+from kiln.meta.tensor_meta import WrappedNumberMeta
 from kiln.meta.symbolic import ShapeEnv, has_symbols, symbolic_meta
 from kiln.ops import core
 
@@ -113,6 +116,7 @@ class Tracer:
         self._placeholder_names: set[str] = set()
         self.steps = 0
         self.input_items = False  # trace(input_items=...): .item() of integer inputs (item_values.py)
+        self.scalar_outputs = False  # the same flag: numbers from computed tensors (scalar_values.py)
         self.side_effects = SideEffects()          # Python state written (side_effects.py)
         self.grad_enabled = torch.is_grad_enabled()  # changed by `with torch.no_grad()`
         self._executed: list[str] = []
@@ -443,7 +447,9 @@ class Tracer:
         if isinstance(out, Proxy):
             var = self._var_of_node.get(out.node)
             if var is None:
-                var = self._var_of_node[out.node] = TensorVariable(out)
+                # a Python number held as a 0-d tensor (dynamic floats' arithmetic, float(t))
+                kind = NumberVariable if type(out.meta) is WrappedNumberMeta else TensorVariable
+                var = self._var_of_node[out.node] = kind(out)
             return var
         if isinstance(out, tuple) and not isinstance(out, torch.Size):
             return TupleVariable([self.wrap_result(o) for o in out])
@@ -462,6 +468,9 @@ class Tracer:
                 e.args = (e.reason,)
             raise
         except Exception as e:
+            numbers = [v for v in (*args, *kwargs.values()) if isinstance(v, NumberVariable)]
+            if numbers:  # a number where the op needs a Python value (a size, an option)
+                raise numbers[0].unknown(f"argument of {name}") from e
             # Bad arguments or a meta rule refusing the inputs: eager torch will report it.
             raise Unsupported(f"{name} failed during capture: {type(e).__name__}: {e}") from e
         if not self.grad_enabled:
@@ -476,6 +485,9 @@ class Tracer:
     def binary_op(self, op: str, a: Variable, b: Variable) -> Variable:
         inplace = op.endswith("=") and op not in ("==", "!=", "<=", ">=")
         base = op[:-1] if inplace else op
+        if isinstance(a, UnbackedSizeVariable) or isinstance(b, UnbackedSizeVariable):
+            return compare_size(self, base, a, b)  # z.size(0) of z = x.nonzero() (sized_later.py)
+        a, b = python_operands(self, base, a, b)  # Python's rules among numbers (scalar_values.py)
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             adapter = torch_api.BINARY_OPERATORS.get(base)
             if adapter is None:
@@ -514,6 +526,7 @@ class Tracer:
         mutation.setitem(self, target, key, value)
 
     def unary_op(self, op: str, v: Variable) -> Variable:
+        v = python_unary_operand(self, op, v)
         if isinstance(v, TensorVariable):
             return self.call_adapter(torch_api.UNARY_OPERATORS[op], [v], {}, f"unary {op}")
         x = v.as_python()
@@ -664,7 +677,8 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
     ``plan`` (a ``resume.BreakPlan``): stop before a graph break; the result's ``break_state``
     then says what the glue must rebuild, and the graph returns the live tensors.
     ``input_items`` (fullgraph=True): ``.item()`` of an unwritten integer input tensor is its
-    value, guarded (capture/item_values.py), instead of a graph break."""
+    value, guarded (capture/item_values.py), instead of a graph break; ``float(t)`` / ``int``
+    / ``bool`` / ``.item()`` of other tensors is a number inside the graph (scalar_values.py)."""
     kwargs = kwargs or {}
     func, bound_self = _unbind(fn)
     code = func.__code__
@@ -680,6 +694,7 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
                 auto_dynamic_floats, module_identity)
     tx.root_globals = func.__globals__
     tx.input_items = input_items
+    tx.scalar_outputs = input_items  # fullgraph=True: float(t) of computed tensors (scalar_values.py)
     grad_at_entry = tx.grad_enabled
     nparams = code.co_argcount + code.co_kwonlyargcount
     nparams += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)

@@ -161,6 +161,9 @@ class TensorVariable(Variable):
             return tx.call_adapter(torch_api.TENSOR_VIEW_ATTRIBUTES[name], [self], {}, f"Tensor.{name}")
         if name in torch_api.TENSOR_METHODS:
             return MethodVariable(self, name)
+        if name == "nonzero" and tx.scalar_outputs:  # its size fixed by torch._check (sized_later.py)
+            from kiln.capture.sized_later import NonzeroMethod
+            return NonzeroMethod(self)
         if name == "item" and tx.input_items:
             from kiln.capture.item_values import input_item
             return input_item(tx, self)

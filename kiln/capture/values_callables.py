@@ -14,7 +14,7 @@ import types
 
 import torch
 
-from kiln.capture import controls, torch_api
+from kiln.capture import controls, sized_later, torch_api
 from kiln.capture.errors import Unsupported
 from kiln.capture.fallback import fallback_adapter
 from kiln.capture.guards import ItemSource
@@ -327,6 +327,8 @@ class TorchFunctionVariable(Variable):
 
     def call(self, tx, args, kwargs):
         name = torch_api.callable_name(self.fn)
+        if self.fn is torch.nonzero and tx.scalar_outputs:  # its size fixed by torch._check
+            return sized_later.nonzero(tx, args, kwargs)
         adapter = torch_api.TORCH_FUNCTIONS.get(self.fn)
         if adapter is None:
             adapter, why = fallback_adapter(self.fn, name)

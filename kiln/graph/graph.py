@@ -167,10 +167,10 @@ class Graph:
         placeholders = self.placeholders
         if len(inputs) != len(placeholders):
             raise TypeError(f"graph {self.name} takes {len(placeholders)} inputs, got {len(inputs)}")
-        numbers = False
         for node, value in zip(placeholders, inputs):
-            numbers = numbers or type(node.meta.get("val")) is WrappedNumberMeta
             env[node] = value
+        # Python numbers held as tensors: inputs (dynamic floats) or made inside (``float(t)``)
+        numbers = any(type(n.meta.get("val")) is WrappedNumberMeta for n in self.nodes)
         # symbolic sizes in arguments take the values the real inputs have
         sizes = {**(sizes or {}), **symbol_values([n.meta.get("val") for n in placeholders], inputs)}
         for node in self.nodes:

@@ -136,11 +136,17 @@ class TensorMeta:
         return s
 
 
+# the dtype a graph holds each kind of Python number in, and back
+NUMBER_TYPES = {torch.float64: float, torch.int64: int, torch.bool: bool}
+
+
 class WrappedNumberMeta(TensorMeta):
-    """A Python float passed to a graph as a 0-d float64 CPU tensor (a float argument whose value
-    changed between calls: capture/dynamic_floats.py). It promotes as the Python number it
-    stands for, torch's "wrapped number": ``half_tensor * 0.5`` stays half, ``int_tensor * 0.5``
-    is the default float dtype (a plain 0-d float64 tensor would make both float64)."""
+    """A Python number held by a graph as a 0-d tensor: a float64 for a float (a float argument
+    whose value changed between calls: capture/dynamic_floats.py; ``float(t)`` of a computed
+    tensor: capture/scalar_values.py), an int64 for an int, a bool for a bool. It promotes as
+    the Python number it stands for, torch's "wrapped number": ``half_tensor * 0.5`` stays
+    half, ``int_tensor * 0.5`` is the default float dtype (a plain 0-d float64 tensor would
+    make both float64)."""
     __slots__ = ()
 
     @classmethod
@@ -153,10 +159,15 @@ class WrappedNumberMeta(TensorMeta):
 
     @classmethod
     def like(cls, meta: TensorMeta) -> TensorMeta:
-        """``meta`` as a wrapped number where it still is one (0-d float64), else as it is."""
-        if meta.shape == () and meta.dtype == torch.float64 and type(meta) is TensorMeta:
+        """``meta`` as a wrapped number where it still is one (0-d float64, int64 or bool: the
+        dtypes of Python's float, int and bool), else as it is."""
+        if meta.shape == () and meta.dtype in NUMBER_TYPES and type(meta) is TensorMeta:
             return cls(meta.shape, meta.stride, meta.dtype, meta.device, meta.requires_grad)
         return meta
+
+    @property
+    def python_type(self) -> type:
+        return NUMBER_TYPES[self.dtype]
 
     def __repr__(self):
         return TensorMeta.__repr__(self) + " number"

@@ -167,6 +167,8 @@ from kiln.ops.core_mutation import *  # noqa: E402,F401,F403
 from kiln.ops.core_einsum import *  # noqa: E402,F401,F403
 from kiln.ops.core_view_dtype import *  # noqa: E402,F401,F403
 from kiln.ops.core_custom import *  # noqa: E402,F401,F403
+from kiln.ops.core_number import *  # noqa: E402,F401,F403
+from kiln.ops.core_nonzero import *  # noqa: E402,F401,F403
 
 # Ops whose every rule (capture, meta, eager, decomposition, VJP, lowering, autocast,
 # properties) sits in one file of their own, with the prim they decompose to.

@@ -163,3 +163,4 @@ def _histogramdd_flat_meta(input, bins=10, *, range=None, weight=None, density=F
 
 FALLBACK_TARGETS["histogramdd_flat"] = _histogramdd_flat
 FALLBACK_METAS["histogramdd_flat"] = _histogramdd_flat_meta
+

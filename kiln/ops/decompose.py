@@ -5,7 +5,7 @@ from kiln.graph.graph import Graph, getitem
 from kiln.graph.node import CALL, GET_ATTR, OUTPUT, PLACEHOLDER, Node, flatten_args, map_args
 from kiln.graph.proxy import Proxy
 from kiln.ops.registry import DECOMPOSITIONS
-from kiln.meta.tensor_meta import TensorMeta
+from kiln.meta.tensor_meta import TensorMeta, WrappedNumberMeta
 from kiln.ops.core_fallback import reads_storage
 from kiln.ops import prims
 
@@ -62,6 +62,16 @@ def _note_eager_strides(node, result):
         else None for a in node.args]
 
 
+def _keep_number(node, result, new_nodes):
+    """A Python number computed in the graph (``core.number``, arithmetic on numbers) stays one
+    in the prims graph: the decompositions of the ops that read it promote it as a number
+    (``zero_dim_f32 * float(t)`` is float32), which a plain 0-d float64 would not be."""
+    if type(node.meta.get("val")) is not WrappedNumberMeta or not isinstance(result, Proxy):
+        return
+    if result.node in new_nodes:  # never an operand's node: that one is what it is
+        result.node.meta["val"] = WrappedNumberMeta.like(result.meta)
+
+
 def decompose(graph: Graph) -> Graph:
     """Replace every core op by its decomposition into prims (prims pass through)."""
     out = Graph(graph.name)
@@ -94,6 +104,7 @@ def decompose(graph: Graph) -> Graph:
             with out.inherit(origin=_describe(node), source=source):
                 env[node] = rule(*args, **kwargs)
             _mark_composite(out.nodes[first_new:], env[node], target.name)
+            _keep_number(node, env[node], out.nodes[first_new:])
             if target.name in ("fallback", "custom_op_backward"):
                 _note_eager_strides(node, env[node])
         elif node.op == OUTPUT:

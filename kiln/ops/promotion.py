@@ -82,8 +82,8 @@ def result_type(*args) -> torch.dtype:
         if a is None:
             continue
         m = _meta(a)
-        if type(m) is WrappedNumberMeta:  # a Python float passed as a 0-d tensor
-            scalars.append(_scalar_dtype(1.0))
+        if type(m) is WrappedNumberMeta:  # a Python number held as a 0-d tensor
+            scalars.append(_scalar_dtype(m.python_type(1)))
             numbers = True
         elif m is not None:
             (dims if m.ndim > 0 else zeros).append(m.dtype)
@@ -91,16 +91,28 @@ def result_type(*args) -> torch.dtype:
             (dims if a.dim() > 0 else zeros).append(a.dtype)
         else:
             scalars.append(_scalar_dtype(a))
-    if numbers and not dims and not zeros:  # Python arithmetic on floats: in double precision
-        return torch.complex128 if _promote_class(scalars).is_complex else torch.float64
+    if numbers and not dims and not zeros:  # Python arithmetic on numbers alone
+        return _python_number_dtype(_promote_class(scalars))
     return _combine(_promote_class(dims), _combine(_promote_class(zeros), _promote_class(scalars)))
+
+
+def _python_number_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of Python's own arithmetic in a category: floats are doubles, ints 64-bit
+    (Python's are unbounded; a graph's wrap at 2**63), bools stay bools."""
+    return (torch.bool, torch.int64, torch.float64, torch.complex128)[_category(dtype)]
+
+
+def _numbers_only(args) -> bool:
+    metas = [m for m in map(_meta, args) if m is not None]
+    return bool(metas) and all(type(m) is WrappedNumberMeta for m in metas)
 
 
 def promoted_dtypes(args, kind: Promotion) -> tuple[torch.dtype, torch.dtype]:
     """(compute dtype, result dtype) for an elementwise op under a promotion kind."""
     compute = result_type(*args)
     if kind == Promotion.INT_TO_FLOAT and _category(compute) < 2:
-        compute = default_dtype()
+        # Python's ``3 / 2`` is a double; a tensor's is the default float
+        compute = torch.float64 if _numbers_only(args) else default_dtype()
     if kind == Promotion.BOOL_TO_LONG and compute == torch.bool:
         compute = torch.int64
     result = torch.bool if kind == Promotion.ALWAYS_BOOL else compute
