@@ -26,8 +26,14 @@ def test_pooled_batch_norm_stores_the_maxima_once(dtype, layout):
     with kiln.config.patch(strict=True):
         r = kiln.explain(_bn_of_pool)(x, w, b)
     assert_close(r.result, _bn_of_pool(x, w, b), dtype)
-    pre = [k for k in r.kernels if k.name.endswith("_pre")]
-    assert len(pre) == 1 and "kiln_max" in pre[0].source
+    # one pointwise kernel stores the window maxima: the hoisted prologue (``_pre``) over a
+    # contiguous input; over a channels-last one the pooled value is realized channels-last
+    # by lowering already (its padded input stays channels-last, layout.py), which the
+    # hoisting pass then finds stored
+    pooled = [k for k in r.kernels if "kiln_max" in k.source and "acc0" not in k.source]
+    assert len(pooled) == 1, [k.name for k in r.kernels]
+    if layout == "contiguous":
+        assert pooled[0].name.endswith("_pre")
     reductions = [k for k in r.kernels if "acc0" in k.source]
     # the reduction kernel's only max is the ReLU's (before: 8 window maxima in each of 3 passes)
     assert reductions and all(k.source.split("extern")[1].count("kiln_max<") <= 1 for k in reductions)
