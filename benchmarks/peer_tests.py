@@ -335,7 +335,7 @@ def _kiln_in_place_of_torch_compile(model=None, *, fullgraph=False, dynamic=None
         return model if model is not None else (lambda f: f)
 
     def wrap(fn):
-        compiled = kiln.compile(fn, fullgraph=fullgraph)
+        compiled = kiln.compile(fn, fullgraph=fullgraph, dynamic=dynamic)
 
         def call(*args, **kwargs):
             return _kiln_call(compiled, args, kwargs)
