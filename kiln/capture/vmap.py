@@ -21,6 +21,7 @@ import torch
 
 from kiln.capture import torch_api
 from kiln.capture.errors import Unsupported
+from kiln.meta.symbolic import SymInt
 from kiln.capture.values import ConstantVariable, ListVariable, TensorVariable, TupleVariable, Variable
 
 MAX_UNROLL = 64
@@ -119,6 +120,11 @@ def _batch_size(args, dims) -> int:
     if len(sizes) != 1:
         raise Unsupported(f"torch.vmap: mapped arguments have different batch sizes {sorted(map(str, sizes))}")
     batch = sizes.pop()
+    if isinstance(batch, SymInt):
+        # a symbolic batch (dynamic=True): unrolling needs its value, so it is specialized and
+        # guarded (int() records the guard), one entry per batch size, as a range() over a
+        # size is; the other sizes stay symbolic
+        batch = int(batch)
     if type(batch) is not int or batch > MAX_UNROLL:
         raise Unsupported(f"torch.vmap: the batch size {batch} is not a static int up to {MAX_UNROLL} "
                           "(kiln unrolls vmap)")

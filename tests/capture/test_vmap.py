@@ -67,3 +67,32 @@ def test_what_is_not_unrolled_is_a_named_break():
     assert_close(kiln.compile(lambda x: torch.vmap(torch.sin)(x))(x), x.sin())
     e = kiln.explain(lambda x: torch.vmap(torch.sin, randomness="same")(x))(x[:4])
     assert e.graph_break_count == 1 and "randomness" in e.break_reasons[0].reason
+
+
+def test_a_symbolic_batch_is_specialized_and_the_other_sizes_stay_symbolic():
+    """dynamic=True makes the batch size a symbol; vmap unrolls over it, so it is specialized
+    (guarded, one entry per batch size) while the mapped rows' own sizes stay symbolic."""
+    def f(x, w):
+        return torch.vmap(lambda r: (r * w).sum(-1))(x) + 1
+
+    kiln.reset()
+    compiled = kiln.compile(f, dynamic=True, fullgraph=True)
+    for b, n in [(3, 5), (3, 7), (4, 5), (4, 9)]:
+        x, w = torch.randn(b, 2, n), torch.randn(n)
+        got, want = compiled(x, w), f(x, w)
+        assert_close(got, want)
+        assert got.stride() == want.stride()
+    stats = kiln.stats()
+    assert stats["frames_compiled"] == 2 and stats["graph_breaks"] == 0 and stats["fallbacks"] == 0, stats
+
+    def g(x):  # Dynamo's test_is_vmapped_mutated_tensor_tensor, which asks dynamic=True
+        y = torch.vmap(torch.Tensor.acos_)(x)
+        return y is x, x + 0
+
+    for n in (4, 6):
+        x = torch.rand(n)
+        xe = x.clone()
+        got, want = kiln.compile(g, dynamic=True, fullgraph=True)(x), g(xe)
+        assert got[0] == want[0]
+        assert_close(got[1], want[1])
+        assert_close(x, xe)  # acos_ wrote the caller's tensor, as in eager
