@@ -78,10 +78,14 @@ class Kernel:
         if ranges == tuple(self.ranges):
             return
         onto = reshape_mapping(self.ranges, ranges) if onto is None else onto
+        # each composition is simplified over the new ranges: a kernel that horizontal fusion
+        # flattens and refines again and again (transposed siblings) otherwise nests one
+        # floor/modulo layer per round, and the maps grow without bound
+        within = ir.ranges_of(ranges)
         for n in self.nodes:
             old = self.maps[n.name]
-            self.maps[n.name] = ({s: e.xreplace(onto) for s, e in old.items()} if old
-                                 else dict(onto))
+            self.maps[n.name] = ({s: ir.simplify_index(e.xreplace(onto), within) for s, e in old.items()}
+                                 if old else dict(onto))
         self.ranges = ranges
 
     def add(self, node, level, mapping):

@@ -104,3 +104,31 @@ def test_common_ranges():
     assert common_ranges((2, 12), (6, 4)) == (2, 3, 4)
     assert common_ranges((6, 4), (4, 6)) is None
     assert common_ranges((2, 3, 4), (24,)) == (2, 3, 4)
+
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_alternating_layouts_keep_the_kernel_index_maps_small(target, monkeypatch):
+    # siblings alternately contiguous and transposed: each one in memory order re-spaces the
+    # shared kernel, and each composed index map must be simplified over the new ranges, or it
+    # nests one floor/modulo layer per join (8189 operations at 12 siblings; the op table's
+    # batched floor_divide case spent 9 minutes in sympy on them)
+    import sympy
+    from kiln.inductor import scheduler
+    largest, reshape = [0], scheduler.Kernel.reshape
+
+    def recording(self, *args, **kw):
+        reshape(self, *args, **kw)
+        largest[0] = max([largest[0]] + [sympy.count_ops(e) for m in self.maps.values() if m
+                                         for e in m.values()])
+    monkeypatch.setattr(scheduler.Kernel, "reshape", recording)
+
+    def f(*xs):
+        return tuple(torch.floor_divide(x, -3) + x % 2.5 for x in xs)
+    with on_target(target) as device:
+        xs = [randn((6, 10), torch.float32, device, layout="transposed" if k % 2 else "contiguous")
+              for k in range(12)]
+        out, ref = kiln.compile(f, dynamic=False)(*xs), f(*xs)
+        assert 0 < largest[0] <= 12, f"an index map of {largest[0]} operations"
+        for o, r in zip(out, ref):
+            assert_close(o, r)
