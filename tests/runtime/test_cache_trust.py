@@ -3,6 +3,7 @@ its folders 0700 and files 0600 whatever the umask, and refuses (with one warnin
 path and the reason) a cache another user owns or others can write, compiling into a private
 temporary cache instead. The planted entries here are written as another user (uid 65534,
 through ``setpriv``) and would run code in the victim's process if they were trusted."""
+import functools
 import glob
 import hashlib
 import json
@@ -27,6 +28,17 @@ NOBODY = 65534
 SETPRIV = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                                 reason="planting files as another user needs root and setpriv")
+
+
+@functools.lru_cache(maxsize=1)
+def _nobody_python() -> str:
+    """An interpreter the other user can start: the planting script needs only the standard
+    library, and this test's own interpreter may live where that user cannot read (a pyenv
+    build under /root cannot load its libpython as nobody)."""
+    for exe in (sys.executable, "/usr/bin/python3", shutil.which("python3")):
+        if exe and subprocess.run(SETPRIV + [exe, "-c", "pass"], capture_output=True).returncode == 0:
+            return exe
+    pytest.skip("no Python interpreter that the other user can run")
 
 
 def _f(x, b):
@@ -146,7 +158,7 @@ def test_a_cache_planted_by_another_user_is_refused(tmp_path, world, where):
     files = _planted_files(good, marker)
     planted = os.path.join(world, "cache")
     os.chmod(world, 0o777)
-    subprocess.run(SETPRIV + [sys.executable, "-c", PLANT, planted], input=json.dumps(files), text=True, check=True)
+    subprocess.run(SETPRIV + [_nobody_python(), "-c", PLANT, planted], input=json.dumps(files), text=True, check=True)
     os.chmod(world, 0o755)
     assert os.stat(planted).st_uid == NOBODY
     if where == "inside":  # the victim's own private root, with another user's folders inside
