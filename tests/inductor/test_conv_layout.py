@@ -52,11 +52,13 @@ class ConvInputs(TorchDispatchMode):
         super().__init__()
         self.strides = []
         self.biases = []
+        self.weights_channels_last = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.convolution.default:
             self.strides.append((tuple(args[0].shape), args[0].stride()))
             self.biases.append(args[2] is not None)
+            self.weights_channels_last.append(args[1].is_contiguous(memory_format=torch.channels_last))
         return func(*args, **(kwargs or {}))
 
 
@@ -92,6 +94,9 @@ def test_inference_matches_eager_with_channels_last_convs(kind, dtype):
         assert a.dtype == e.dtype and a.stride() == e.stride()
     assert len(rec.strides) == 7
     assert not any(rec.biases)  # the stem's bias is added by the kernel after it (CUDA's way)
+    # every weight reaches the library channels-last: the stem's 3x3 one copied by a kiln kernel
+    # (cuDNN would copy it on every call), the 1x1 and depthwise ones as they are
+    assert all(rec.weights_channels_last), rec.weights_channels_last
     for shape, stride in rec.strides:
         assert stride == conv_layout.channels_last_strides(shape), (shape, stride)
     assert kiln.stats()["fallbacks"] == 0

@@ -4,8 +4,8 @@ ConvNeXt's blocks keep channels-last activations (``x.permute(0, 2, 3, 1)`` arou
 LayerNorm and the MLP, then ``gamma * r + x``), so eager's depthwise 7x7 convolution reads a
 channels-last input: cuDNN's NHWC kernel on the H200. kiln used to store that sum contiguous,
 which sent the convolution down torch's generic depthwise kernel, 3.5x slower. The convolution's
-arguments are recorded at ``F.conv2d``, which eager's ``nn.Conv2d`` and kiln's library call
-both reach."""
+arguments are recorded at eager's ``nn.Conv2d`` (a forward hook) and at kiln's library call
+(``torch.convolution``, the ATen op both reach)."""
 import types
 
 import pytest
@@ -50,15 +50,18 @@ class Net(nn.Module):
 
 def _record_kiln_convs(monkeypatch):
     """The arguments of kiln's convolution calls (the wrapper's ``extern_conv`` runs
-    ``prims_nn._conv_eager``, which calls ``F.conv2d`` through the module's ``F``)."""
+    ``prims_nn._conv_eager``, which calls ``torch.convolution`` through the module's ``torch``)."""
     from kiln.ops import prims_nn
     calls = []
 
-    def conv2d(x, w, *args, **kwargs):
-        out = F.conv2d(x, w, *args, **kwargs)
+    def convolution(x, w, *args, **kwargs):
+        out = torch.convolution(x, w, *args, **kwargs)
         calls.append((tuple(x.shape), x.stride(), w.stride(), out.stride()))
         return out
-    monkeypatch.setattr(prims_nn, "F", types.SimpleNamespace(conv1d=F.conv1d, conv2d=conv2d, conv3d=F.conv3d))
+    class Torch(types.SimpleNamespace):  # torch, with its convolution recorded
+        def __getattr__(self, name):
+            return getattr(torch, name)
+    monkeypatch.setattr(prims_nn, "torch", Torch(convolution=convolution))
     return calls
 
 
