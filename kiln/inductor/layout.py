@@ -103,6 +103,16 @@ def layout_hint(target, meta, args, from_meta=False) -> tuple | None:
         if has_symbols(st) or any(s == 0 and n != 1 for s, n in zip(st, x.shape)):
             return None  # a broadcast: eager would copy it out contiguous
         return _hint(shape, [st[d] for d in dims])
+    if target is prims.slice:
+        # a strided view: eager's has the operand's dim order (a pooling window over an
+        # unstored, channels-last padded input stays channels-last, as the stored one did)
+        x = args[0]
+        if not isinstance(x, TValue) or len(x.shape) != len(shape):
+            return None
+        st = value_strides(x)
+        if has_symbols(st) or any(s == 0 and n != 1 for s, n in zip(st, x.shape)):
+            return None
+        return _hint(shape, st)
     if target is prims.pad or target is prims.cat:
         operands = list(args[0]) if target is prims.cat else [args[0]]
         return _shared_order(shape, [t for t in operands if isinstance(t, TValue)])

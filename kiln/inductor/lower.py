@@ -133,6 +133,10 @@ def _read_more_than_once(node, value: TValue) -> bool:
     """Several users; or, for C++ kernels, one that broadcasts it (a chain of
     ``broadcast_in_dim``: inlined, each element is recomputed once per broadcast copy, and the
     CPU is compute bound where a GPU would not be)."""
+    if node.meta.get("recompute_in_users") and _scalar_math_fn(value.device) is None:
+        # a pooling window's source (ops/core_pool.py), for Triton kernels: a C++ kernel keeps
+        # it stored, its masked window loads would not vectorize (test_cpp_vectorized.py)
+        return False
     if len(node.users) != 1:
         return len(node.users) > 1
     return _scalar_math_fn(value.device) is not None and _broadcast_read(node)

@@ -128,14 +128,35 @@ def _like_input(x, shape):
     return TensorMeta(shape, format_like_input(x, shape), x.dtype, x.device, x.requires_grad)
 
 
+# Windows that read each input element at most this many times (3x3 stride 2: 2.25) recompute
+# the padded input in the pool's kernel instead of storing it (``_recompute_in_users``).
+RECOMPUTED_READS_LIMIT = 4
+
+
+def _recompute_in_users(v, kernel, stride):
+    """Mark a window source so lowering inlines it into every window instead of storing it.
+    Stored, ResNet's bn+relu+pad before its 3x3/2 max pool was a 53 MB buffer at batch 32 bf16
+    (most of kiln's extra peak memory over torch.compile's), written and read back once more;
+    recomputed, each output loads 9 inputs that the overlapping windows share in cache, and the
+    bn+relu is redone ~2.25 times per input element (Triton kernels only: lower.py keeps it
+    stored for C++ kernels, where the masked loads would not vectorize). Larger reuse (a 3x3 stride-1 or an SPP
+    13x13 pool) keeps the stored input: recomputing a chain 9-169 times would cost more."""
+    reads = kernel[0] * kernel[1] / (stride[0] * stride[1])
+    if isinstance(v, Proxy) and reads <= RECOMPUTED_READS_LIMIT:
+        v.node.meta["recompute_in_users"] = True
+    return v
+
+
 def _windows(call, x, kernel, stride, padding, value):
     """The kh*kw strided views of the padded input, one per kernel offset, in scan order."""
     core = _core()
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
     oh, ow = (_pool_out(n, k, s, p) for n, k, s, p in zip(x.shape[-2:], kernel, stride, padding))
     xp = call(core.constant_pad, x, (pw, pw, ph, ph), value) if ph or pw else x
+    if xp is not x:
+        _recompute_in_users(xp, kernel, stride)
     for i in range(kh):
-        rows = call(core.slice, xp, -2, i, i + sh * (oh - 1) + 1, sh)
+        rows = _recompute_in_users(call(core.slice, xp, -2, i, i + sh * (oh - 1) + 1, sh), kernel, stride)
         for j in range(kw):
             yield call(core.slice, rows, -1, j, j + sw * (ow - 1) + 1, sw)
 

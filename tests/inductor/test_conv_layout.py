@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import kiln
 from kiln.graph.graph import Graph
 from kiln.inductor import conv_layout
-from testing import assert_close
+from testing import TARGETS, assert_close, on_target
 
 
 class Block(nn.Module):  # a MobileNetV2-style inverted residual: 1x1, depthwise 3x3, 1x1
@@ -213,4 +213,56 @@ def test_a_pad_and_a_cat_over_channels_last_values_stay_channels_last(dtype, kin
               re.findall(r"empty_strided\(\((\d+), (\d+), (\d+), (\d+)\)", src)]
     inner = [a for a in allocs if a != tuple(expected.shape)]
     assert inner and all(a[-1] in (3, 16, 32) for a in inner), src
+    assert kiln.stats()["fallbacks"] == 0
+
+
+class StemPool(nn.Module):  # conv, batch norm, ReLU, a max pool, two 1x1 convs (ResNet's block and shortcut)
+    def __init__(self, kernel, stride):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 12, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(12)
+        self.kernel, self.stride = kernel, stride
+        self.side = nn.Conv2d(12, 8, 1, bias=False)
+        self.shortcut = nn.Conv2d(12, 8, 1, bias=False)
+
+    def forward(self, x):
+        h = F.max_pool2d(F.relu(self.bn(self.conv(x))), self.kernel, self.stride, 1)
+        return self.side(h) + self.shortcut(h)
+
+
+def _padded_buffers(model, x, target):
+    with torch.no_grad(), on_target(target), kiln.config.patch(conv_layout="channels_last"):
+        kiln.reset()
+        out = kiln.explain(model)(x)
+        actual = kiln.compile(model)(x)
+    src = "\n".join(str(w) for w in out.wrappers)
+    allocs = [tuple(map(int, a)) for a in re.findall(r"empty_strided\(\((\d+), (\d+), (\d+), (\d+)\)", src)]
+    # the pool's result goes on to the 1x1 convolutions channels-last, never stored NCHW and
+    # copied (a window over the unstored padded input keeps its channels-last order: layout.py)
+    oh = (x.shape[-1] + 2 - model.kernel) // model.stride + 1
+    assert (x.shape[0], 12, oh, oh) not in allocs, src
+    # the padded input, in memory order (n, h + 2, w + 2, c)
+    h = x.shape[-1] + 2
+    return actual, [a for a in allocs if h in a]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["contiguous", "channels_last"])
+def test_a_max_pools_padded_input_is_recomputed_in_the_pool_kernel(target, dtype, kind):
+    """ResNet's stem: bn+relu+pad before the 3x3/2 max pool is read by nine windows. For Triton
+    kernels it is recomputed in the pool's kernel instead of stored (a 53 MB buffer at batch 32
+    bf16 on the H200); C++ kernels keep it stored (their masked loads would not vectorize), and
+    so does a window that reads each input more than four times (3x3 stride 1)."""
+    torch.manual_seed(0)
+    x = _inputs(kind, dtype)
+    for (kernel, stride), recomputed in (((3, 2), target[1] == "triton"), ((3, 1), False)):
+        model = StemPool(kernel, stride).eval().to(dtype)
+        with torch.no_grad():
+            expected = model(x)
+        actual, padded = _padded_buffers(model, x, target)
+        tol = dict(rtol=3e-2, atol=3e-2) if dtype == torch.bfloat16 else {}
+        torch.testing.assert_close(actual, expected, **tol)
+        assert actual.dtype == expected.dtype and actual.stride() == expected.stride()
+        assert (not padded) == recomputed, (kernel, stride, padded)
     assert kiln.stats()["fallbacks"] == 0
