@@ -255,9 +255,9 @@ def test_a_max_pools_padded_input_is_recomputed_in_the_pool_kernel(target, dtype
     bf16 on the H200); C++ kernels keep it stored (their masked loads would not vectorize), and
     so does a window that reads each input more than four times (3x3 stride 1)."""
     torch.manual_seed(0)
-    x = _inputs(kind, dtype)
+    x = _inputs(kind, dtype).to(target[0])  # .to keeps the channels-last strides
     for (kernel, stride), recomputed in (((3, 2), target[1] == "triton"), ((3, 1), False)):
-        model = StemPool(kernel, stride).eval().to(dtype)
+        model = StemPool(kernel, stride).eval().to(target[0], dtype)
         with torch.no_grad():
             expected = model(x)
         actual, padded = _padded_buffers(model, x, target)

@@ -240,12 +240,15 @@ SCRIPT = textwrap.dedent("""
     import json, torch, kiln
     def f(x, y):
         return torch.relu(x) * y - x.sum(1, keepdim=True)
+    torch.manual_seed(0)
     for dt in (torch.float32, torch.bfloat16):
         x = torch.randn(64, 96, device="cuda", dtype=dt)
         y = torch.randn(96, 64, device="cuda", dtype=dt).t()  # non-contiguous
         out = kiln.compile(f)(x, y)
-        tol = 1e-5 if dt == torch.float32 else 2e-2
-        torch.testing.assert_close(out, f(x, y), rtol=tol, atol=tol)
+        # the fused kernel rounds once where eager rounds the row sum (about 10 in size: a bf16
+        # ulp of 0.0625) before subtracting it; 2e-2 failed on one element in 6144
+        tol = dict(rtol=1e-5, atol=1e-5) if dt == torch.float32 else dict(rtol=2e-2, atol=7e-2)
+        torch.testing.assert_close(out, f(x, y), **tol)
     print(json.dumps(kiln.stats()))
 """)
 
