@@ -5,9 +5,11 @@ forms) and for each a small set of launch configs (``XBLOCK``, ``RBLOCK``, ``num
 the first call, ``Autotuned`` launches every (variant, config) on the call's real arguments,
 times them, and keeps the fastest; the choice is written to the disk cache under
 ``<cache>/autotune``, keyed by the variants' sources, the launch sizes and the device name, so
-later processes skip the search. Generated kernels only write their outputs from their inputs
-(scatter kernels, which accumulate in place, are never tuned), so launching one several times
-is harmless.
+later processes skip the search. A kernel that writes its result over a buffer it reads (the
+wrapper's in-place writes: the same tensor passed as an input and an output) is timed on a
+copy of that buffer, so only the real launch after the search writes over it; every other
+generated kernel only writes its outputs from its inputs (scatter kernels, which accumulate in
+place, are never tuned), so launching it several times is harmless.
 
 Tuning runs on CUDA; under the Triton interpreter codegen keeps its heuristic config unless
 ``config.triton_autotune == "interpret"`` (used by tests, timed with perf_counter).
@@ -39,6 +41,28 @@ def _launch(fn, cfg, args, xnumel):
     grid = (-(-xnumel // cfg["XBLOCK"]),)
     consts = {k: v for k, v in cfg.items() if k != "num_warps"}
     fn[grid](*args, **consts, num_warps=cfg["num_warps"])
+
+
+def _scratch_for_aliased(args):
+    """args with every tensor that appears more than once (an in-place write) replaced, in
+    each position, by one copy of it: the search's launches then leave the real one alone."""
+    import torch
+    seen: dict = {}
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            seen[a.data_ptr()] = seen.get(a.data_ptr(), 0) + 1
+    if all(n == 1 for n in seen.values()):
+        return args
+    copies: dict = {}
+
+    def scratch(a):
+        if not isinstance(a, torch.Tensor) or seen[a.data_ptr()] == 1:
+            return a
+        if a.data_ptr() not in copies:
+            copies[a.data_ptr()] = torch.empty_like(a).copy_(a)  # (same strides: empty_like keeps them for dense tensors)
+        c = copies[a.data_ptr()]
+        return c if (c.shape, c.stride()) == (a.shape, a.stride()) else c.as_strided(a.shape, a.stride())
+    return tuple(scratch(a) for a in args)
 
 
 class Autotuned:
@@ -76,6 +100,7 @@ class Autotuned:
         return time.perf_counter() - t
 
     def tune(self, args):
+        args = _scratch_for_aliased(args)
         results = []
         for v, ((_, cfgs), fn) in enumerate(zip(self.spec.variants, self.fns)):
             for cfg in cfgs:

@@ -23,8 +23,12 @@ def test_dead_buffers_are_reused(target):
         out = kiln.explain(chain)(x, y)
         src = str(out.wrappers[0])
         reuses = re.findall(r"# reuse (buf\d+) for (buf\d+)", src)
-        assert len(reuses) == 2, src
-        assert src.count("empty_strided") == 1
+        if target[1] == "cpp":
+            assert len(reuses) == 2, src
+            assert src.count("empty_strided") == 1
+        else:  # Triton kernels write each pointwise result over the product it reads
+            assert len(re.findall(r"# buf\d+ is written in place over buf\d+", src)) == 3, src
+            assert src.count("empty_strided") == 0
         assert_close(out.result, chain(x, y))
         with kiln.config.patch(reuse_buffers=False):
             plain = str(kiln.explain(chain)(x, y).wrappers[0])
