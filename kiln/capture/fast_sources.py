@@ -18,6 +18,8 @@ Anything else keeps its plain spelling. The readable spellings stay what the gua
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from kiln.capture.guards import AttrSource, ItemSource, Source
@@ -83,20 +85,27 @@ def _item_key(obj, key):
     return None
 
 
+def _evaluator(L: dict, G: dict):
+    """value(expr text) -> the object it names now, or ``_MISSING`` (cached per text)."""
+    values: dict = {}
+
+    def value(text):
+        if text not in values:
+            try:
+                values[text] = eval(text, {"torch": torch, "__builtins__": __builtins__}, {"L": L, "G": G})
+            except Exception:  # noqa: BLE001 - gone since tracing: keep the plain spelling
+                values[text] = _MISSING
+        return values[text]
+    return value
+
+
 def fast_map(sources, L: dict, G: dict) -> dict:
     """expr -> faster Source, for every source (and its parents) that has one."""
-    values: dict = {}
+    evaluate = _evaluator(L, G)
     out: dict = {}
 
     def value(src):
-        key = src.expr()
-        if key not in values:
-            try:
-                values[key] = eval(faster(src).expr(), {"torch": torch, "__builtins__": __builtins__},
-                                   {"L": L, "G": G})
-            except Exception:  # noqa: BLE001 - gone since tracing: keep the plain spelling
-                values[key] = _MISSING
-        return values[key]
+        return evaluate(faster(src).expr())
 
     def faster(src):
         key = src.expr()
@@ -141,3 +150,67 @@ def _with_parent(src, parent):
     if isinstance(src, ModuleValuesSource):
         return ModuleValuesSource(parent)
     return None  # a source kind with no parent to swap: keep the plain spelling
+
+
+# ---- faster spellings of checks
+
+# A module's own attributes, read through its instance dict once it is known to be of the
+# guarded class (which has no class attribute of that name): ``d['training']`` for
+# ``m.training`` (the type's MRO is searched first on every plain read). ``{d}`` stands for
+# the run's temporary holding ``m.__dict__`` (GuardSet.python).
+_ATTR = re.compile(r"\{\}\.([A-Za-z_]\w*)(?![\w(])")
+
+
+def fast_checks(entries, L: dict, G: dict, fast: dict) -> tuple[dict, dict]:
+    """((source expr, check) -> faster check, names the faster checks read), for the checks
+    that have one, given the objects the sources name at capture:
+
+    - ``id(type({})) == N`` becomes ``type({}) is _tK`` with the class bound in the guard's
+      namespace (keeping it alive, which the id comparison needed anyway);
+    - on a module, after its class is checked, ``{}.name`` for a name in its instance dict
+      and in no class of its MRO reads that dict (``{d}['name']``), ``{}.__dict__`` is ``{d}``;
+    - on a tensor with no size-1 dim, the ``stride()`` comparison with contiguous strides is
+      ``is_contiguous()`` (exact there: every stride is compared; a tuple is not built).
+    """
+    value = _evaluator(L, G)
+    out: dict = {}
+    names: dict = {}
+    classes: dict = {}  # id(class) -> bound name
+    typed: set = set()  # sources whose class an earlier check compared
+    for src, check in entries:
+        key = src.expr()
+        obj = value(fast.get(key, src).expr())
+        if obj is _MISSING:
+            continue
+        new = check
+        type_check = f"id(type({{}})) == {id(type(obj))}"
+        if type_check in new:
+            name = classes.setdefault(id(type(obj)), f"_t{len(classes)}")
+            names[name] = type(obj)
+            new = new.replace(type_check, f"type({{}}) is {name}")
+            if new.startswith(f"type({{}}) is {name}"):
+                typed.add(key)
+                new = new[:len(f"type({{}}) is {name}")] + _module_dict_reads(new[len(f"type({{}}) is {name}"):], obj)
+        elif key in typed:
+            new = _module_dict_reads(new, obj)
+        if isinstance(obj, torch.Tensor) and check == f"{{}}.stride() == {tuple(obj.stride())!r}" and \
+                obj.numel() > 0 and 1 not in obj.shape and obj.is_contiguous():
+            new = "{}.is_contiguous()"
+        if new != check:
+            out[(key, check)] = new
+    return out, names
+
+
+def _module_dict_reads(check: str, obj) -> str:
+    if not isinstance(obj, torch.nn.Module) or type(obj).__getattribute__ is not object.__getattribute__:
+        return check
+    own = obj.__dict__
+
+    def read(m):
+        attr = m.group(1)
+        if attr == "__dict__":
+            return "{d}"
+        if attr in own and not _class_has(obj, attr):
+            return f"{{d}}[{attr!r}]"
+        return m.group(0)
+    return _ATTR.sub(read, check)

@@ -195,6 +195,9 @@ class GuardSet:
         self.symbol_reads: dict = {}              # symbol -> (source, "size(0)" | "stride(1)")
         self.symbolic: list[tuple[Source, str, object]] = []  # (source, accessor, expr)
         self.fast: dict = {}  # expr -> the faster spelling the generated code uses (fast_sources.py)
+        # (expr, check) -> the faster check the generated code uses, and the names it reads
+        self.fast_checks: dict = {}
+        self.fast_names: dict = {}
 
     def dynamic_tensor(self, source, t, shape, stride):
         """Guards for a tensor with symbolic sizes: type, dtype, device and rank as usual, a
@@ -270,6 +273,7 @@ class GuardSet:
         # that went away, a shorter tuple) means the guard fails, never an error.
         lines.append("    try:")
         lines.append("        pass")  # a capture may guard nothing (a break at entry)
+        dicts: dict = {}  # temporary -> the temporary holding its __dict__
         i = 0
         while i < len(self.entries):
             src = self.entries[i][0]
@@ -277,8 +281,14 @@ class GuardSet:
             while j < len(self.entries) and self.entries[j][0] == src:
                 j += 1
             name = temp(src)
+            checks = [self.fast_checks.get((s.expr(), c), c) for s, c in self.entries[i:j]]
+            if any("{d}" in c for c in checks):  # the module's instance dict, read once
+                if name not in dicts:
+                    dicts[name] = f"d{len(dicts)}"
+                    lines.append(f"        {dicts[name]} = {name}.__dict__")
+                checks = [c.replace("{d}", dicts[name]) for c in checks]
             cond = " and ".join(f"({c.replace('{}', name)})" if " or " in c else c.replace("{}", name)
-                                for _, c in self.entries[i:j])
+                                for c in checks)
             lines.append(f"        if not ({cond}):")
             lines.append("            return False")
             i = j
@@ -300,12 +310,13 @@ class GuardSet:
         """The guard function; with the frame's locals and globals (at capture), sources that
         read module tables spell them directly (fast_sources.py) in this and later compiles."""
         if L is not None:
-            from kiln.capture.fast_sources import fast_map
+            from kiln.capture.fast_sources import fast_checks, fast_map
             sources = [s for s, _ in self.entries] + [s for s, _ in self.symbol_reads.values()] + \
                 [s for s, _, _ in self.symbolic]
             self.fast = fast_map(sources, L, G or {})
+            self.fast_checks, self.fast_names = fast_checks(self.entries, L, G or {}, self.fast)
         source = self.python()
-        namespace = {"torch": torch}
+        namespace = {"torch": torch, **self.fast_names}
         exec(compile(bind_torch_names(source, namespace), "<kiln guard>", "exec"), namespace)
         return source, namespace["guard"]
 
