@@ -261,7 +261,12 @@ def test_a_max_pools_padded_input_is_recomputed_in_the_pool_kernel(target, dtype
         with torch.no_grad():
             expected = model(x)
         actual, padded = _padded_buffers(model, x, target)
-        tol = dict(rtol=3e-2, atol=3e-2) if dtype == torch.bfloat16 else {}
+        if dtype == torch.bfloat16:
+            tol = dict(rtol=3e-2, atol=3e-2)
+        elif target[0] == "cuda":  # TF32 convolutions: eager's NCHW and kiln's channels-last algorithms
+            tol = dict(rtol=1e-2, atol=5e-3)
+        else:
+            tol = {}
         torch.testing.assert_close(actual, expected, **tol)
         assert actual.dtype == expected.dtype and actual.stride() == expected.stride()
         assert (not padded) == recomputed, (kernel, stride, padded)
