@@ -36,6 +36,7 @@ from kiln.graph import cse, dce, verify
 from kiln.graph.graph import Graph
 from kiln.graph.node import Node
 from kiln.graph.propagate import propagate_meta
+from kiln.ops.attention_masks import drop_all_true_masks
 from kiln.ops.decompose import decompose
 from kiln.capture.mutation import with_writeback
 
@@ -238,6 +239,7 @@ def _compile_graph(graph: Graph, backend: str):
         return EagerGraph(graph, "backend='eager'")
     if any(getattr(getattr(n.meta.get("val"), "device", None), "type", None) == "meta" for n in graph.nodes):
         return EagerGraph(graph, "tensors on the meta device have no data to compute on")
+    graph = _stage("decomp", drop_all_true_masks, graph)
     if needs_autograd(graph):
         return compile_training(graph, backend)
     prims_graph = _stage("decomp", decompose, graph)
