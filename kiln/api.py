@@ -588,6 +588,19 @@ class CompiledModule(ModuleWrapper, torch.nn.Module):
         self._orig_mod = mod
         self._kiln_opts = opts  # what a copy or an unpickled wrapper is compiled with again
         self._compiled_forward = CompiledFunction(mod.forward, **opts)
+        # m(x) calls whatever m.forward is at call time: an instance attribute, or the method
+        # of m's class now; either may change after compiling (the compiled one is for these)
+        self._forward_class = type(mod)
+        self._other_forwards: dict = {mod.__dict__.get("forward", type(mod)): self._compiled_forward}
+
+    def _current_forward(self, mod):
+        if type(mod) is self._forward_class and "forward" not in mod.__dict__:
+            return self._compiled_forward
+        key = mod.__dict__.get("forward", type(mod))  # an instance's forward, else the class
+        compiled = self._other_forwards.get(key)
+        if compiled is None:
+            compiled = self._other_forwards[key] = CompiledFunction(mod.forward, **self._kiln_opts)
+        return compiled
 
     def __call__(self, *args, **kwargs):
         # the original module's hooks (and the global ones) run around the compiled forward, as
@@ -599,7 +612,7 @@ class CompiledModule(ModuleWrapper, torch.nn.Module):
             return torch.nn.Module.__call__(self, *args, **kwargs)
         mod = self._modules["_orig_mod"]
         # a subclass (kiln.distributed.CompiledDDP) has a forward of its own around the compiled one
-        forward = self._compiled_forward if type(self) is CompiledModule else self.forward
+        forward = self._current_forward(mod) if type(self) is CompiledModule else self.forward
         if module_hooks.has_hooks(mod, True):
             return module_hooks.call_with_hooks(mod, forward, args, kwargs)
         return forward(*args, **kwargs)
@@ -607,8 +620,8 @@ class CompiledModule(ModuleWrapper, torch.nn.Module):
     def forward(self, *args, **kwargs):
         mod = self._modules["_orig_mod"]
         if module_hooks.has_hooks(mod, False):  # called by nn.Module.__call__ (hooks of its own)
-            return module_hooks.call_with_hooks(mod, self._compiled_forward, args, kwargs, False)
-        return self._compiled_forward(*args, **kwargs)
+            return module_hooks.call_with_hooks(mod, self._current_forward(mod), args, kwargs, False)
+        return self._current_forward(mod)(*args, **kwargs)
 
     def __getattr__(self, name):
         try:

@@ -26,7 +26,8 @@ class ModuleWrapper:
     and their compile options as ``_kiln_opts``. Attributes named in ``wrapper_attributes``
     (and the class's own attributes: methods, properties) stay on the wrapper."""
 
-    wrapper_attributes = frozenset({"_orig_mod", "_compiled_forward", "_kiln_opts", "__dict__"})
+    wrapper_attributes = frozenset({"_orig_mod", "_compiled_forward", "_kiln_opts", "__dict__",
+                                    "_forward_class", "_other_forwards"})
 
     def _wrapped(self):
         # not through __getattr__: during nn.Module.__init__ there is no _modules yet

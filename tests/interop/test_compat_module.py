@@ -172,3 +172,29 @@ def test_written_flags_and_tensor_attributes_are_guarded():
     c.offset = torch.full((2, 3), -1.0)  # another shape: a recompile
     torch.testing.assert_close(c(x), x + torch.full((2, 3), -1.0))
     assert "offset" not in c.__dict__ and "use_offset" not in c.__dict__
+
+
+class Doubled(Scaled):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def test_the_forward_called_is_the_modules_forward_at_call_time():
+    """m(x) calls whatever m.forward is when called, as torch.compile's wrapper (which compiles
+    m.__call__) does: a forward set on the instance after compiling, its removal, and a
+    changed class each run their own compiled forward."""
+    torch.manual_seed(0)
+    m = Scaled().eval()
+    c = kiln.compile(m)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), m(x))
+        m.forward = lambda inp: m.lin(inp) - 1.0
+        torch.testing.assert_close(c(x), m(x))
+        del m.forward
+        torch.testing.assert_close(c(x), m(x))
+        m.__class__ = Doubled
+        torch.testing.assert_close(c(x), m(x))
+        m.__class__ = Scaled
+        torch.testing.assert_close(c(x), m(x))
+    assert kiln.stats()["fallbacks"] == 0 and kiln.stats()["eager_runs"] == 0
