@@ -52,6 +52,9 @@ def drop_all_true_masks(graph: Graph) -> Graph:
         if not isinstance(mask, Node) or _arg(node, ci, "is_causal") not in (False, None):
             continue
         q, k = node.args[qi].meta.get("val"), node.args[qi + 1].meta.get("val")
+        mask_meta = mask.meta.get("val")
+        if not isinstance(mask_meta, TensorMeta) or mask_meta.dtype not in (torch.bool, q.dtype):
+            continue  # (a float mask of another dtype than q: eager's SDPA refuses it)
         if mask not in kinds:
             kinds[mask] = _mask_kind(graph, mask, q.shape[-2], k.shape[-2])
         kind = kinds[mask]
