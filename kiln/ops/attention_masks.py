@@ -25,6 +25,8 @@ from kiln.graph.passes import dce
 from kiln.graph.propagate import propagate_meta
 from kiln.meta.symbolic import has_symbols
 from kiln.meta.tensor_meta import TensorMeta
+from kiln.ops import core
+from kiln.ops.core_fallback import fallback
 
 # A mask larger than this is not evaluated at compile time (2^24 elements: a [32, 1, 4096, 128]
 # bool mask is 16 MB, computed once per compile)
@@ -38,7 +40,6 @@ def drop_all_true_masks(graph: Graph) -> Graph:
     ``is_causal=True`` instead. The mask's ops then go as dead code, and the metas are
     recomputed (without a mask SDPA may pick a fused kernel, whose result layout differs).
     Graphs with symbolic sizes are left alone."""
-    from kiln.ops import core
     # op -> (index of q, index of attn_mask, index of is_causal)
     targets = {core.sdpa: (0, 3, 5), core.sdpa_backward: (1, 4, 5)}
     calls = [n for n in graph.calls if n.target in targets]
@@ -145,7 +146,6 @@ def _deterministic(node) -> bool:
     """Not a random op. A fallback (torch's own function, run whole: ``torch.diff`` in
     transformers' packed-sequence mask) counts when it names a torch function that draws
     nothing; a registered Python callable never does."""
-    from kiln.ops.core_fallback import fallback
     if node.target is fallback:
         name = node.args[0] if node.args and isinstance(node.args[0], str) else ""
         return name.split(".")[0] in ("torch", "Tensor") and not _RANDOM_NAME.search(name)
