@@ -175,7 +175,14 @@ class Config:
     cpp_row_split: bool = True
     # pointwise kernels store bf16 outputs a chunk at a time (codegen/cpp_runs.py)
     cpp_bf16_runs: bool = True
-    cpp_flags: tuple = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+    # -fno-trapping-math: without it gcc will not if-convert a float compare, so every loop
+    # with a clamp, a select or kiln_expf (softmax, sigmoid, SiLU, GELU) stayed scalar. Values do
+    # not change: it only drops the promise that FP exceptions trap, and torch never unmasks
+    # them. -fno-math-errno lets sqrt and friends inline as vector instructions (errno is never
+    # read). No flag here may change a result: no -ffast-math, no contraction beyond the
+    # std::fma the code writes.
+    cpp_flags: tuple = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+                        "-fno-trapping-math", "-fno-math-errno")
     cpp_compiler: str = dataclasses.field(default_factory=lambda: os.environ.get("CXX", "g++"))
     # kernels are called through a small extension instead of ctypes (runtime/cpp_call.py)
     cpp_call: bool = True
