@@ -173,6 +173,9 @@ class Config:
     # reductions over dims that are contiguous only in a trailing group (batch norm's (0, 2, 3))
     # loop the leading dims outside a vectorized inner run (cpp_reduction.row_split)
     cpp_row_split: bool = True
+    # a pointwise row indexed modulo C (RoPE's rotate_half) loops as [N / C, C], affine inside
+    # (codegen/cpp.py split_inner_dim)
+    cpp_split_modulo: bool = True
     # pointwise kernels store bf16 outputs a chunk at a time (codegen/cpp_runs.py)
     cpp_bf16_runs: bool = True
     # -fno-trapping-math: without it gcc will not if-convert a float compare, so every loop

@@ -11,10 +11,11 @@ for each value not yet in memory, the strides eager would give it (``TValue.layo
 
 The hint follows three rules: an elementwise op (every tensor operand has the result's shape)
 orders its dims the way TensorIterator does, the first operand whose strides tell two dims
-apart deciding; a permute permutes its operand's layout; a pad or a cat keeps the dim order its
-operands share (eager's ``constant_pad_nd`` and ``cat`` keep their input's memory format: a
+apart deciding; a permute permutes its operand's layout; a pad or a cat keeps a channels-last
+order its operands share (eager's ``constant_pad_nd`` and ``cat`` keep their input's memory format: a
 max-pool's padded input over a channels-last activation stays channels-last, where a contiguous
-copy would read the activation across channels, 64 elements apart in ResNet's stem). Anything
+copy would read the activation across channels, 64 elements apart in ResNet's stem; any other
+order, a transposed 3-d table say, is not a memory format and comes out contiguous). Anything
 else gets no hint (a contiguous result, which is what kiln's metas promise). The hint changes where a value is
 stored, never its values: every reader indexes the buffer through the ref's strides.
 """
@@ -139,6 +140,12 @@ def _shared_order(shape, operands) -> tuple | None:
     if len(orders) != 1:
         return None
     inner = list(next(iter(orders)))
+    # eager keeps only a channels-last memory format (its suggest_memory_format): any other
+    # shared order (RoPE's cat of a transposed [1, 64, 16] frequency table) comes out
+    # contiguous, and a transposed hint made every reader of the cos table stride by 64
+    channels_last = {4: (1, 3, 2, 0), 5: (1, 4, 3, 2, 0)}.get(len(shape))
+    if channels_last is None or inner != [d for d in channels_last if d in inner]:
+        return None
     for d in range(len(shape) - 1, -1, -1):  # the size-1 dims, outermost, in their own order
         if d not in inner:
             inner.append(d)

@@ -172,3 +172,48 @@ def test_activation_loops_vectorize(name, tmp_path):
     # gelu_tanh(-inf) became -inf instead of eager's nan)
     x[0, :9] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 9.5, -12.0, 50.0, -1e30])
     torch.testing.assert_close(kiln.compile(fn)(x), fn(x), equal_nan=True)
+
+
+def _rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope(q, cos, sin):
+    return q * cos + _rotate_half(q) * sin
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 24])
+def test_rope_rotate_half_loop_is_split_and_vectorizes(head_dim, tmp_path):
+    """RoPE's rotate_half reads the row at Mod(i, d/2) and Mod(i, d/2) + d/2: gcc left such
+    loops scalar ("no vectype" for the loads). The row now loops as [2, d/2] with affine
+    indices (split_inner_dim), for d/2 of at least 8; d = 24 (12 + 12) splits too, and the
+    values match eager forward and backward, on a non-contiguous q as well."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 16, head_dim)
+    cos, sin = torch.randn(16, head_dim), torch.randn(16, head_dim)
+    (source,) = _sources(_rope, q, cos, sin)
+    assert "%" not in source.split("#pragma omp simd")[1], source  # no modulo in the row
+    done, simd = _vectorized_lines(source, tmp_path)
+    assert _all_vectorized(done, simd), (sorted(done), simd, source)
+    qt = torch.randn(2, 16, 4, head_dim).transpose(1, 2).requires_grad_()
+    ref = qt.detach().clone().requires_grad_()
+    out = kiln.compile(_rope)(qt, cos, sin)
+    torch.testing.assert_close(out, _rope(ref, cos, sin))
+    g = torch.randn_like(out)
+    out.backward(g)
+    _rope(ref, cos, sin).backward(g)
+    torch.testing.assert_close(qt.grad, ref.grad)
+
+
+def test_split_leaves_two_moduli_alone():
+    """Indices modulo two different constants (24 and 16 over a row of 48) keep the row as
+    one loop, and the values match eager."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 48)
+
+    def fn(x):
+        return torch.cat((x[:, 24:], x[:, :24]), -1) + torch.cat((x[:, 16:], x[:, :16]), -1)
+    sources = _sources(fn, x)
+    assert any("< 48; ++i1)" in s for s in sources), sources
+    torch.testing.assert_close(kiln.compile(fn)(x), fn(x))

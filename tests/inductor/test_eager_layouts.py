@@ -204,3 +204,37 @@ def test_hint_matches_tensor_iterator(case):
             for i, t in enumerate((a, b))]
     got = layout_hint(prims.add, TensorMeta.contiguous(shape, torch.float32, torch.device("cpu")), args)
     assert (got or torch.empty(shape).stride()) == want, (got, want)
+
+
+_CAT_PAD_CASES = [  # (operand shape as stored, permutation to the logical view, op)
+    ((1, 16, 64), (0, 2, 1), "cat"),        # RoPE's frequency table: transposed, 3-d
+    ((4, 5, 6), (2, 0, 1), "pad"),
+    ((2, 8, 8, 3), (0, 3, 1, 2), "cat"),    # channels-last 4-d: kept
+    ((2, 8, 8, 3), (0, 3, 1, 2), "pad"),
+    ((2, 3, 5, 4), (0, 1, 3, 2), "cat"),    # a 4-d transpose that is not channels-last
+    ((2, 4, 4, 4, 3), (0, 4, 1, 2, 3), "cat"),  # channels_last_3d: kept
+]
+
+
+@pytest.mark.parametrize("case", range(len(_CAT_PAD_CASES)))
+def test_cat_and_pad_hints_match_eager_memory_format(case):
+    """A cat's or a pad's result keeps its operands' order only where that is a channels-last
+    memory format, as eager's suggest_memory_format does; any other shared order (RoPE's
+    transposed [1, 64, 16] table) is contiguous in eager, and kiln hinted it transposed."""
+    from kiln.inductor import ir
+    from kiln.inductor.layout import layout_hint
+    from kiln.inductor.lowering import TValue
+    from kiln.meta.tensor_meta import TensorMeta
+    from kiln.ops import prims
+    stored, perm, op = _CAT_PAD_CASES[case]
+    t = torch.randn(stored).permute(*perm)
+    tv = TValue.of_ref(ir.TensorRef("x0", t.shape, t.stride(), 0), t.dtype, t.device)
+    if op == "cat":
+        want = torch.cat((t, t), 1)
+        target, args = prims.cat, [[tv, tv], 1]
+    else:
+        want = F.pad(t, (1, 1))
+        target, args = prims.pad, [tv, (1, 1)]
+    meta = TensorMeta.contiguous(tuple(want.shape), torch.float32, torch.device("cpu"))
+    got = layout_hint(target, meta, args)
+    assert (got or torch.empty(want.shape).stride()) == want.stride(), (got, want.stride())

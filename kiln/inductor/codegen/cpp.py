@@ -492,6 +492,68 @@ def collapse_inner_dims(kernel):
     return new_shape, mapping
 
 
+# the shortest inner run worth a split: one AVX2 vector of float32
+_SPLIT_MIN_RUN = 8
+
+
+def split_inner_dim(kernel):
+    """(shape, symbol map) of a pointwise kernel whose indices take the last loop variable
+    modulo (or floor-divided by) one constant C that divides its extent: the last dim of N
+    becomes two, [N / C, C], so every index is affine in the new inner variable. RoPE's
+    ``rotate_half`` reads ``x[..., Mod(i, 16)]`` and ``x[..., Mod(i, 16) + 16]``; gcc cannot
+    vectorize a loop whose loads go through a modulo (it reports "no vectype" for them), and
+    the whole row ran scalar. Static shapes only; ({} when nothing splits)."""
+    shape = tuple(kernel.shape)
+    n = len(shape)
+    if n < 1 or not all(isinstance(s, int) or getattr(s, "is_Integer", False) for s in shape):
+        return shape, {}
+    ranges = ir.ranges_of(shape)
+    i = ir.index_symbol(n - 1)
+    exprs = []
+    for node in kernel.nodes:
+        exprs.append(kernel.store_index(node))
+        exprs += [e.index for e in ir.walk(kernel.body(node)) if isinstance(e, (ir.Load, ir.IndexValue))]
+    exprs = [sympy.expand(ir.simplify_index(e, ranges)) for e in exprs]
+    moduli = set()
+    for e in exprs:
+        for f in e.atoms(sympy.Mod, sympy.floor):
+            if i not in f.free_symbols:
+                continue
+            m = _modulus_of(f, i)
+            if m is None:
+                return shape, {}  # i inside another form: leave the kernel as it is
+            moduli.add(m)
+    size = int(shape[-1])
+    if len(moduli) != 1:
+        return shape, {}
+    (c,) = moduli
+    if not (_SPLIT_MIN_RUN <= c < size and size % c == 0):
+        return shape, {}
+    q, j = ir.index_symbol(n - 1), ir.index_symbol(n)
+    mapping = {sympy.Mod(i, c): j, sympy.floor(i / c): q, i: c * q + j}
+    new_shape = shape[:-1] + (size // c, c)
+    canon = ir.canonical_index_fn(ir.ranges_of(new_shape))
+    inside = {node.name: node for node in kernel.nodes}
+    for node in kernel.nodes:  # register reads must still find their stores (as in collapse)
+        for ld in ir.walk(kernel.body(node)):
+            if isinstance(ld, ir.Load) and ld.buffer in inside:
+                store = collapsed_index(kernel.store_index(inside[ld.buffer]), mapping, ranges)
+                if canon(collapsed_index(ld.index, mapping, ranges)) != canon(store):
+                    return shape, {}
+    return new_shape, mapping
+
+
+def _modulus_of(f, i):
+    """C of ``Mod(i, C)`` or ``floor(i / C)`` (a positive integer), else None."""
+    if isinstance(f, sympy.Mod) and f.args[0] == i and f.args[1].is_Integer and f.args[1] > 0:
+        return int(f.args[1])
+    if isinstance(f, sympy.floor):
+        num, den = sympy.fraction(sympy.together(f.args[0]))
+        if num == i and den.is_Integer and den > 0:
+            return int(den)
+    return None
+
+
 def collapsed_index(index, mapping, ranges):
     """An index in the collapsed symbols. The collapse holds for the index simplified under
     the kernel's own ranges, so it is simplified first: a raw ``Mod``/``floor`` those ranges
@@ -558,6 +620,9 @@ def _generate_cpp(kernel, buffers: dict) -> CppKernel:
 
     from kiln.inductor.codegen.triton_tiled import is_transposed_load, tile_plan
     plan = tile_plan(kernel, shape, ranges) if config.cpp_tile_2d and not collapse and not is_symbolic(numel) else None
+    if plan is None and not collapse and config.cpp_split_modulo:
+        shape, collapse = split_inner_dim(kernel)
+        ranges = ir.ranges_of(shape)
     tiles: dict = {}  # (buffer, index) of a transposed load -> (tile array, raw element read, dtype)
 
     def load(ld: ir.Load):
