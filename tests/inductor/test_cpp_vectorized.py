@@ -217,3 +217,18 @@ def test_split_leaves_two_moduli_alone():
     sources = _sources(fn, x)
     assert any("< 48; ++i1)" in s for s in sources), sources
     torch.testing.assert_close(kiln.compile(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bool_to_float_loop_vectorizes(dtype, tmp_path):
+    """A bool tensor promoted to float is a select (1 or 0), not a static_cast: gcc 12 left
+    the cast's loop scalar ("no vectype" for the store)."""
+    torch.manual_seed(0)
+    m, x = torch.rand(64, 1024) > 0.5, torch.randn(64, 1024, dtype=dtype)
+
+    def fn(m, x):
+        return m.to(dtype) * x
+    (source,) = _sources(fn, m, x)
+    done, simd = _vectorized_lines(source, tmp_path)
+    assert _all_vectorized(done, simd), (sorted(done), simd, source)
+    torch.testing.assert_close(kiln.compile(fn)(m, x), fn(m, x))

@@ -385,6 +385,11 @@ def cpp_cast(x: str, src, dst) -> str:
         return f"kiln_round_bf16((float)({x}))"
     if dst == torch.bool:
         return f"({x} != 0)"
+    if src == torch.bool and dst.is_floating_point:
+        # a select, not a cast: gcc 12 does not vectorize bool -> float conversions (a mask
+        # promoted for a multiply over the vocabulary: 128000 elements, scalar)
+        one, zero = ("1.0", "0.0") if dst == torch.float64 else ("1.0f", "0.0f")
+        return f"({x} ? {one} : {zero})"
     return f"static_cast<{ctype(dst)}>({x})"
 
 
