@@ -429,11 +429,24 @@ def _within(b, m) -> bool:
 
 
 def simplify_index(expr, ranges: dict) -> sympy.Expr:
-    """Drop modulo and floor-division that the index ranges make no-ops."""
+    """Drop modulo and floor-division that the index ranges make no-ops, to a fixed point: a
+    pass can leave one behind (an unravel pair merged into ``c*a`` brings a's own
+    ``floor(i4/32)`` up a level, over an i4 < 32), and gcc does not vectorize a load whose
+    index divides the loop variable. Only a result still holding a Mod or floor is passed
+    again."""
+    out = _simplify_once(expr, ranges)
+    for _ in range(3):
+        if out == expr or not out.has(sympy.Mod, sympy.floor):
+            break
+        expr, out = out, _simplify_once(out, ranges)
+    return out
+
+
+def _simplify_once(expr, ranges: dict) -> sympy.Expr:
     expr = sympy.sympify(expr)
     if not expr.args:
         return expr
-    args = [simplify_index(a, ranges) for a in expr.args]
+    args = [_simplify_once(a, ranges) for a in expr.args]
     if isinstance(expr, sympy.Mod):
         b = _bounds(args[0], ranges)
         m = args[1]
@@ -451,7 +464,7 @@ def simplify_index(expr, ranges: dict) -> sympy.Expr:
             if whole:
                 rest = sympy.Add(*[t for t in num.args if t not in whole])
                 q = sympy.expand(sympy.Add(*whole) / den)
-                return q + simplify_index(sympy.floor(rest / den), ranges)
+                return q + _simplify_once(sympy.floor(rest / den), ranges)
         return sympy.floor(args[0])
     if expr.is_Add:
         # a simplified term may itself be a sum (``128*(2*i0 + floor(i2/128))`` distributes
