@@ -64,10 +64,28 @@ def _conv_backward_meta(g, x, weight, stride, padding, dilation, groups, mask):
     if mask[0]:
         out.append(TensorMeta(x.shape, layout(x), x.dtype, x.device, False))
     if mask[1]:
-        out.append(TensorMeta(weight.shape, layout(weight), weight.dtype, weight.device, False))
+        w_strides = layout(weight)
+        if cl and _cpu_fallback_conv(weight):
+            # the fallback's weight gradient has the contiguous strides on its size-1 dims
+            # (a depthwise 3x3's [16, 1, 3, 3] is (9, 9, 3, 1), oneDNN's (9, 1, 3, 1))
+            w_strides = tuple(c if n == 1 else s for n, s, c in
+                              zip(weight.shape, w_strides, contiguous_strides(weight.shape)))
+        out.append(TensorMeta(weight.shape, w_strides, weight.dtype, weight.device, False))
     if mask[2]:
         out.append(TensorMeta.contiguous((weight.shape[0],), g.dtype, g.device))
     return tuple(out)
+
+
+def _cpu_fallback_conv(t) -> bool:
+    """torch runs a CPU convolution in bf16 through oneDNN only on an AVX-512 host, and in fp16
+    only with AMX-FP16 (its mkldnn_bf16/fp16_device_check); elsewhere its own fallback runs."""
+    if getattr(t.device, "type", None) != "cpu" or t.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    probe = torch.cpu._is_avx512_supported if t.dtype == torch.bfloat16 else torch.cpu._is_amx_fp16_supported
+    try:
+        return not probe()
+    except (AttributeError, RuntimeError):  # an older torch: assume oneDNN, as before
+        return False
 
 
 # layout_dependent: lowering runs the meta again on the operands as realized (a channels-last

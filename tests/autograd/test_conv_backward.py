@@ -123,3 +123,25 @@ def test_meta_rejects_a_mismatched_grad():
         conv_ops._conv_backward_meta(g, x, w, (1, 1), (0, 0), (1, 1), 1, (True, True, False))
     with pytest.raises(conv_ops.ConvBackwardError, match="at least one"):
         conv_ops._conv_backward_meta(g, x, w, (1, 1), (0, 0), (1, 1), 1, (False, False, False))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("conv", [(1, 8, 16, 3), (1, 8, 16, 1), (16, 16, 16, 3), (16, 16, 16, 1), (1, 3, 16, 3)])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_meta_strides_are_the_librarys(conv, dtype, layout):
+    """The meta's gradient strides, size-1 dims included, are those this host's torch gives:
+    oneDNN where it runs (fp32; bf16 on AVX-512), torch's own fallback elsewhere (bf16 on an
+    AVX2 host gave a depthwise weight gradient (9, 9, 3, 1), and the meta said (9, 1, 3, 1))."""
+    from kiln.meta.tensor_meta import TensorMeta
+    groups, cin, cout, k = conv
+    torch.manual_seed(0)
+    x = torch.randn(2, cin, 12, 12, dtype=dtype)
+    g = torch.randn(2, cout, 13 - k, 13 - k, dtype=dtype)
+    if layout == "channels_last":
+        x, g = x.to(memory_format=torch.channels_last), g.to(memory_format=torch.channels_last)
+    w = torch.randn(cout, cin // groups, k, k, dtype=dtype)
+    gi, gw = torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0],
+                                                 groups, [True, True, False])[:2]
+    metas = [TensorMeta(t.shape, t.stride(), t.dtype, t.device, False) for t in (g, x, w)]
+    mi, mw = conv_ops._conv_backward_meta(*metas, (1, 1), (0, 0), (1, 1), groups, (True, True, False))
+    assert (tuple(mi.stride), tuple(mw.stride)) == (gi.stride(), gw.stride())

@@ -212,6 +212,16 @@ HELPERS["kiln_shr"] = r"""template <typename T> static inline T kiln_shr(T a, T 
     const bool ok = (b >= T(0)) & (b <= top);
     return ok ? T(a >> (ok ? b : T(0))) : (std::is_signed<T>::value ? T(a >> top) : T(0));
 }"""
+# Float to integer as x86 converts (eager's result there): a NaN or out-of-range value gives
+# the type's minimum, for int32 and int64; narrower types take the low bits of the int32.
+# A plain cast is undefined out of range, and under -fno-trapping-math gcc folds
+# (float)(int)x into a truncation, so int_round_trip gave NaN for a NaN.
+HELPERS["kiln_f2i"] = r"""template <typename I, typename F> static inline I kiln_f2i(F x) {
+    typedef typename std::conditional<(sizeof(I) < 4), int32_t, I>::type W;
+    const F lo = F(std::numeric_limits<W>::min());  // -2^31 or -2^63: exact in float and double
+    const W w = (x >= lo && x < -lo) ? W(x) : std::numeric_limits<W>::min();
+    return I(w);
+}"""
 HELPERS["kiln_sigmoidf"] = "static inline float kiln_sigmoidf(float x) { return 1.0f / (1.0f + kiln_expf(-x)); }"
 # erf: glibc's erff is a scalar call that gcc does not vectorize (GELU's exact form in BERT and
 # ViT: [2, 64, 512] took 1.36 ms, eager 0.09 ms; now 0.12-0.2 ms). Two polynomials, both
@@ -385,6 +395,8 @@ def cpp_cast(x: str, src, dst) -> str:
         return f"kiln_round_bf16((float)({x}))"
     if dst == torch.bool:
         return f"({x} != 0)"
+    if src is not None and src.is_floating_point and not dst.is_floating_point and not dst.is_complex:
+        return f"kiln_f2i<{C_TYPES[dst]}>({x})"
     if src == torch.bool and dst.is_floating_point:
         # a select, not a cast: gcc 12 does not vectorize bool -> float conversions (a mask
         # promoted for a multiply over the vocabulary: 128000 elements, scalar)
