@@ -258,15 +258,34 @@ HELPERS["kiln_erff"] = r"""static inline float kiln_erff(float x) {
     float y = a < 1.25f ? small : big;
     return x != x ? x : y;
 }"""
+# log1p and expm1 from the log and exp above, by the classic correction (Goldberg's, Kahan's):
+# u = 1 + x (u = e^x) carries x's rounding error, and log(u) * x / (u - 1) cancels it, to a few
+# ulp; near 0, where u == 1, the answer is x itself (-0 kept). elu, softplus and mish called
+# libm's scalar forms
+HELPERS["kiln_log1pf"] = r"""static inline float kiln_log1pf(float x) {
+    float u = 1.0f + x;
+    float r = kiln_logf(u) * (x / (u - 1.0f));
+    r = u == 1.0f ? x : r;
+    return x == std::numeric_limits<float>::infinity() ? x : r;
+}"""
+HELPERS["kiln_expm1f"] = r"""static inline float kiln_expm1f(float x) {
+    float u = kiln_expf(x);
+    float um1 = u - 1.0f;
+    float r = um1 * (x / kiln_logf(u));
+    r = um1 == -1.0f ? -1.0f : r;
+    r = u == std::numeric_limits<float>::infinity() ? u : r;
+    return u == 1.0f ? x : r;
+}"""
 # ops whose float32 form is the vectorizable helper above
 VECTOR_MATH = {"exp": "kiln_expf", "log": "kiln_logf", "tanh": "kiln_tanhf", "sigmoid": "kiln_sigmoidf",
-               "erf": "kiln_erff"}
+               "erf": "kiln_erff", "log1p": "kiln_log1pf", "expm1": "kiln_expm1f"}
 HELPERS["kiln_store_bf16_run"] = cpp_runs.HELPER
 HELPER_DEPS = {"kiln_round_bf16": ("kiln_bf16_to_float", "kiln_float_to_bf16"),
                "kiln_store_bf16_run": ("kiln_float_to_bf16",),
                "kiln_expf": ("kiln_bits",), "kiln_logf": ("kiln_bits",),
                "kiln_tanhf": ("kiln_expf", "kiln_bits"), "kiln_sigmoidf": ("kiln_expf", "kiln_bits"),
-               "kiln_erff": ("kiln_expf", "kiln_bits"),
+               "kiln_erff": ("kiln_expf", "kiln_bits"), "kiln_log1pf": ("kiln_logf", "kiln_bits"),
+               "kiln_expm1f": ("kiln_expf", "kiln_logf", "kiln_bits"),
                "kiln_idiv": ("kiln_zero_div",), "kiln_imod": ("kiln_zero_div",)}
 
 # libm calls with no vector form under -O3 (no -ffast-math): a loop holding one runs an element
