@@ -201,4 +201,8 @@ def _forward(tx, mv):
                            forward.__func__)
     else:
         tx.guards.add(mv.source, "'forward' not in {}.__dict__")
-    return FunctionVariable(forward.__func__, self_var=mv)
+    # sourced as ``m.forward.__func__``: what its closure holds is then reachable and guarded
+    # (a class decorator's wrapper forward, as the ``kernels`` package's use_kernelized_func,
+    # iterates modules held in its closure)
+    source = None if mv.local or mv.source is None else AttrSource(AttrSource(mv.source, "forward"), "__func__")
+    return FunctionVariable(forward.__func__, self_var=mv, source=source)
