@@ -103,17 +103,23 @@ def fast_map(sources, L: dict, G: dict) -> dict:
     """expr -> faster Source, for every source (and its parents) that has one."""
     evaluate = _evaluator(L, G)
     out: dict = {}
+    done: dict = {}  # every source visited, rewritten or not: each chain is walked once (a
+    # source with no faster form was walked again from each child, 2^depth times; a deep
+    # source under a forward's closure hung ViT's training trace)
 
     def value(src):
         return evaluate(faster(src).expr())
 
     def faster(src):
         key = src.expr()
-        if key in out:
-            return out[key]
+        if key not in done:
+            done[key] = _faster(src, key)
+        return done[key] or src  # None: no faster form, the source itself
+
+    def _faster(src, key):
         parent = getattr(src, "parent", None)
         if parent is None:
-            return src
+            return None
         fast_parent = faster(parent)
         obj = value(parent)
         result = None
@@ -132,7 +138,7 @@ def fast_map(sources, L: dict, G: dict) -> dict:
             result = _with_parent(src, fast_parent)
         if result is not None:
             out[key] = result
-        return result or src
+        return result
 
     for s in sources:
         if s is not None:
