@@ -108,3 +108,33 @@ def test_fast_map_rewrites_only_table_reads():
     x = torch.randn(2, 3)
     with torch.no_grad():
         torch.testing.assert_close(f(x), m(x))
+
+
+def test_fast_map_walks_a_deep_chain_once(monkeypatch):
+    """A chain of sources with no faster form (a forward's closure, then attributes of plain
+    objects) is walked once per source: each source was walked again from each child, 2^depth
+    evaluations, and a sourced forward's closure chain hung ViT's training trace."""
+    from kiln.capture import fast_sources
+    from kiln.capture.guards import AttrSource, LocalSource
+
+    class Node:
+        pass
+    root = Node()
+    obj, src = root, LocalSource("x")
+    depth = 16
+    for _ in range(depth):
+        obj.a = Node()
+        obj, src = obj.a, AttrSource(src, "a")
+    calls = []
+    real = fast_sources._evaluator
+
+    def counting(L, G):
+        evaluate = real(L, G)
+
+        def wrapped(text):
+            calls.append(text)
+            return evaluate(text)
+        return wrapped
+    monkeypatch.setattr(fast_sources, "_evaluator", counting)
+    assert fast_sources.fast_map([src], {"x": root}, {}) == {}
+    assert len(calls) <= 2 * depth, len(calls)
