@@ -18,6 +18,8 @@ prim of the same name, lowered to one wrapper call with one buffer per result
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
@@ -77,15 +79,30 @@ def _conv_backward_meta(g, x, weight, stride, padding, dilation, groups, mask):
 
 
 def _cpu_fallback_conv(t) -> bool:
-    """torch runs a CPU convolution in bf16 through oneDNN only on an AVX-512 host, and in fp16
-    only with AMX-FP16 (its mkldnn_bf16/fp16_device_check); elsewhere its own fallback runs."""
+    """Whether this host's torch runs a CPU convolution of ``t``'s dtype in its own fallback
+    rather than in oneDNN (fp32 always goes to oneDNN)."""
     if getattr(t.device, "type", None) != "cpu" or t.dtype not in (torch.bfloat16, torch.float16):
         return False
-    probe = torch.cpu._is_avx512_supported if t.dtype == torch.bfloat16 else torch.cpu._is_amx_fp16_supported
+    return _fallback_probe(t.dtype)
+
+
+@functools.cache
+def _fallback_probe(dtype) -> bool:
+    """Asks the library once per dtype: a channels-last depthwise 3x3 weight gradient is
+    (9, 9, 3, 1) from torch's fallback and (9, 1, 3, 1) from oneDNN. Which one runs depends on
+    the ISA in a way torch does not expose whole (bf16 needs AVX-512; fp16 takes AVX512-FP16 or
+    AMX-FP16: an H100 host's Xeon ran oneDNN in fp16 where ``_is_amx_fp16_supported`` said no),
+    so the probe asks the kernel itself rather than guessing from CPU flags."""
+    cl = torch.channels_last
+    x = torch.zeros(1, 2, 4, 4, dtype=dtype).to(memory_format=cl)
+    g = torch.zeros(1, 2, 2, 2, dtype=dtype).to(memory_format=cl)
+    w = torch.zeros(2, 1, 3, 3, dtype=dtype)
     try:
-        return not probe()
-    except (AttributeError, RuntimeError):  # an older torch: assume oneDNN, as before
+        gw = torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0],
+                                                 2, [False, True, False])[1]
+    except RuntimeError:  # no CPU kernel for this dtype at all: the meta's layout is moot
         return False
+    return gw.stride()[1] != 1
 
 
 # layout_dependent: lowering runs the meta again on the operands as realized (a channels-last

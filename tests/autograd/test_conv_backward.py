@@ -130,8 +130,9 @@ def test_meta_rejects_a_mismatched_grad():
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_meta_strides_are_the_librarys(conv, dtype, layout):
     """The meta's gradient strides, size-1 dims included, are those this host's torch gives:
-    oneDNN where it runs (fp32; bf16 on AVX-512), torch's own fallback elsewhere (bf16 on an
-    AVX2 host gave a depthwise weight gradient (9, 9, 3, 1), and the meta said (9, 1, 3, 1))."""
+    oneDNN where it runs (fp32; bf16 on AVX-512; fp16 on AVX512-FP16 or AMX-FP16), torch's own
+    fallback elsewhere (bf16 on an AVX2 host gave a depthwise weight gradient (9, 9, 3, 1), and
+    the meta said (9, 1, 3, 1); fp16 on an H100 host's Xeon was oneDNN's)."""
     from kiln.meta.tensor_meta import TensorMeta
     groups, cin, cout, k = conv
     torch.manual_seed(0)
