@@ -5,8 +5,6 @@ reads one table per kind (torch callables, Tensor methods, operators).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -292,11 +290,16 @@ def select(input, dim, index):
 
 def split(tensor, split_size_or_sections, dim=0):
     size = tensor.shape[dim]
-    if isinstance(split_size_or_sections, int):
+    if is_int_like(split_size_or_sections):
         step = split_size_or_sections
         if step <= 0 and size:
             raise RuntimeError(f"split expects split_size be non-negative, but got split_size={step}")
-        bounds = [(s, min(s + step, size)) for s in range(0, size, step)] if size else [(0, 0)]
+        if not size:
+            return (core.slice(tensor, dim, 0, 0),)
+        # the number of pieces is a Python int (a guard on it, where the sizes are symbolic);
+        # the bounds stay expressions: each piece but the last is one step long
+        n = int((size + step - 1) // step)
+        bounds = [(i * step, (i + 1) * step) for i in range(n - 1)] + [((n - 1) * step, size)]
     else:
         sections = list(split_size_or_sections)
         if sum(sections) != size:
@@ -313,7 +316,8 @@ def chunk(input, chunks, dim=0):
     if chunks <= 0:
         raise RuntimeError("chunk expects `chunks` to be greater than 0")
     size = input.shape[dim]
-    step = max(math.ceil(size / chunks), 1)
+    # torch's ceil(size / chunks), kept an expression for a symbolic size
+    step = (size + chunks - 1) // chunks if size else 1
     return split(input, step, dim)
 
 

@@ -262,10 +262,8 @@ def _realize_output(ctx, value: TValue, stride) -> ir.TensorRef:
     backward reading saved tensors, was compiled against them). A value already in a buffer
     laid out otherwise (a view, a library result, a value stored in the layout eager would give
     it for a library call: inductor/layout.py) is copied into one laid out so."""
-    if stride is not None and not (all(isinstance(s, int) for s in stride)
-                                   and all(isinstance(n, int) for n in value.shape)
-                                   and len(stride) == len(value.shape)):
-        stride = None  # symbolic: contiguous, as before
+    if stride is not None:
+        stride = _stride_exprs(stride, len(value.shape))  # None: not a layout lowering can store
     if value.ref is not None:
         ref = value.ref
         if stride is None:
@@ -278,6 +276,20 @@ def _realize_output(ctx, value: TValue, stride) -> ir.TensorRef:
     if stride is None and value.layout is not None:
         stride = contiguous_strides(value.shape)
     return ctx.realize(value, stride)
+
+
+def _stride_exprs(stride, ndim):
+    """``stride`` as ints and sympy expressions over the graph's size symbols: symbolic sizes
+    keep eager's strides too (a split of a symbolic width is a view with stride 3*s1, not a
+    compact copy); None for anything else."""
+    out = []
+    for s in stride:
+        if isinstance(s, SymInt):
+            s = s.expr
+        if not isinstance(s, (int, sympy.Basic)) or isinstance(s, bool):
+            return None
+        out.append(int(s) if isinstance(s, sympy.Integer) else s)
+    return tuple(out) if len(out) == ndim else None
 
 
 def _static(*xs) -> bool:
