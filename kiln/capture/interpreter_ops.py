@@ -12,7 +12,8 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.interpreter import handler
 from kiln.capture.values import (NULL, ConstantVariable, DictVariable, ListVariable, TensorVariable,
                                  TupleVariable, _Sequence)
-from kiln.capture.values_callables import FunctionVariable, ModuleVariable
+from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
+                                           TorchFunctionVariable)
 from kiln.capture.scalar_values import holds_tensors, negate, sequence_contains
 from kiln.capture.values_python import SetVariable, SuperVariable
 from kiln.capture.guards import ModuleSource
@@ -71,9 +72,9 @@ def _identical(a, b, tx=None) -> bool:
             # modules are guarded by type, not identity (tracer._wrap_module): keep them apart
             tx.guards.add(a.source, f"{{}} is not {b.source.expr()}")
         return same
-    fns = [v for v in (a, b) if isinstance(v, FunctionVariable) and v.self_var is None and v.fn is not None]
-    if len(fns) == 2:  # functions known at compile time (their sources are guarded)
-        return fns[0].fn is fns[1].fn
+    fns = [v for v in (a, b) if _known_callable(v)]
+    if len(fns) == 2:  # functions known at compile time (their sources are guarded): torch's too,
+        return fns[0].fn is fns[1].fn  # as in ``f is not torch.fmod`` over a table of ops
     if len(fns) == 1 and isinstance(b if fns[0] is a else a, ConstantVariable):
         return False  # a function is no constant (None, a number, ...)
     kinds = (ConstantVariable, TensorVariable, _Sequence, DictVariable, ModuleVariable)
@@ -82,6 +83,12 @@ def _identical(a, b, tx=None) -> bool:
     if _unrelated_types(a, b):
         return False  # one object has one type: a dict is never a dataclass's sentinel object
     raise Unsupported(f"`is` between {a} and {b} is not supported")
+
+
+def _known_callable(v) -> bool:
+    if isinstance(v, FunctionVariable):
+        return v.self_var is None and v.fn is not None
+    return isinstance(v, (TorchFunctionVariable, BuiltinVariable))
 
 
 def _unrelated_types(a, b) -> bool:

@@ -23,6 +23,21 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
                            else (normalized_shape,), weight, bias, eps)
 
 
+def _torch_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    # torch.layer_norm, as F.layer_norm calls it: cudnn_enable picks a kernel, not a result
+    return layer_norm(input, normalized_shape, weight, bias, eps)
+
+
+def _torch_group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+    return group_norm(input, num_groups, weight, bias, eps)
+
+
+def _torch_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps,
+                      cudnn_enabled=True):
+    # torch.batch_norm takes the affine parameters before the running statistics
+    return batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     return core.rms_norm(input, tuple(normalized_shape) if not isinstance(normalized_shape, int)
                          else (normalized_shape,), weight, eps)
@@ -214,7 +229,8 @@ FUNCTIONS = {
     torch.gather: gather, torch.index_select: index_select,
     torch.rand: rand, torch.rand_like: rand_like, torch.scatter_add: scatter_add,
     torch.index_add: index_add, torch.dropout: lambda input, p, train: dropout(input, p, train),
-    torch.layer_norm: layer_norm, torch.group_norm: group_norm,
+    torch.layer_norm: _torch_layer_norm, torch.group_norm: _torch_group_norm,
+    torch.batch_norm: _torch_batch_norm,
     torch.nn.functional.linear: lambda input, weight, bias=None: core.linear(input, weight, bias),
 }
 
