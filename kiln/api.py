@@ -14,7 +14,7 @@ from kiln.eager_runs import note_eager_run
 from kiln.module_wrapper import ModuleWrapper
 from kiln.capture import Unsupported, frame_locals, trace
 from kiln.capture.controls import is_disabled, stance as _stance
-from kiln.capture.tracer import CLOSURE_KEY
+from kiln.capture.binding import fast_locals_builder as _fast_locals_builder
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
 from kiln.code_caches import CodeCaches
 from kiln.config import config
@@ -172,60 +172,6 @@ def _unwrap(fn):
     if isinstance(fn, types.MethodType):
         return fn.__func__
     return fn
-
-
-def _fast_locals_builder(fn):
-    """A cheap L builder for the common call shapes: arguments by position or keyword, defaults
-    filled in, a closure's free variables read from its cells. It gives what ``frame_locals``
-    gives, in parameter order; None (per call: the general binding, which raises Python's own
-    errors) for a call it cannot bind, and for ``*args``/``**kwargs`` and keyword-only
-    parameters. ``inspect.signature(...).bind`` costs
-    about 15 us per call, a third of the host time of a small compiled call."""
-    func = _unwrap(fn)
-    if not isinstance(func, types.FunctionType):
-        return None
-    code = func.__code__
-    if code.co_flags & (0x04 | 0x08) or code.co_kwonlyargcount:
-        return None
-    names = code.co_varnames[:code.co_argcount]
-    free = code.co_freevars
-    bound = (fn.__self__,) if isinstance(fn, types.MethodType) else ()
-    n = len(names)
-
-    by_keyword = frozenset(names[code.co_posonlyargcount:])
-
-    def build(args, kwargs):
-        if bound:
-            args = (*bound, *args)
-        if len(args) == n and not kwargs:
-            L = dict(zip(names, args))
-        else:
-            if len(args) > n or not by_keyword.issuperset(kwargs):
-                return None  # the general binding raises Python's own TypeError
-            defaults = func.__defaults__ or ()
-            first_default = n - len(defaults)
-            L = {}
-            for i, name in enumerate(names):
-                if i < len(args):
-                    if name in kwargs:
-                        return None
-                    L[name] = args[i]
-                elif name in kwargs:
-                    L[name] = kwargs[name]
-                elif i >= first_default:
-                    L[name] = defaults[i - first_default]
-                else:
-                    return None
-        if free:
-            cells = func.__closure__
-            for name, cell in zip(free, cells):
-                try:
-                    L[name] = cell.cell_contents
-                except ValueError:  # an empty cell (assigned later in the enclosing function)
-                    pass
-            L[CLOSURE_KEY] = cells
-        return L
-    return build
 
 
 def _as_python_function(fn):

@@ -99,3 +99,93 @@ def _unbind(fn):
         return fn, None
     raise Unsupported(f"capturing {type(fn).__name__} objects is not supported (need a function "
                       "or a bound method)")
+
+
+_VARARGS, _VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
+
+
+def fast_locals_builder(fn):
+    """A cheap L builder: ``build(args, kwargs)`` gives what ``frame_locals`` gives (every
+    parameter in parameter order, defaults read at call time, ``*args`` as a tuple and
+    ``**kwargs`` as a dict, a closure's free variables from its cells), or None for a call it
+    cannot bind, which then takes the general binding and raises Python's own TypeError.
+    ``inspect.signature(...).bind`` costs 15-60 us a call, and a transformers forward always
+    has ``**kwargs``. None (no builder) for what is not a plain function or method, and for a
+    function with a ``__signature__`` of its own, which inspect would honour."""
+    func, bound_self = fn, None
+    if isinstance(fn, types.MethodType):
+        func, bound_self = fn.__func__, fn.__self__
+    if not isinstance(func, types.FunctionType) or "__signature__" in func.__dict__:
+        return None
+    code = func.__code__
+    n, kwonly, flags = code.co_argcount, code.co_kwonlyargcount, code.co_flags
+    varnames = code.co_varnames
+    names, kw_names = varnames[:n], varnames[n:n + kwonly]
+    star = varnames[n + kwonly] if flags & _VARARGS else None
+    starstar = varnames[n + kwonly + bool(star)] if flags & _VARKEYWORDS else None
+    by_keyword = frozenset(names[code.co_posonlyargcount:])
+    kw_only = frozenset(kw_names)
+    free = code.co_freevars
+    bound = (bound_self,) if bound_self is not None else ()
+    simple = star is None and starstar is None and not kwonly
+
+    def build(args, kwargs):
+        if bound:
+            args = (*bound, *args)
+        if simple and len(args) == n and not kwargs:
+            L = dict(zip(names, args))
+        else:
+            L = _bind(func, args, kwargs)
+            if L is None:
+                return None
+        if free:
+            cells = func.__closure__
+            for name, cell in zip(free, cells):
+                try:
+                    L[name] = cell.cell_contents
+                except ValueError:  # an empty cell (assigned later in the enclosing function)
+                    pass
+            L[CLOSURE_KEY] = cells
+        return L
+
+    def _bind(func, args, kwargs):
+        if len(args) > n and star is None:
+            return None
+        by_name, extra = {}, {}
+        for k, v in kwargs.items():
+            if k in by_keyword or k in kw_only:
+                by_name[k] = v
+            elif starstar is not None:
+                extra[k] = v  # a positional-only name passed by keyword lands here too
+            else:
+                return None
+        defaults = func.__defaults__ or ()
+        first_default = n - len(defaults)
+        L = {}
+        for i, name in enumerate(names):
+            if i < len(args):
+                if name in by_name:
+                    return None  # given twice
+                L[name] = args[i]
+            elif name in by_name:
+                L[name] = by_name[name]
+            elif i >= first_default:
+                L[name] = defaults[i - first_default]
+            else:
+                return None
+        if star is not None:
+            L[star] = tuple(args[n:])
+        if kwonly:
+            kwdefaults = func.__kwdefaults__ or {}
+            for name in kw_names:
+                if name in by_name:
+                    L[name] = by_name[name]
+                elif name in kwdefaults:
+                    L[name] = kwdefaults[name]
+                else:
+                    return None
+        if starstar is not None:
+            L[starstar] = extra
+        return L
+    return build
+

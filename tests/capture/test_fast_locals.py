@@ -40,6 +40,17 @@ class M:
     def method(self, x, scale=2):
         return x * scale
 
+    def forward(self, pixel_values=None, labels=None, *, return_dict=None, **kwargs):
+        return pixel_values  # a transformers forward's shape
+
+
+def varargs(a, *rest, k=1, **kw):
+    return a
+
+
+def posonly_kw(a, /, **kw):
+    return a
+
 
 CALLS = [
     (plain, (1, 2), {}), (plain, (1, 2, 9), {}), (plain, (1, 2, 9, 8), {}), (plain, (1,), {"b": 2}),
@@ -47,9 +58,15 @@ CALLS = [
     (posonly, (1, 2), {}), (posonly, (1,), {"b": 2, "c": 3}),
     (make_closure(), (torch.ones(2),), {}), (make_closure(), (torch.ones(2),), {"y": 3}),
     (make_empty_cell(), (1,), {}), (M().method, (4,), {}), (M().method, (4,), {"scale": 3}),
+    (M().forward, (), {"pixel_values": 1}), (M().forward, (1, 2), {"return_dict": True, "extra": 3}),
+    (M().forward, (), {}), (varargs, (1,), {}), (varargs, (1, 2, 3), {"k": 4, "z": 5}),
+    (varargs, (), {"a": 1, "q": 2}), (posonly_kw, (1,), {"a": 2}),
+    (lambda x, *, k: x, (1,), {"k": 2}),
 ]
 DECLINED = [(plain, (1,), {}), (plain, (1, 2), {"a": 1}), (plain, (1, 2, 3, 4, 5), {}),
-            (plain, (1, 2), {"e": 1}), (posonly, (), {"a": 1, "b": 2})]
+            (plain, (1, 2), {"e": 1}), (posonly, (), {"a": 1, "b": 2}),
+            (M().forward, (1, 2, 3), {}), (M().forward, (1,), {"pixel_values": 2}),
+            (varargs, (), {}), (lambda x, *, k: x, (1,), {})]
 
 
 @pytest.mark.parametrize("i", range(len(CALLS)))
@@ -60,7 +77,10 @@ def test_fast_locals_match_the_general_binding(i):
     fast, general = build(args, kwargs), frame_locals(fn, args, kwargs)
     assert list(fast) == list(general)  # the same names in the same order
     for name in general:
-        assert fast[name] is general[name], name
+        if isinstance(general[name], (tuple, dict)) and name in ("rest", "kw", "kwargs"):
+            assert type(fast[name]) is type(general[name]) and fast[name] == general[name], name
+        else:
+            assert fast[name] is general[name], name
 
 
 @pytest.mark.parametrize("i", range(len(DECLINED)))
@@ -71,10 +91,22 @@ def test_calls_it_cannot_bind_go_to_the_general_binding(i):
         frame_locals(fn, args, kwargs)
 
 
-def test_varargs_and_keyword_only_functions_have_no_fast_builder():
-    assert _fast_locals_builder(lambda *xs: xs) is None
-    assert _fast_locals_builder(lambda x, *, k=1: x) is None
-    assert _fast_locals_builder(lambda x, **kw: x) is None
+def test_no_fast_builder_where_inspect_reads_more_than_the_code():
+    import inspect
+
+    def f(x, y=1):
+        return x
+    f.__signature__ = inspect.Signature([inspect.Parameter("x", inspect.Parameter.POSITIONAL_OR_KEYWORD)])
+    assert _fast_locals_builder(f) is None
+    assert _fast_locals_builder(torch.sin) is None
+
+
+def test_defaults_are_read_at_call_time():
+    def f(x, y=1, *, k=2):
+        return x
+    build = _fast_locals_builder(f)
+    f.__defaults__, f.__kwdefaults__ = (5,), {"k": 6}
+    assert build((0,), {}) == frame_locals(f, (0,), {}) == {"x": 0, "y": 5, "k": 6}
 
 
 def test_a_compiled_closure_sees_its_cell_change():
