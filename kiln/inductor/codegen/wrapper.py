@@ -280,7 +280,8 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
                 recyclable.add(step.name)  # a library's new tensor: a kernel may overwrite it
             args = [_value_text(r, buffers) for r in step.inputs]
             kwargs = [f"{k}={_value_text(v, buffers)}" for k, v in step.kwargs.items()]
-            lines.append(f"    {step.name} = extern_{step.op.name}({', '.join(args + kwargs)})")
+            direct = step.op.wrapper_call(step.inputs, args, kwargs) if step.op.wrapper_call else None
+            lines.append(f"    {step.name} = {direct or f'extern_{step.op.name}({chr(44).join(args + kwargs)})'}")
             if not step.op.exact_layout and not isinstance(step, ir.MultiExtern):
                 # kernels index the result with the strides meta promised; a library may pick
                 # another layout (flash attention on CUDA returns [B, T, H, D] transposed)
