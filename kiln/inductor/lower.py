@@ -41,6 +41,7 @@ class LoweringContext:
         self.buffers: list[ir.Buffer] = []
         self._counter = 0
         self.current_op = None
+        self.current_node = None  # the graph node being lowered (its users: pad_gemm)
         self.current_origins: tuple = ()
         self.seed = None
         self._streams = 0
@@ -205,6 +206,7 @@ def lower(graph: Graph) -> ir.LoopProgram:
                 env[node] = args[0][args[1]]
                 continue
             ctx.current_op = node.target
+            ctx.current_node = node
             ctx.current_origins = _origin_of(node)
             try:
                 rule = LOWERINGS[node.target]

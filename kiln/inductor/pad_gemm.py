@@ -20,6 +20,12 @@ copied once per call, a small fraction of what the aligned kernel saves. Small G
 the copy's launch costs more than the alignment gains; so are GEMMs bound by memory
 (``compute_bound``).
 
+A padded 2-D product that reaches only the graph's outputs would be copied whole into the
+compact strides eager returns, so the padded product and its copy were alive together: an LM
+head with an odd vocab (GPT-2's 50257, BERT's 30522) doubled its peak memory with two logits.
+It is computed in row chunks instead (``prims.mm_compact``: each chunk's aligned GEMM into one
+scratch, its first N columns copied out), and only one chunk of padding is alive.
+
 ``config.pad_gemm``: "auto" (CUDA only), "always" (any device: tests), "never".
 """
 from __future__ import annotations
@@ -30,12 +36,13 @@ import sys
 import torch
 
 from kiln.config import config
+from kiln.graph.node import CALL, OUTPUT
 from kiln.inductor import lowering as L
 from kiln.inductor import lowering_views as LV
 from kiln.inductor.layout import dense_in_order, value_strides
 from kiln.meta.symbolic import has_symbols
 from kiln.meta.tensor_meta import TensorMeta, contiguous_strides
-from kiln.ops.registry import bind_stage
+from kiln.ops.registry import bind_stage, lookup
 
 
 def alignment(dtype, device) -> int:
@@ -103,14 +110,63 @@ def gemm_rule(ctx, meta, *args):
     b2 = _pad(ctx, b, {-2: k2, -1: n2})
     out_shape = tuple(meta.shape[:-1]) + (n2,)
     out_meta = TensorMeta(out_shape, contiguous_strides(out_shape), meta.dtype, meta.device, meta.requires_grad)
-    if bias is None:
-        out = L.extern_rule(ctx, out_meta, a2, b2)
-    else:
-        out = L.extern_rule(ctx, out_meta, _pad(ctx, bias, {-1: n2}), a2, b2)
+    bias2 = None if bias is None else _pad(ctx, bias, {-1: n2})
+    rows = _compact_rows(ctx, a, m, n2, meta) if n2 != n else None
+    if rows is not None:
+        return _compact_product(ctx, meta, bias2, a2, b2, n, rows)
+    out = L.extern_rule(ctx, out_meta, a2, b2) if bias is None else L.extern_rule(ctx, out_meta, bias2, a2, b2)
     if n2 == n:
         return out
     ref = out.ref
     return L.TValue.of_ref(type(ref)(ref.buffer, meta.shape, ref.stride, ref.offset), meta.dtype, meta.device)
+
+
+# A padded product that is only returned is computed in row chunks of at most 1/8 of it (and
+# at least this many rows: a GEMM's efficiency holds at a few hundred rows of a wide N).
+COMPACT_MIN_ROWS = 256
+COMPACT_CHUNKS = 8
+
+
+def _compact_rows(ctx, a, m, n2, meta):
+    """The row chunk for a padded 2-D GEMM whose result reaches nothing but the graph's
+    outputs (through shape views), else None. Such a result is copied whole to the compact
+    strides eager returns (``lower._realize_output``), so the padded product and its copy were
+    alive together: GPT-2's and BERT's LM heads (vocab 50257 and 30522) doubled their peak
+    memory. Computed in chunks (``prims.mm_compact``), only one chunk of padding is alive."""
+    node = getattr(ctx, "current_node", None)
+    if node is None or len(a.shape) != 2 or not _only_returned(node):
+        return None
+    rows = max(COMPACT_MIN_ROWS, -(-m // COMPACT_CHUNKS))
+    return rows if rows < m else None
+
+
+# prims that re-index a compact result without moving it (a [B*T, V] product seen as [B, T, V])
+_RESHAPES = ("reshape", "squeeze")
+
+
+def _only_returned(node) -> bool:
+    todo, seen = list(node.users), set()
+    while todo:
+        u = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op == OUTPUT:
+            continue
+        if u.op == CALL and u.target.namespace == "prims" and u.target.name in _RESHAPES:
+            todo.extend(u.users)
+            continue
+        return False
+    return bool(seen)
+
+
+def _compact_product(ctx, meta, bias2, a2, b2, n, rows):
+    op, ctx.current_op = ctx.current_op, lookup("prims", "mm_compact")  # ops/op_mm.py
+    try:
+        return L.extern_rule(ctx, TensorMeta.contiguous(tuple(meta.shape), meta.dtype, meta.device,
+                                                        meta.requires_grad), bias2, a2, b2, n, rows)
+    finally:
+        ctx.current_op = op
 
 
 # The op files write their lowerings with this module's builders through a stage handle

@@ -34,7 +34,7 @@ from kiln.ops.registry import (CAPTURE_FUNCTIONS, CAPTURE_METHODS, DECOMPOSITION
 G = stage_api("pad_gemm")  # inductor/pad_gemm.py
 C = stage_api("capture")   # capture/torch_api.py (Unsupported)
 
-__all__ = ["mm", "prim_mm"]
+__all__ = ["mm", "prim_mm", "prim_mm_compact"]
 
 # ------------------------------------------------------------------ prims.mm
 prim_mm = define("prims", "mm", torch.mm, library=True, fresh_result=True, exact_layout=True)
@@ -52,6 +52,38 @@ def _prim_mm_meta(a, b):
 
 
 LOWERINGS[prim_mm] = G.gemm_rule
+
+
+# ------------------------------------------------------------------ prims.mm_compact
+def _mm_compact_eager(bias, a, b, n, rows):
+    """``(bias +) a @ b`` of a padded ``b`` ([K, N2], N2 > n), as a compact [M, n] tensor: the
+    product runs ``rows`` rows at a time into one [rows, N2] scratch (the aligned GEMM), each
+    chunk's first n columns copied out. The whole padded product and its compact copy are
+    never alive together: GPT-2's LM head held both, two 393 MiB logits."""
+    m = a.shape[0]
+    out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    scratch = torch.empty((min(rows, m), b.shape[1]), dtype=a.dtype, device=a.device)
+    for r in range(0, m, rows):
+        k = min(rows, m - r)
+        part = scratch[:k]
+        if bias is None:
+            torch.mm(a[r:r + k], b, out=part)
+        else:
+            torch.addmm(bias, a[r:r + k], b, out=part)
+        out[r:r + k].copy_(part[:, :n])
+    return out
+
+
+# made by lowering only (pad_gemm.gemm_rule), never captured: a library prim with a compact result
+prim_mm_compact = define("prims", "mm_compact", _mm_compact_eager, library=True, fresh_result=True,
+                         exact_layout=True, differentiable=False)
+
+
+@META_RULES.register(prim_mm_compact)
+def _prim_mm_compact_meta(bias, a, b, n, rows):
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or not 0 < n <= b.shape[1] or rows < 1:
+        raise PrimError(f"[meta] prims.mm_compact: {list(a.shape)} by {list(b.shape)}, n={n}, rows={rows}")
+    return TensorMeta.contiguous((a.shape[0], n), a.dtype, a.device)
 
 # ------------------------------------------------------------------ core.mm
 mm = define("core", "mm", torch.mm, eager_layout="contiguous", autocast={"cpu": LOWER, "cuda": LOWER})

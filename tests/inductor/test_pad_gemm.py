@@ -105,3 +105,50 @@ def test_training_through_padded_gemms():
     assert_close(out, ref, torch.float32)
     for t, g in zip((x, lin.weight, lin.bias), grads):
         assert_close(t.grad, g, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_returned_padded_product_is_computed_in_row_chunks(dtype, bias):
+    """An LM head whose vocab is padded and whose logits are only returned: the product runs in
+    row chunks into one scratch (``prims.mm_compact``), so the padded [M, N2] product and the
+    compact [M, N] output are never alive together (GPT-2's and BERT's peak memory held both)."""
+    torch.manual_seed(0)
+    w = torch.randn(1001, 24, dtype=dtype)  # vocab 1001: N padded to 1004 (fp32) or 1008
+    b = torch.randn(1001, dtype=dtype) if bias else None
+    x = torch.randn(3, 300, 24, dtype=dtype)  # M = 900 rows: chunks of 256, the last ragged
+
+    def f(x):
+        return F.linear(x, w, b)
+    out, src = _wrapper(f, x, **FORCE)
+    ref = f(x)
+    assert_close(out.result, ref, dtype)
+    assert out.result.stride() == ref.stride() and out.result.dtype == ref.dtype
+    assert "extern_mm_compact(" in src and ",1001,256)" in src, src
+    n2 = 1004 if dtype == torch.float32 else 1008
+    assert f"(900, {n2})" not in src, src  # no whole padded product is allocated
+
+
+def test_a_padded_product_with_other_users_or_few_rows_is_not_chunked():
+    torch.manual_seed(0)
+    w = torch.randn(1001, 24)
+    x = torch.randn(600, 24)
+    out, src = _wrapper(lambda x: torch.softmax(x @ w.t(), -1), x, **FORCE)  # read by a kernel
+    assert_close(out.result, torch.softmax(x @ w.t(), -1), torch.float32)
+    assert "mm_compact" not in src and "extern_mm(" in src and "(24, 1004)" in src, src
+    small = torch.randn(200, 24)  # one chunk would be the whole product: the plain call
+    out, src = _wrapper(lambda x: x @ w.t(), small, **FORCE)
+    assert_close(out.result, small @ w.t(), torch.float32)
+    assert "mm_compact" not in src and out.result.stride() == (1001, 1), src
+
+
+def test_the_chunked_product_matches_the_library_on_a_ragged_last_chunk():
+    from kiln.ops.op_mm import prim_mm_compact
+    torch.manual_seed(0)
+    a, b, bias = torch.randn(70, 16), torch.randn(16, 40), torch.randn(40)
+    b[:, 37:] = 0  # the padded columns
+    for rows in (1, 16, 69, 70, 100):
+        got = prim_mm_compact.eager(None, a, b, 37, rows)
+        assert got.shape == (70, 37) and got.is_contiguous()
+        torch.testing.assert_close(got, (a @ b)[:, :37])
+        torch.testing.assert_close(prim_mm_compact.eager(bias, a, b, 37, rows), torch.addmm(bias, a, b)[:, :37])
