@@ -124,7 +124,7 @@ def test_a_returned_padded_product_is_computed_in_row_chunks(dtype, bias):
     ref = f(x)
     assert_close(out.result, ref, dtype)
     assert out.result.stride() == ref.stride() and out.result.dtype == ref.dtype
-    assert "extern_mm_compact(" in src and ",1001,256)" in src, src
+    assert "extern_mm_compact(" in src and ", 1001, 256)" in src, src
     n2 = 1004 if dtype == torch.float32 else 1008
     assert f"(900, {n2})" not in src, src  # no whole padded product is allocated
 

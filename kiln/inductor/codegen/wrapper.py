@@ -281,7 +281,8 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
             args = [_value_text(r, buffers) for r in step.inputs]
             kwargs = [f"{k}={_value_text(v, buffers)}" for k, v in step.kwargs.items()]
             direct = step.op.wrapper_call(step.inputs, args, kwargs) if step.op.wrapper_call else None
-            lines.append(f"    {step.name} = {direct or f'extern_{step.op.name}({chr(44).join(args + kwargs)})'}")
+            call = direct or f"extern_{step.op.name}({', '.join(args + kwargs)})"
+            lines.append(f"    {step.name} = {call}")
             if not step.op.exact_layout and not isinstance(step, ir.MultiExtern):
                 # kernels index the result with the strides meta promised; a library may pick
                 # another layout (flash attention on CUDA returns [B, T, H, D] transposed)
