@@ -202,31 +202,9 @@ def fast_checks(entries, L: dict, G: dict, fast: dict) -> tuple[dict, dict]:
         if isinstance(obj, torch.Tensor) and check == f"{{}}.stride() == {tuple(obj.stride())!r}" and \
                 obj.numel() > 0 and 1 not in obj.shape and obj.is_contiguous():
             new = "{}.is_contiguous()"
-        new = _bound_torch_names(new, names)
         if new != check:
             out[(key, check)] = new
     return out, names
-
-
-# torch objects a tensor check names, bound in the guard's namespace: ``torch.nn.Parameter``
-# is two attribute reads a check, and a dtype is a singleton, so ``is`` replaces ``==``
-# (about 100 ns a tensor; a ResNet-50 guard checks 160 of them on every call)
-_BOUND_TYPES = {"type({}) is torch.Tensor": ("_Tensor", torch.Tensor),
-                "type({}) is torch.nn.Parameter": ("_Parameter", torch.nn.Parameter)}
-_DTYPE_CHECK = re.compile(r"^\{\}\.dtype == torch\.(\w+)$")
-
-
-def _bound_torch_names(check: str, names: dict) -> str:
-    if check in _BOUND_TYPES:
-        name, obj = _BOUND_TYPES[check]
-        names[name] = obj
-        return f"type({{}}) is {name}"
-    m = _DTYPE_CHECK.match(check)
-    if m is not None and isinstance(getattr(torch, m.group(1), None), torch.dtype):
-        name = f"_dt_{m.group(1)}"
-        names[name] = getattr(torch, m.group(1))
-        return f"{{}}.dtype is {name}"
-    return check
 
 
 def _module_dict_reads(check: str, obj) -> str:
