@@ -27,6 +27,7 @@ import types
 import torch
 
 from kiln.capture.torch_modules import is_torch_module
+from kiln.capture import autograd_function
 from kiln.capture.dict_object import dict_method
 from kiln.capture.errors import Unsupported
 from kiln.capture.values import (ConstantVariable, DictVariable, MethodVariable, TensorVariable,
@@ -62,6 +63,8 @@ def attribute_of_class(tx, cls, name, self_var, source):
     if isinstance(value, staticmethod):
         return tx.wrap(value.__func__, None)
     if isinstance(value, classmethod):
+        if value.__func__ is autograd_function.APPLY and self_var is None:  # MyFunction.apply
+            return autograd_function.FunctionApplyVariable(cls, source, tx)
         return _bind(tx, value.__func__, ConstantVariable(cls))
     if isinstance(value, types.FunctionType):
         if self_var is None:
