@@ -32,7 +32,7 @@ DENIED_NAMES = {"manual_seed", "seed", "save", "load", "set_grad_enabled", "no_g
                 "item", "tolist", "numpy", "cpu", "cuda", "backward", "register_hook", "data_ptr",
                 "storage", "untyped_storage", "pin_memory", "record_stream", "retain_grad",
                 "requires_grad_", "to", "type", "is_nonzero", "nonzero", "unique", "masked_select",
-                "bincount", "histc", "repeat_interleave", "equal", "allclose"}
+                "bincount", "repeat_interleave", "equal", "allclose"}
 
 
 def eligible(fn, name: str) -> str | None:

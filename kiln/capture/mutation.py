@@ -354,7 +354,10 @@ def _fallback_result(tx, out, node, by_node):
     """A fallback op may return a view in eager: link it to its first tensor argument with an
     uncertain step, so reading it after that argument changes is a break."""
     from kiln.capture.values import TensorVariable
+    from kiln.ops.core_fallback import returns_fresh
 
+    if isinstance(node.args[0], str) and returns_fresh(node.args[0]):
+        return TensorVariable(out)  # its schema returns new tensors (topk, sort, cumsum...)
     for a in node.args[1:]:
         if isinstance(a, Node) and a in by_node:
             why = f"{node.args[0]} (a fallback op) may return a view of its input in eager"

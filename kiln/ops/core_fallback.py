@@ -13,6 +13,9 @@ the meta rule runs the callable on meta tensors that require grad as the inputs 
 """
 from __future__ import annotations
 
+import functools
+import types
+
 import torch
 
 from kiln.meta.tensor_meta import TensorMeta
@@ -44,6 +47,24 @@ FALLBACK_METAS: dict[str, object] = {}
 def register_fallback_target(name: str, fn):
     FALLBACK_TARGETS[name] = fn
     return name
+
+
+@functools.cache
+def returns_fresh(name: str) -> bool:
+    """Whether the fallback ``name`` ("torch.topk", "Tensor.sort") always returns new tensors:
+    a C++-bound torch function whose aten op's functional overloads all return tensors with no
+    alias annotation (``topk -> (Tensor values, Tensor indices)``; ``diagonal -> Tensor(a)`` may
+    alias). Python-level functions keep the conservative answer: their aliasing is their own."""
+    head, _, short = name.partition(".")
+    if head not in ("torch", "Tensor") or "." in short or "[" in short:
+        return False
+    fn = getattr(torch.Tensor if head == "Tensor" else torch, short, None)
+    packet = getattr(torch.ops.aten, short, None)
+    if fn is None or isinstance(fn, types.FunctionType) or packet is None:
+        return False
+    schemas = [getattr(packet, o)._schema for o in packet.overloads()]
+    schemas = [s for s in schemas if not s.is_mutable]  # out= and in-place overloads
+    return bool(schemas) and all(r.alias_info is None for s in schemas for r in s.returns)
 
 
 def resolve(name: str):

@@ -41,3 +41,24 @@ def test_is_between_torch_functions():
         return tuple(f(x, 2.0) for f in (ops["add"], ops["sub"], ops["fmod"]) if f is not torch.fmod) \
             + tuple(g(x) for g in (ops["relu"], abs) if g is torch.relu or g is abs)
     _no_eager(fn, torch.randn(7))
+
+
+def test_a_fallback_whose_schema_returns_new_tensors_is_no_view():
+    """``topk``/``sort`` have no capture rule (fallback nodes); their aten schemas return fresh
+    tensors, so an in-place write to a result is no write through a possible view (a break in
+    every MoE router: ``top_value /= top_value.sum(-1, keepdim=True)``)."""
+    from kiln.ops.core_fallback import returns_fresh
+    assert returns_fresh("torch.topk") and returns_fresh("Tensor.sort") and returns_fresh("torch.histc")
+    assert not returns_fresh("torch.diagonal") and not returns_fresh("Tensor.unfold")
+    assert not returns_fresh("torch.nn.functional.glu")  # a Python function: its own aliasing
+
+    def route(x):
+        v, i = torch.topk(torch.softmax(x, -1), 2, dim=-1)
+        v /= v.sum(-1, keepdim=True)
+        counts = torch.histc(i.flatten().float(), bins=4, min=0, max=3)
+        return v, i, counts
+    x = torch.randn(6, 4)
+    got, want = kiln.compile(route)(x), route(x)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    assert kiln.stats()["graph_breaks"] == 0 and kiln.stats()["eager_runs"] == 0, kiln.stats()
