@@ -220,6 +220,8 @@ class KernelWriter:
         if isinstance(expr, ir.Const):
             return self.const_fn(expr.value, expr.dtype)
         if isinstance(expr, ir.IndexValue):
+            if expr.index.free_symbols & set(self.indirect):  # an index computed from a gather
+                expr = ir.IndexValue(expr.index.xreplace(self.indirect), expr.dtype)
             if self.index_value_fn is None:
                 raise NotImplementedError(f"[codegen:{self.ops.name}] index values are not supported here")
             return self._tmp(self.index_value_fn(expr), expr.dtype)
