@@ -396,6 +396,12 @@ def _callable(tx, obj):
     raise Unsupported(f"callable() on {obj}")
 
 
+@handles(torch.is_tensor)
+def _is_tensor(tx, obj):
+    # known from the tracker's kind: xglm asks it of a Python int (max_pos), a break before
+    return ConstantVariable(isinstance(obj, TensorVariable))
+
+
 @handles(torch.is_grad_enabled)
 def _is_grad_enabled(tx):
     # The cache entry records the grad mode at entry; inside the trace, `with` blocks change it.

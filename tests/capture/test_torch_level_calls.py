@@ -62,3 +62,15 @@ def test_a_fallback_whose_schema_returns_new_tensors_is_no_view():
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
     assert kiln.stats()["graph_breaks"] == 0 and kiln.stats()["eager_runs"] == 0, kiln.stats()
+
+
+def test_is_tensor_of_a_number_and_of_a_tensor():
+    """``torch.is_tensor(max_pos)`` of a Python int (XGLM's positions): a constant False, no
+    break; of a tensor or a parameter, True."""
+    w = torch.nn.Parameter(torch.randn(3))
+
+    def f(x, n):
+        a = x * 2 if torch.is_tensor(x) and torch.is_tensor(w) else x
+        return a + (1 if torch.is_tensor(n) else n)
+    x = torch.randn(3)
+    _no_eager(f, x, 4)
