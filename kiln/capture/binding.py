@@ -189,3 +189,18 @@ def fast_locals_builder(fn):
         return L
     return build
 
+
+# torch's argument parser takes NumPy's names for these everywhere (``x.mean(axis=2)``,
+# ``keepdims=True``): I-BERT's LayerNorm ran eagerly on ``axis``
+_NUMPY_ALIASES = {"axis": "dim", "keepdims": "keepdim"}
+
+
+def numpy_aliases(adapter, kwargs: dict) -> dict:
+    try:
+        params = inspect.signature(adapter).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {(_NUMPY_ALIASES[k] if k in _NUMPY_ALIASES and k not in params and _NUMPY_ALIASES[k] not in kwargs
+             else k): v for k, v in kwargs.items()}

@@ -21,6 +21,7 @@ from kiln.capture import mutation, torch_api, torch_ops
 from kiln.capture.builtins import is_builtin
 from kiln.capture.autocast import AutocastState, wrap_autocast
 from kiln.capture.binding import CLOSURE_KEY, _placeholder_name, _unbind, bind_arguments, frame_locals  # noqa: F401 (re-exported)
+from kiln.capture.binding import numpy_aliases
 from kiln.capture.controls import dim_marks, is_disabled
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, Source,
@@ -459,6 +460,8 @@ class Tracer:
 
     def call_adapter(self, adapter, args, kwargs, name: str):
         py_args = [self.unwrap(a, name) for a in args]
+        if "axis" in kwargs or "keepdims" in kwargs:
+            kwargs = numpy_aliases(adapter, kwargs)
         py_kwargs = {k: self.unwrap(v, name) for k, v in kwargs.items()}
         try:
             out = adapter(*py_args, **py_kwargs)

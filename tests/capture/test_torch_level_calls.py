@@ -74,3 +74,11 @@ def test_is_tensor_of_a_number_and_of_a_tensor():
         return a + (1 if torch.is_tensor(n) else n)
     x = torch.randn(3)
     _no_eager(f, x, 4)
+
+
+def test_numpy_argument_names_as_torch_takes_them():
+    """``x.mean(axis=2, keepdim=True)`` (I-BERT's LayerNorm) and ``keepdims=``: torch's parser
+    takes NumPy's names for dim and keepdim; capture ran the frame eagerly on them."""
+    def f(x):
+        return x.mean(axis=2, keepdim=True) + torch.sum(x, axis=(0, 1), keepdims=True) - x.amax(axis=-1, keepdims=True)
+    _no_eager(f, torch.randn(2, 3, 5))
