@@ -32,7 +32,7 @@ from kiln.capture.dict_object import dict_method
 from kiln.capture.errors import Unsupported
 from kiln.capture.values import (ConstantVariable, DictVariable, MethodVariable, TensorVariable,
                                  TupleVariable, Variable, _Sequence)
-from kiln.capture.values_callables import FunctionVariable
+from kiln.capture.values_callables import FunctionVariable, ModuleVariable
 from kiln.capture.values_introspect import construct
 from kiln.capture.torch_api_creation import FUNCTIONS as creation, LEGACY_TYPES
 
@@ -372,6 +372,12 @@ class _NamedTupleReplace(Variable):
         return NamedTupleVariable(self.nt.cls, items)
 
 
+def _module_by_identity(v) -> bool:
+    """A module that hashes and compares by identity (object's own ``__hash__``/``__eq__``)."""
+    m = getattr(v, "module", None) if isinstance(v, ModuleVariable) else None
+    return m is not None and type(m).__hash__ is object.__hash__ and type(m).__eq__ is object.__eq__
+
+
 class SetVariable(_Sequence):
     """A set of Python constants (kept in first-insertion order, deduplicated by value) and
     tensors (deduplicated by identity, as a tensor hashes by ``id``; never equal to a
@@ -388,11 +394,14 @@ class SetVariable(_Sequence):
             self.items.append(v)
 
     def contains(self, tx, v):
-        """``v in s``: a tensor by identity, a constant by value among the constants."""
+        """``v in s``: a tensor or a module by identity, a constant by value among the constants."""
         if isinstance(v, TensorVariable):
             return any(x is v for x in self.items)
+        if _module_by_identity(v):  # nn.Module.named_modules' memo set (``self not in memo``)
+            return any(_module_by_identity(x) and x.module is v.module for x in self.items)
         key = v.as_python()
-        return any(not isinstance(x, TensorVariable) and x.as_python() == key for x in self.items)
+        return any(not isinstance(x, TensorVariable) and not _module_by_identity(x) and x.as_python() == key
+                   for x in self.items)
 
     def getattr(self, tx, name):
         if name in ("add", "update", "union", "intersection", "difference"):

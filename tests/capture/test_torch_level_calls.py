@@ -82,3 +82,23 @@ def test_numpy_argument_names_as_torch_takes_them():
     def f(x):
         return x.mean(axis=2, keepdim=True) + torch.sum(x, axis=(0, 1), keepdims=True) - x.amax(axis=-1, keepdims=True)
     _no_eager(f, torch.randn(2, 3, 5))
+
+
+def test_modules_in_a_set_by_identity():
+    """``m not in memo`` over a set of modules (nn.Module.named_modules' memo): by identity."""
+    a, b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+
+    def f(x):
+        seen = {a}
+        out = x
+        for m in (a, b, a):
+            if m not in seen or m is a:
+                seen.add(m)
+                out = m(out)
+        return out, len(seen)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        got, want = kiln.compile(f)(x), f(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1] == 2
+    assert kiln.stats()["graph_breaks"] == 0 and kiln.stats()["eager_runs"] == 0, kiln.stats()
