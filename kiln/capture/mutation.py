@@ -39,6 +39,7 @@ from kiln.capture.torch_api_inplace import Rebinds, Writes, _fill_value
 from kiln.graph import Proxy, getitem
 from kiln.graph.node import CALL, PLACEHOLDER, Node, flatten_args
 from kiln.ops import core
+from kiln.ops.core_fallback import returns_fresh
 from kiln.ops.core_views import _view_strides
 from kiln.ops.registry import META_RULES
 
@@ -354,7 +355,6 @@ def _fallback_result(tx, out, node, by_node):
     """A fallback op may return a view in eager: link it to its first tensor argument with an
     uncertain step, so reading it after that argument changes is a break."""
     from kiln.capture.values import TensorVariable
-    from kiln.ops.core_fallback import returns_fresh
 
     if isinstance(node.args[0], str) and returns_fresh(node.args[0]):
         return TensorVariable(out)  # its schema returns new tensors (topk, sort, cumsum...)
