@@ -182,11 +182,35 @@ def _gqa_heads(query, kv):
 
 def _conv(nd):
     def adapter(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        stride, dilation = _pair(stride, nd), _pair(dilation, nd)
         if isinstance(padding, str):
-            raise Unsupported(f"conv{nd}d(padding={padding!r}) is not supported")
-        return core.conv(input, weight, bias, _pair(stride, nd), _pair(padding, nd),
-                         _pair(dilation, nd), groups)
+            input, padding = _string_padding(input, weight, padding, stride, dilation, nd)
+        return core.conv(input, weight, bias, stride, _pair(padding, nd), dilation, groups)
     return adapter
+
+
+def _string_padding(input, weight, padding, stride, dilation, nd):
+    """(input, padding) for ``padding="valid"`` (none) or ``"same"`` (the output keeps the input's
+    size: ``dilation * (k - 1)`` split evenly, an odd remainder padded on the right first, as
+    torch's own ``_convolution_mode`` does). HF EfficientNet's 'same'/'valid' convolutions
+    broke every block's graph (208 breaks, then the recompile limit)."""
+    if padding == "valid":
+        return input, 0
+    if padding != "same":
+        raise ValueError(f"Invalid padding string {padding!r}, should be one of ('valid', 'same')")
+    if any(s != 1 for s in stride):
+        raise RuntimeError("padding='same' is not supported for strided convolutions")
+    left, extra = [], []
+    for d in range(nd):
+        total = dilation[d] * (weight.shape[2 + d] - 1)
+        left.append(total // 2)
+        extra.append(total % 2)
+    if any(extra):
+        right = []
+        for d in reversed(range(nd)):  # F.pad's order: the last dim first
+            right += [0, extra[d]]
+        input = core.constant_pad(input, tuple(right), 0.0)
+    return input, tuple(left)
 
 
 def matmul(input, other, *, out=None):

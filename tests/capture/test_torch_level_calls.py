@@ -102,3 +102,21 @@ def test_modules_in_a_set_by_identity():
     torch.testing.assert_close(got[0], want[0])
     assert got[1] == want[1] == 2
     assert kiln.stats()["graph_breaks"] == 0 and kiln.stats()["eager_runs"] == 0, kiln.stats()
+
+
+@pytest.mark.parametrize("nd, k, dilation", [(2, (4, 3), 1), (2, 3, 2), (1, 4, 1), (3, 2, 1), (2, (5, 2), (1, 3))])
+@pytest.mark.parametrize("padding", ["same", "valid"])
+def test_convolution_with_a_padding_string(nd, k, dilation, padding):
+    """``padding="same"``/``"valid"`` (HF EfficientNet: 205 graphs, 208 breaks): explicit
+    padding, an odd remainder padded on the right first, as torch does."""
+    torch.manual_seed(0)
+    conv = getattr(F, f"conv{nd}d")
+    x = torch.randn(2, 3, *([7] * nd)).transpose(0, 1).contiguous().transpose(0, 1)  # strided batch
+    w = torch.randn(4, 3, *((k,) * nd if isinstance(k, int) else k))
+    _no_eager(lambda x: conv(x, w, None, 1, padding, dilation), x, rtol=1e-4, atol=1e-4)
+
+
+def test_same_padding_of_a_strided_convolution_raises_as_eager():
+    w = torch.randn(4, 3, 3, 3)
+    with pytest.raises(RuntimeError, match="strided"):  # eager's own error
+        kiln.compile(lambda x: F.conv2d(x, w, None, 2, "same"))(torch.randn(1, 3, 8, 8))
