@@ -17,6 +17,7 @@ import torch
 from kiln.capture import controls, sized_later, torch_api
 from kiln.capture.errors import Unsupported
 from kiln.capture.fallback import fallback_adapter
+from kiln.capture import module_walks
 from kiln.capture.guards import ItemSource
 from kiln.capture.values import (ConstantVariable, ListVariable, TensorVariable, TupleVariable,
                                  Variable, is_constant)
@@ -56,6 +57,8 @@ class ModuleVariable(Variable):
             return _Thunk(lambda: self.module_dict_method(tx, name))
         if name in ("children", "named_children") and _plain_module_method(self.module, name):
             return _Thunk(lambda: self.direct_children(tx, named=name == "named_children"))
+        if name in module_walks.WALKS and self.source is not None and _plain_module_method(self.module, name):
+            return module_walks.ModuleWalkVariable(self, name)
         from kiln.capture.values_python import user_class_attribute
         out = user_class_attribute(tx, self, name)  # properties, static/class methods
         if out is not None:
