@@ -442,6 +442,8 @@ class Tracer:
             return tuple(self.unwrap(x, what) for x in v.items)
         if isinstance(v, ListVariable):
             return [self.unwrap(x, what) for x in v.items]
+        if isinstance(v, BuiltinVariable) and v.fn in _PYTHON_DTYPES:  # torch.tensor(0, dtype=int)
+            return _PYTHON_DTYPES[v.fn]
         raise Unsupported(f"{what}: argument {v} is not supported")
 
     def wrap_result(self, out):
@@ -650,6 +652,10 @@ def _type_check(cls) -> str:
     if cls in (tuple, list, dict):
         return f"type({{}}) is {cls.__name__}"
     return f"id(type({{}})) == {id(cls)}"  # classes live as long as their module
+
+
+# Python's number types where torch takes a dtype, as torch reads them
+_PYTHON_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool, complex: torch.complex128}
 
 
 def _detach_all(out):

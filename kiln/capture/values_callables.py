@@ -19,8 +19,8 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.fallback import fallback_adapter
 from kiln.capture import module_walks
 from kiln.capture.guards import ItemSource
-from kiln.capture.values import (ConstantVariable, ListVariable, TensorVariable, TupleVariable,
-                                 Variable, is_constant)
+from kiln.capture.values import (ConstantVariable, DictVariable, ListVariable, TensorVariable,
+                                 TupleVariable, Variable, is_constant)
 
 
 class ModuleVariable(Variable):
@@ -273,8 +273,24 @@ class BuiltinVariable(Variable):
         from kiln.capture.builtins import call_builtin
         return call_builtin(tx, self.fn, args, kwargs)
 
+    def getattr(self, tx, name):
+        if self.fn is dict and name == "fromkeys":  # DynamicCache's dict.fromkeys(range(n))
+            return _DictFromKeys()
+        return super().getattr(tx, name)
+
     def __repr__(self):
         return f"Builtin({getattr(self.fn, '__name__', self.fn)})"
+
+
+class _DictFromKeys(Variable):
+    """``dict.fromkeys(keys, value=None)``: every key maps to the one value, as Python's does."""
+
+    def call(self, tx, args, kwargs):
+        if kwargs or not 1 <= len(args) <= 2:
+            raise Unsupported("dict.fromkeys takes an iterable and an optional value")
+        value = args[1] if len(args) == 2 else ConstantVariable(None)
+        keys = [k.as_python() for k in args[0].iterate(tx)]
+        return DictVariable({k: value for k in keys})
 
 
 # torch's Python modules whose functions, where the capture table has no entry and a fallback

@@ -120,3 +120,18 @@ def test_same_padding_of_a_strided_convolution_raises_as_eager():
     w = torch.randn(4, 3, 3, 3)
     with pytest.raises(RuntimeError, match="strided"):  # eager's own error
         kiln.compile(lambda x: F.conv2d(x, w, None, 2, "same"))(torch.randn(1, 3, 8, 8))
+
+
+def test_dict_fromkeys_and_python_types_as_dtypes():
+    """``dict.fromkeys(range(n))`` and ``torch.tensor(0, dtype=int)`` (transformers' Mamba
+    cache, built in the forward): no break; a Python type is the dtype torch reads it as."""
+    def f(x):
+        states = dict.fromkeys(range(3))
+        scale = dict.fromkeys(["a", "b"], 2.0)
+        states[1] = x * scale["a"]
+        count = torch.tensor(0, dtype=int) + torch.zeros(2, dtype=float).sum().to(torch.int64)
+        flags = torch.ones(2, dtype=bool)
+        return states[1], count, flags, len(states), states[0] is None
+    _no_eager(f, torch.randn(4))
+    got = kiln.compile(f)(torch.randn(4))
+    assert got[1].dtype == torch.int64 and got[2].dtype == torch.bool
