@@ -135,3 +135,22 @@ def test_dict_fromkeys_and_python_types_as_dtypes():
     _no_eager(f, torch.randn(4))
     got = kiln.compile(f)(torch.randn(4))
     assert got[1].dtype == torch.int64 and got[2].dtype == torch.bool
+
+
+def test_a_numpy_ufunc_of_python_numbers_is_computed_at_capture():
+    """``x *= np.sqrt(d_model)`` (CTRL's embeddings; Dynamo breaks there): a NumPy ufunc of
+    Python numbers is a constant, its scalar result the Python number torch reads; of a
+    tensor it stays a break with eager's answer."""
+    np = pytest.importorskip("numpy")
+    d_model = 48
+
+    def f(x):
+        x = x * 1.0
+        x *= np.sqrt(d_model)
+        return x + np.exp(0.5) * np.maximum(2, 3)
+    x = torch.randn(3, 4)
+    _no_eager(f, x)
+    assert kiln.compile(f)(x).dtype == f(x).dtype == torch.float32
+    t = torch.rand(3)
+    got = kiln.compile(lambda t: np.sqrt(t) + 1)(t)  # of a tensor: a break, eager's answer
+    assert np.allclose(got, np.sqrt(t.numpy()) + 1)
