@@ -101,11 +101,17 @@ _shared_pools: dict = {}      # CUDA device index -> the pool shared recordings 
 
 
 def _shared_pool():
+    """The id of the device's shared pool. It is held as a ``torch.cuda.MemPool``, which keeps a
+    use count on the pool for as long as kiln holds it. A bare ``graph_pool_handle()`` has none
+    of its own: once every graph recorded in it was freed, its count fell to 0 while blocks of
+    it were still alive, and the next capture into the same id failed the allocator's assert
+    ``use_count > 0`` (the H100, torch 2.11: the recording fell back to no CUDA graphs)."""
     dev = torch.cuda.current_device()
     pool = _shared_pools.get(dev)
     if pool is None:
-        pool = _shared_pools[dev] = torch.cuda.graph_pool_handle()
-    return pool
+        mem_pool = getattr(torch.cuda, "MemPool", None)
+        pool = _shared_pools[dev] = mem_pool() if mem_pool is not None else torch.cuda.graph_pool_handle()
+    return getattr(pool, "id", pool)
 
 
 def _share_choice(scratch: int, out_bytes: int) -> bool:

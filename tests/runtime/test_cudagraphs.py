@@ -295,3 +295,31 @@ def test_a_shared_slot_clones_pool_outputs_and_is_always_free(monkeypatch):
     assert got[3] == 5
     in_pool.zero_()                      # the next replay of the pool
     assert not torch.equal(got[0], in_pool)
+
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
+def test_the_shared_pool_is_recorded_into_again_after_its_recordings_are_freed(capsys):
+    """A recording in the shared pool freed while a tensor made in it is still alive, then a new
+    recording there. With a bare graph_pool_handle() the pool's use count fell to 0 with the
+    graph and the next capture failed the allocator's assert ``use_count > 0`` (the H100: the
+    shared-pool tests above, run after others in one xdist worker, fell back to no CUDA graphs).
+    kiln now holds the pool itself."""
+    from kiln.runtime.cudagraphs import _shared_pool
+    g = torch.cuda.CUDAGraph()
+    x = torch.randn(256, 256, device="cuda")
+    with torch.cuda.graph(g, pool=_shared_pool()):
+        survivor = x * 2      # made in the shared pool
+    del g                     # its only recording is gone; survivor's block keeps the pool's entry
+    w = torch.randn(1024, 4096, device="cuda")
+    f = kiln.compile(lambda x, w: _wide(x, w), mode="reduce-overhead")
+
+    def run():
+        with kiln.config.patch(cudagraph_share="1"):
+            for _ in range(3):
+                x = torch.randn(512, 1024, device="cuda")
+                torch.testing.assert_close(f(x, w), _wide(x, w), atol=1e-2, rtol=1e-4)
+    _logged(run)
+    err = capsys.readouterr().err
+    assert "recording failed" not in err and "in the shared pool" in err, err
+    assert survivor.shape == (256, 256)

@@ -419,10 +419,11 @@ def cpp_cast(x: str, src, dst) -> str:
     if src is not None and src.is_floating_point and not dst.is_floating_point and not dst.is_complex:
         return f"kiln_f2i<{C_TYPES[dst]}>({x})"
     if src == torch.bool and dst.is_floating_point:
-        # a select, not a cast: gcc 12 does not vectorize bool -> float conversions (a mask
-        # promoted for a multiply over the vocabulary: 128000 elements, scalar)
-        one, zero = ("1.0", "0.0") if dst == torch.float64 else ("1.0f", "0.0f")
-        return f"({x} ? {one} : {zero})"
+        # through int32: gcc 12 leaves a direct bool -> float cast scalar on AVX2 (a mask
+        # promoted for a multiply over the vocabulary: 128000 elements), and a select
+        # `b ? 1.0 : 0.0` of a loaded bool scalar on AVX-512 for double (its mask lanes are
+        # bytes; the H100 host's Xeon). The int32 step vectorizes on both, float and double.
+        return f"static_cast<{ctype(dst)}>(static_cast<int32_t>({x}))"
     return f"static_cast<{ctype(dst)}>({x})"
 
 
