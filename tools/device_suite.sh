@@ -2,7 +2,7 @@
 # The test suite on the device machine, in parts that each fit one device call (10 minutes).
 # Usage (from the repo root on the device, after device-prep's wheel install):
 #   bash tools/device_suite.sh A:230 B:330      # part:seconds, run one after another
-# Each part writes $OUT/suite_<part>.log with -v, so a part killed at its limit still names
+# Each part writes $OUT/suite_<part>.log with -vv (pyproject's -q takes one v back), so a part killed at its limit still names
 # every test that ran and failed (a -q run killed after [100%] prints nothing).
 set -u
 declare -A PARTS=(
@@ -20,7 +20,7 @@ for spec in "$@"; do
   [ "$part" = TV ] && workers=10
   echo "=== part $part (${PARTS[$part]}) limit ${limit}s -n $workers"
   start=$(date +%s)
-  timeout "$limit" python3 -m pytest -n "$workers" -p no:cacheprovider -v -rfE --tb=short \
+  timeout "$limit" python3 -m pytest -n "$workers" -p no:cacheprovider -vv -rfE --tb=short \
     ${PARTS[$part]} > "$out/suite_$part.log" 2>&1
   rc=$?
   echo "part $part rc=$rc in $(( $(date +%s) - start ))s"
