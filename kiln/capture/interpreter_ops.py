@@ -76,7 +76,9 @@ def _identical(a, b, tx=None) -> bool:
     if len(fns) == 2:  # functions known at compile time (their sources are guarded): torch's too,
         return fns[0].fn is fns[1].fn  # as in ``f is not torch.fmod`` over a table of ops
     if len(fns) == 1 and isinstance(b if fns[0] is a else a, ConstantVariable):
-        return False  # a function is no constant (None, a number, ...)
+        # a constant may hold a class or a function itself (``type(name) is str``: type() of
+        # a constant is the constant ``str``, the global ``str`` a builtin tracker)
+        return fns[0].fn is (b if fns[0] is a else a).value
     kinds = (ConstantVariable, TensorVariable, _Sequence, DictVariable, ModuleVariable)
     if isinstance(a, kinds) and isinstance(b, kinds):
         return False  # different trackers of different kinds, or distinct tensors

@@ -43,6 +43,31 @@ def test_is_between_torch_functions():
     _no_eager(fn, torch.randn(7))
 
 
+def test_is_between_a_builtin_and_a_class_held_as_a_constant():
+    """``type(name) is str``: type() of a constant is the constant ``str``, the global ``str``
+    a builtin tracker. Session 35 answered False for any callable against a constant, so
+    ``collections.namedtuple`` took its ``raise TypeError`` branch and compiled code raised
+    where eager does not (PyTorch's test_functions.py test_namedtuple)."""
+    import collections
+
+    def fn(x, name):
+        r = x
+        for t in (type(name) is str, type(3) is int, type(name) is not str, None is len,
+                  type(1.5) is float, type(name) is int):
+            r = r * 2 if t else r - 1
+        return r
+    _no_eager(fn, torch.randn(5), "t")
+
+    def made(a, b):
+        mytuple = collections.namedtuple("mytuple", ["x", "y", "xy"])
+        tmp = mytuple(a, b, a + b)
+        return mytuple(tmp.x, tmp[1], tmp.xy + b)
+    a, b = torch.randn(3), torch.randn(3)
+    got, want = kiln.compile(made)(a, b), made(a, b)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
 def test_a_fallback_whose_schema_returns_new_tensors_is_no_view():
     """``topk``/``sort`` have no capture rule (fallback nodes); their aten schemas return fresh
     tensors, so an in-place write to a result is no write through a possible view (a break in
