@@ -454,6 +454,20 @@ class GradModeVariable(Variable):
             return _Call(lambda: ConstantVariable(None))
         raise Unsupported(f"attribute {name!r} of a grad-mode context")
 
+    def as_python(self):
+        return torch.no_grad() if not self.enabled else torch.enable_grad()
+
+    def call(self, tx, args, kwargs):
+        """``@torch.no_grad()`` on a function defined in the frame: a function that runs under
+        that grad mode (torch's ``_DecoratorContextManager.__call__``)."""
+        if len(args) != 1 or kwargs or not isinstance(args[0], FunctionVariable):
+            raise Unsupported("a grad-mode context called with other than one function")
+        code = args[0].code
+        if code is None or code.co_flags & (inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+                                            | inspect.CO_COROUTINE):
+            raise Unsupported("a grad-mode decorator on a generator or coroutine function")
+        return GradModeFunctionVariable(args[0], self)
+
 
 class _Call(Variable):
     def __init__(self, fn):

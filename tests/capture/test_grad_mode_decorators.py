@@ -95,3 +95,47 @@ def test_global_no_grad_object(backend):
     (got,) = torch.autograd.grad(actual.sum(), [x])
     (want,) = torch.autograd.grad(expected.sum(), [x])
     torch.testing.assert_close(got, want)  # 3x, not 6x: y is a constant inside no_grad
+
+
+def decorated_in_the_frame(x):
+    @torch.no_grad()
+    def augment(x):
+        return (x + 1) * 2
+
+    @torch.enable_grad()
+    def scaled(x):
+        return x * 5
+
+    y = augment(x)
+    with torch.no_grad():
+        z = scaled(x)       # enable_grad inside no_grad: differentiable again
+    return y, z, y.requires_grad, z.requires_grad, x * 3
+
+
+@pytest.mark.parametrize("backend", ["eager", "kiln"])
+def test_a_grad_mode_decorator_applied_in_the_frame(backend):
+    """``@torch.no_grad()`` on a function defined inside the compiled frame calls the context
+    object with the function (PyTorch's test_functions.py
+    test_context_wrapping_nested_functions_no_closure ran eagerly: 'calling GradModeVariable')."""
+    x = torch.randn(4, requires_grad=True)
+    _check_one_graph(decorated_in_the_frame, x)
+    got, want = kiln.compile(decorated_in_the_frame, backend=backend)(x), decorated_in_the_frame(x)
+    assert got[2:4] == want[2:4] == (False, True)
+    for g, w in zip(got[:2] + got[4:], want[:2] + want[4:]):
+        torch.testing.assert_close(g, w)
+    (gz,) = torch.autograd.grad(got[1].sum() + got[4].sum(), [x])
+    (wz,) = torch.autograd.grad(want[1].sum() + want[4].sum(), [x])
+    torch.testing.assert_close(gz, wz)
+    assert kiln.stats()["eager_runs"] == 0
+
+
+def test_a_grad_mode_decorator_on_a_generator_in_the_frame_is_a_named_break():
+    def fn(x):
+        @torch.no_grad()
+        def gen(x):
+            yield x * 2
+        return sum(gen(x)) + x
+    x = torch.randn(3)
+    out = kiln.explain(fn, backend="eager")(x)
+    assert any("generator" in str(b) for b in out.break_reasons), [str(b) for b in out.break_reasons]
+    torch.testing.assert_close(kiln.compile(fn)(x), fn(x))
