@@ -119,8 +119,7 @@ def _save_for_backward(ctx, args):
 
 def _mark_dirty(ctx, args):
     if ctx.training:
-        raise Unsupported(f"{ctx.name}.apply with grad enabled: ctx.mark_dirty (an in-place "
-                          "forward) is not captured")
+        raise Unsupported("ctx.mark_dirty (an in-place forward) with grad enabled")
 
 
 def _mark_non_differentiable(ctx, args):
@@ -156,6 +155,11 @@ class FunctionApplyVariable(Variable):
     def as_python(self):
         return self.cls.apply
 
+    @property
+    def name(self) -> str:
+        """The class's name in messages and graphs (without a defining function's ``<locals>``)."""
+        return self.cls.__qualname__.rsplit("<locals>.", 1)[-1]
+
     def method(self, tx, name):
         """``cls.<name>`` as traced code: through the class's source (guarded: a replaced
         method recompiles), else the function itself."""
@@ -164,7 +168,7 @@ class FunctionApplyVariable(Variable):
         return tx.wrap(fn, src) if src is not None else FunctionVariable(fn)
 
     def call(self, tx, args, kwargs):
-        cls, name = self.cls, self.cls.__qualname__
+        cls, name = self.cls, self.name
         setup_style = overrides(cls, "setup_context")
         args = _bind(cls, name, list(args), kwargs, setup_style)
         needs = tuple(is_tensor(a) and a.proxy.meta.requires_grad for a in args)
@@ -183,7 +187,7 @@ class FunctionApplyVariable(Variable):
                 self.method(tx, "setup_context").call(tx, [ctx, TupleVariable(list(args)), out], {})
             return out
         except Unsupported as e:
-            raise not_captured(self.cls.__qualname__, "forward", e) from e
+            raise not_captured(self.name, "forward", e) from e
         finally:
             tx.grad_enabled = prev
 
