@@ -9,11 +9,13 @@ Where a gradient can flow (training), the ctx keeps what ``backward`` will read:
 ``save_for_backward``, the other attributes set on it (not tensors: eager would keep those
 without its saved-tensor checks; a tensor that is also saved reads as the saved one), the
 outputs marked non-differentiable and ``set_materialize_grads``. ``backward`` is then traced
-into a graph of its own (``autograd_function_backward.py``), and one ``core.autograd_function``
-node (kiln/ops/core_autograd_function.py) takes the forward's outputs: its VJP rule is that
-graph, so kiln's autograd differentiates the region with the user's backward, never with the
-forward's ops. A function written the ``setup_context`` way runs ``forward`` without a ctx,
-then ``setup_context(ctx, inputs, output)``.
+into a graph of its own (``autograd_function_backward.py``; outside any torch.autocast region,
+as eager's engine runs it at ``backward()``: a ``custom_bwd`` backward re-enters the
+forward's), and one ``core.autograd_function`` node (kiln/ops/core_autograd_function.py) takes
+the forward's outputs: its VJP rule is that graph, so kiln's autograd differentiates the region
+with the user's backward, never with the forward's ops. A function written the
+``setup_context`` way runs ``forward`` without a ctx, then ``setup_context(ctx, inputs,
+output)``.
 
 What cannot be captured that way is a graph break at the ``apply`` call naming the function
 and why, and eager runs ``apply`` (and its backward): a break inside ``forward`` or ``backward``
@@ -22,11 +24,10 @@ stored on ctx without being saved, a backward that writes Python state, writes i
 tensor or reads a tensor it was not handed (a module's weight, a closure's tensor), gradients
 eager would refuse (their count, a shape the input does not broadcast to, a non-tensor),
 ``set_materialize_grads(False)`` with several differentiable outputs (which gradients are None
-is known only when backward runs), torch.autocast around the call (eager's backward runs
-outside it; ``custom_bwd`` would re-enter it). An output that is an input or a view of one is
-a view of that input in eager: the region's result is linked to the input's memory with an
-uncertain step (capture/mutation.py), so an in-place write to either makes reading the other a
-graph break rather than a stale value.
+is known only when backward runs). An output that is an input or a view of one is a view of
+that input in eager: the region's result is linked to the input's memory with an uncertain
+step (capture/mutation.py), so an in-place write to either makes reading the other a graph
+break (eager raises there).
 
 Guards: ``forward``, ``backward`` and ``setup_context`` are read through the class's source,
 so replacing one recompiles.

@@ -3,8 +3,8 @@ traced into a graph of its own, and the ``core.autograd_function`` node that mak
 region's gradient (kiln/ops/core_autograd_function.py).
 
 The backward is traced by the same tracer, with its graph swapped for a fresh one whose
-placeholders are the ctx's saved values and one gradient per output slot, grad mode off (as
-eager's engine runs it), and Python state read-only. Afterwards nothing may point out of that
+placeholders are the ctx's saved values and one gradient per output slot, grad mode off and
+autocast off (as eager's engine runs it, at ``backward()``), and Python state read-only. Afterwards nothing may point out of that
 graph: a tensor the backward reaches other than through ctx (a module's weight, a forward value
 kept in a closure) would be a graph input or a forward value, and is a graph break instead.
 """
@@ -15,6 +15,7 @@ import re
 import torch
 
 from kiln.capture import mutation
+from kiln.capture.autocast import AutocastState
 from kiln.capture.errors import Unsupported
 from kiln.capture.mutation import ViewStep
 from kiln.capture.values import ConstantVariable, DictVariable, ListVariable, TensorVariable, \
@@ -68,7 +69,7 @@ def capture_backward(tx, apply_var, ctx, args: list, out):
     inputs = [a for a in args if is_tensor(a)]
     outs = _output_items(name, out)
     tensors_out = [o for o in outs if is_tensor(o)]
-    aliased = _check_outputs(tx, name, inputs, tensors_out)
+    aliased = _check_outputs(name, inputs, tensors_out)
     marked = {o.proxy.node for o in ctx.non_differentiable}
     differentiable = tuple(o.proxy.meta.dtype.is_floating_point and o.proxy.node not in marked
                            for o in tensors_out)
@@ -106,7 +107,7 @@ def _output_items(name, out) -> list:
                       "is captured)")
 
 
-def _check_outputs(tx, name, inputs, outputs) -> list:
+def _check_outputs(name, inputs, outputs) -> list:
     """Which outputs are an input or a view of one (eager returns those as views of the input:
     the region's result is then linked to the input's memory with an uncertain step, so an
     in-place write to either makes reading the other a graph break)."""
@@ -115,10 +116,6 @@ def _check_outputs(tx, name, inputs, outputs) -> list:
     for o in outputs:
         if o.proxy.meta.dtype.is_complex:
             raise Unsupported(f"{name}.apply with grad enabled: a complex output is not captured")
-    for d in sorted({a.proxy.meta.device.type for a in inputs}):
-        if tx.autocast.current(d)[0]:
-            raise Unsupported(f"{name}.apply under torch.autocast is not captured (its backward "
-                              "would run outside the autocast region)")
     return [o.proxy.node in nodes or (o.alias is not None and id(o.alias.storage) in storages)
             for o in outputs]
 
@@ -189,10 +186,12 @@ def _trace_backward(tx, apply_var, ctx, args, outs, saved, slots) -> Graph:
         else:
             grads.append(ConstantVariable(None))
     fn = apply_var.method(tx, _backward_name(apply_var.cls, name))
-    state = (tx.graph, tx.grad_enabled, tx.side_effects)
+    state = (tx.graph, tx.grad_enabled, tx.side_effects, tx.autocast)
     sizes = (len(tx.graph.nodes), len(tx.input_sources), len(tx.storages), len(graph.placeholders))
     tx.graph, tx.grad_enabled = graph, False  # eager's engine runs backward with grad off
     tx.side_effects = _ReadOnlyEffects(state[2], name)
+    tx.autocast = AutocastState.outside()  # ... and outside the forward's autocast region
+    graph.call_hook = tx.autocast.cast_inputs
     ctx.in_backward = True
     try:
         with graph.inherit():
@@ -201,7 +200,8 @@ def _trace_backward(tx, apply_var, ctx, args, outs, saved, slots) -> Graph:
     except Unsupported as e:
         raise not_captured(name, "backward", e) from e
     finally:
-        tx.graph, tx.grad_enabled, tx.side_effects = state
+        tx.graph, tx.grad_enabled, tx.side_effects, tx.autocast = state
+        graph.call_hook = None
         ctx.in_backward = False
     _check_contained(tx, name, graph, sizes, placeholders)
     graph.output(tuple(results))

@@ -472,3 +472,37 @@ def test_a_backward_that_writes_python_state_is_a_break():
     (reason,) = check(lambda x: Logs.apply(x), x, graphs=(1, 1))
     assert reason.startswith("Logs.backward is not captured (Logs.backward changes a list or dict")
     assert seen  # eager's backward ran
+
+
+def test_under_autocast_the_backward_runs_outside_it_unless_custom_bwd_reenters():
+    class AmpMatmul(torch.autograd.Function):
+        @staticmethod
+        @torch.amp.custom_fwd(device_type="cpu")
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return x @ w
+
+        @staticmethod
+        @torch.amp.custom_bwd(device_type="cpu")
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            return g @ w.t(), x.t() @ g  # bf16 in the forward's region again
+
+    class PlainMatmul(AmpMatmul):
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            return g @ w.t(), x.t() @ g  # bf16 g @ fp32 w: eager raises outside autocast
+
+    def step(fn):
+        def f(x, w):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return fn.apply(x, w).float()
+        return f
+
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True)
+    check(step(AmpMatmul), x, w, dtype=torch.bfloat16)
+    out = kiln.explain(step(PlainMatmul))(x, w)
+    assert "PlainMatmul.backward is not captured (operator @ failed" in out.break_reasons[0].reason
+    with pytest.raises(RuntimeError, match="same dtype"):
+        kiln.compile(step(PlainMatmul))(x, w).sum().backward()
