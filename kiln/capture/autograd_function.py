@@ -73,10 +73,8 @@ class FunctionCtxVariable(Variable):
             return _CtxMethod(self, name)
         if name == "needs_input_grad":
             return TupleVariable([ConstantVariable(b) for b in self.needs_input_grad])
-        if name in ("saved_tensors", "saved_variables"):
-            if not self.in_backward:
-                raise Unsupported(f"{self.name}: ctx.{name} read outside backward")
-            return TupleVariable(list(self.saved_in_backward))
+        if name in ("saved_tensors", "saved_variables"):  # empty until forward returns, as in eager
+            return TupleVariable(list(self.saved_in_backward) if self.in_backward else [])
         if name == "materialize_grads":
             return ConstantVariable(self.materialize)
         if name in self.attrs:
@@ -180,15 +178,17 @@ class FunctionApplyVariable(Variable):
 
     def _forward(self, tx, ctx, args, setup_style):
         prev, tx.grad_enabled = tx.grad_enabled, False  # eager runs forward under no_grad
+        part = "forward"
         try:
             if not setup_style:
                 return self.method(tx, "forward").call(tx, [ctx, *args], {})
             out = self.method(tx, "forward").call(tx, list(args), {})
             if ctx.training:
+                part = "setup_context"
                 self.method(tx, "setup_context").call(tx, [ctx, TupleVariable(list(args)), out], {})
             return out
         except Unsupported as e:
-            raise not_captured(self.name, "forward", e) from e
+            raise not_captured(self.name, part, e) from e
         finally:
             tx.grad_enabled = prev
 
@@ -198,11 +198,12 @@ class FunctionApplyVariable(Variable):
 
 def _bind(cls, name, args, kwargs, setup_style):
     """The arguments as ``apply`` passes them to forward: positional; with ``setup_context``,
-    keywords and defaults bound by forward's signature, as torch does."""
-    if not kwargs:
-        return args
+    keywords and defaults bound by forward's signature, as torch does (so ``needs_input_grad``
+    and the gradients backward returns count the defaults too)."""
     if not setup_style:
-        raise Unsupported(f"{name}.apply with keyword arguments is not supported")
+        if kwargs:
+            raise Unsupported(f"{name}.apply with keyword arguments is not supported")
+        return args
     try:
         bound = inspect.signature(cls.forward).bind(*args, **kwargs)
     except TypeError as e:

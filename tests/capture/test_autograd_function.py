@@ -268,6 +268,46 @@ def test_setup_context_and_once_differentiable():
     check(lambda x: Sin.apply(x) * x, x)
 
 
+def test_setup_context_binds_keywords_and_defaults_as_apply_does():
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(x, n=2.0):
+            return x * n
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            assert len(ctx.needs_input_grad) == 2  # the default counts as an input
+            ctx.n = inputs[1]
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.n, None
+
+    x = torch.randn(3, requires_grad=True)
+    check(lambda x: Scaled.apply(x), x)
+    check(lambda x: Scaled.apply(x, n=3.0), x)
+
+
+def test_a_changing_float_on_ctx_is_a_graph_input_read_by_the_backward():
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, s):
+            ctx.s = s
+            return x * s
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.s, None
+
+    f = kiln.compile(lambda x, s: Scale.apply(x, s))
+    x = torch.randn(3, requires_grad=True)
+    for s in (2.0, 3.0, 4.0):  # 3.0 recompiles with s a graph input; 4.0 reuses that entry
+        (g,) = torch.autograd.grad(f(x, s).sum(), x)
+        assert_close(g, torch.full((3,), s), torch.float32)
+    stats = kiln.stats()
+    assert (stats["recompiles"], stats["graph_breaks"], stats["cache_hits"]) == (1, 0, 1), stats
+
+
 def test_an_output_that_views_its_input():
     class GradReverse(torch.autograd.Function):
         @staticmethod
