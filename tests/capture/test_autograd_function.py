@@ -136,6 +136,13 @@ def test_training_is_one_graph_and_every_gradient_matches_eager(dtype):
     assert stats["graph_breaks"] == 0 and stats["eager_runs"] == 0 and stats["fallbacks"] == 0, stats
 
 
+def test_dynamo_also_captures_the_block_whole():
+    torch._dynamo.reset()
+    peer = torch._dynamo.explain(Block())(torch.randn(3, 16, requires_grad=True))
+    torch._dynamo.reset()
+    assert (peer.graph_count, peer.graph_break_count) == (1, 0)
+
+
 def test_the_users_backward_is_used_not_the_forwards_derivative():
     class RoundSTE(torch.autograd.Function):  # straight-through: round's derivative is 0
         @staticmethod
