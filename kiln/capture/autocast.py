@@ -71,6 +71,18 @@ class AutocastState:
         self._dtype_guarded: set[str] = set()
         self.regions: list[Region] = []
 
+    @classmethod
+    def outside(cls) -> "AutocastState":
+        """The state of code that runs outside any autocast region whatever the call's state
+        was, read without a guard: a custom Function's backward (eager's engine runs it at
+        ``backward()``, kiln's compiled backward with autocast off). Regions it enters
+        (``custom_bwd``) still cast."""
+        state = cls(None)
+        for device in policy_table.DEVICE_TYPES:
+            state.ambient[device] = (False, policy_table.get_dtype(device))
+            state._dtype_guarded.add(device)
+        return state
+
     # ---------------------------------------------------------------- reading the state
     def _ambient(self, device: str, need_dtype: bool = False):
         state = self.ambient.get(device)

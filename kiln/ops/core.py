@@ -167,6 +167,7 @@ from kiln.ops.core_mutation import *  # noqa: E402,F401,F403
 from kiln.ops.core_einsum import *  # noqa: E402,F401,F403
 from kiln.ops.core_view_dtype import *  # noqa: E402,F401,F403
 from kiln.ops.core_custom import *  # noqa: E402,F401,F403
+from kiln.ops.core_autograd_function import *  # noqa: E402,F401,F403
 from kiln.ops.core_number import *  # noqa: E402,F401,F403
 from kiln.ops.core_nonzero import *  # noqa: E402,F401,F403
 

@@ -6,9 +6,10 @@ transformers' MoE experts (``integrations/moe.py``) sort the routed tokens (``to
 count them per expert (``torch.histc``) and run a grouped GEMM: the sort's results are fresh
 tensors by its schema (``core_fallback.returns_fresh``; an in-place ``/=`` on ``topk``'s values
 broke as a possible view) and ``histc`` has a static shape (it was refused as data-dependent).
-BLOOM's GELU is a custom ``torch.autograd.Function``, inlined with grad disabled
-(``capture/autograd_function.py``); with grad enabled it stays a break (Dynamo captures its
-backward too)."""
+BLOOM's GELU is a custom ``torch.autograd.Function`` (``GeLUFunction``) in train mode: its
+forward is inlined with grad disabled (``capture/autograd_function.py``), and in training its
+backward is traced too and is the region's gradient (kiln/ops/core_autograd_function.py), so
+BLOOM training is one graph with no break, as Dynamo's (it broke at every layer's GELU)."""
 import pytest
 import torch
 
@@ -49,12 +50,14 @@ def test_inference_is_one_graph_and_matches_eager(name):
     assert kiln.stats()["eager_runs"] == 0
 
 
-@pytest.mark.parametrize("name", list(MOE))
+@pytest.mark.parametrize("name", [*MOE, "bloom"])
 def test_training_step_is_one_graph_and_matches_eager(name):
     m = _build(name).train()
     ids = torch.randint(1, VOCAB, (2, 8))
     out = kiln.explain(m, backend="eager")(ids, labels=ids)
     assert (out.graph_count, out.graph_break_count) == (1, 0), out.break_reasons
+    if name == "bloom":  # each layer's GeLUFunction, with the user's backward as its gradient
+        assert str(out.graphs[0]).count("core.autograd_function('GeLUFunction#") == 2
     kiln.reset()
     loss = kiln.compile(m)(ids, labels=ids).loss
     loss.backward()
