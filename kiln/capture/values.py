@@ -311,6 +311,10 @@ class DictVariable(Variable):
             raise Unsupported(f"key {key!r} is not in the dict")
         return self.items[key]
 
+    def merged_items(self) -> dict:
+        """What ``{**d}``, ``dict(d)`` and ``x.update(d)`` copy (a dict subclass may differ)."""
+        return self.items
+
     def getattr(self, tx, name):
         if name in ("keys", "values", "items", "get", "update", "pop", "setdefault", "copy",
                     "clear"):
@@ -329,7 +333,7 @@ class DictVariable(Variable):
         if name in ("update", "pop", "setdefault", "clear") and self.source is not None:
             tx.side_effects.mutate(self)  # replayed after the call (side_effects.py)
         if name == "update" and (not args or len(args) == 1 and isinstance(args[0], DictVariable)):
-            self.items.update(args[0].items if args else {})
+            self.items.update(args[0].merged_items() if args else {})
             self.items.update(kwargs)
             return ConstantVariable(None)
         if name == "update" and len(args) == 1 and hasattr(args[0], "iterate"):

@@ -276,10 +276,29 @@ class BuiltinVariable(Variable):
     def getattr(self, tx, name):
         if self.fn is dict and name == "fromkeys":  # DynamicCache's dict.fromkeys(range(n))
             return _DictFromKeys()
+        if self.fn is dict and name in _DICT_DUNDERS:  # dict.__getitem__(self, k) in a subclass
+            return _UnboundDictDunder(name)
         return super().getattr(tx, name)
 
     def __repr__(self):
         return f"Builtin({getattr(self.fn, '__name__', self.fn)})"
+
+
+_DICT_DUNDERS = ("__getitem__", "__setitem__", "__delitem__", "__contains__", "__len__")
+
+
+class _UnboundDictDunder(Variable):
+    """``dict.__getitem__(obj, key)`` (and friends): dict's own behaviour on a tracked dict,
+    past a subclass's override."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def call(self, tx, args, kwargs):
+        from kiln.capture.values_dict import DictDunder
+        if kwargs or not args or not isinstance(args[0], DictVariable):
+            raise Unsupported(f"dict.{self.name} on {args[0] if args else 'nothing'} is not supported")
+        return DictDunder(args[0], self.name).call(tx, list(args[1:]), {})
 
 
 class _DictFromKeys(Variable):
