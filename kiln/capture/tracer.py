@@ -37,6 +37,7 @@ from kiln.capture.side_effects import SideEffects
 from kiln.capture.values_introspect import INTROSPECT_TYPES, IntrospectVariable
 from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_stdlib
 from kiln.capture.vmap import wrap_vmap
+from kiln.capture.associative_scan import wrap_associative_scan
 from kiln.capture.scalar_values import NumberVariable, python_operands, python_unary_operand
 from kiln.capture.sized_later import UnbackedSizeVariable, compare_size
 from kiln.capture.values_dict import (OrderedDictVariable, ContextVarVariable, is_python_dict_subclass,
@@ -174,6 +175,8 @@ class Tracer:
         special = wrap_autocast(self, value, source, guard)  # torch.autocast and its queries
         if special is None:  # torch.vmap, unrolled (vmap.py)
             special = wrap_vmap(self, value, source, guard)
+        if special is None:  # torch's associative_scan, as a tree of combine calls
+            special = wrap_associative_scan(self, value, source, guard)
         if special is None:  # os.environ, loggers, warnings.warn (values_stdlib.py)
             special = wrap_stdlib(self, value, source, guard)
         if special is not None:
