@@ -111,15 +111,65 @@ class DictItemSource(Source):
         return f"dict.__getitem__({base or self.parent.expr()}, {self.key!r})"
 
 
+class _Unread:
+    """An item of a dict subclass from the inputs that the trace has not read: wrapped, and
+    guarded, when it is (a registry such as ACT2FN holds two dozen classes; a call reads one)."""
+    __slots__ = ("value", "source", "guard")
+
+    def __init__(self, value, source, guard):
+        self.value, self.source, self.guard = value, source, guard
+
+
 class DictSubclassVariable(DictVariable):
     """An instance of a Python dict subclass (``is_python_dict_subclass``): items as a dict's,
     methods the subclass defines inlined (``super().get`` reaches dict's), instance attributes
-    read from the real object (guarded)."""
+    read from the real object (guarded). Items from the inputs are wrapped when first read:
+    one by a subscript, ``in`` or ``get``; all by anything that reads ``items``."""
 
-    def __init__(self, cls, items, source=None, value=None):
+    def __init__(self, cls, items, source=None, value=None, tx=None):
+        self._tx = tx  # wraps the unread items (one trace: the tracker lives no longer)
         super().__init__(items, source)
         self.cls = cls
         self.value = value
+
+    @property
+    def items(self):
+        if self._unread:
+            for k, v in self._items.items():
+                if type(v) is _Unread:
+                    self._items[k] = self._tx.wrap(v.value, v.source, v.guard)
+            self._unread = False
+        return self._items
+
+    @items.setter
+    def items(self, items):
+        self._items = items
+        self._unread = any(type(v) is _Unread for v in items.values())
+
+    def item(self, key):
+        """The item at ``key`` (present), wrapped now if it was not read yet."""
+        v = self._items[key]
+        if type(v) is _Unread:
+            v = self._items[key] = self._tx.wrap(v.value, v.source, v.guard)
+        return v
+
+    def keys(self):
+        """The keys (guarded at the wrap), without reading any item."""
+        return self._items.keys()
+
+    def iterate(self, tx):
+        return [ConstantVariable(k) for k in self._items]
+
+    def truth(self, tx):
+        return bool(self._items)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "get" and 1 <= len(args) <= 2 and not kwargs:  # dict.get: no __getitem__
+            key = args[0].as_python()
+            if key in self._items:
+                return self.item(key)
+            return args[1] if len(args) == 2 else ConstantVariable(None)
+        return super().call_method(tx, name, args, kwargs)
 
     def python_type(self):
         return self.cls
@@ -147,16 +197,19 @@ class DictSubclassVariable(DictVariable):
     def dict_getitem(self, tx, key):
         """dict's ``__getitem__``: the item, or the subclass's ``__missing__`` (inlined) for a
         key the guarded keys do not hold."""
+        k = key.as_python()
+        if k in self._items:
+            return self.item(k)
         missing = self.python_override("__missing__")
-        if missing is not None and key.as_python() not in self.items:
+        if missing is not None:
             return missing.call(tx, [key], {})
-        return DictVariable.getitem(self, tx, key)
+        raise Unsupported(f"key {k!r} is not in the {self.cls.__name__}")
 
     def contains(self, tx, item) -> bool:
         """``item in obj``: the subclass's ``__contains__`` inlined, else dict's."""
         override = self.python_override("__contains__")
         if override is None:
-            return item.as_python() in self.items
+            return item.as_python() in self._items
         out = override.call(tx, [item], {})
         if not isinstance(out, ConstantVariable):
             raise Unsupported(f"{self.cls.__name__}.__contains__ returned {out}")
@@ -200,9 +253,9 @@ def wrap_dict_subclass(tx, value, source, guard: bool):
         read = "list({})" if ordered else "list(dict.keys({}))"
         tx.guards.add(source, f"id(type({{}})) == {id(type(value))} and {read} == {keys!r}")
     item_source = ItemSource if _static_lookup(type(value), "__getitem__")[1] in _DICT_BASES else DictItemSource
-    items = {k: tx.wrap(dict.__getitem__(value, k), item_source(source, k) if source is not None else None,
+    items = {k: _Unread(dict.__getitem__(value, k), item_source(source, k) if source is not None else None,
                         guard) for k in keys}
-    return tx.side_effects.remember(value, DictSubclassVariable(type(value), items, source, value))
+    return tx.side_effects.remember(value, DictSubclassVariable(type(value), items, source, value, tx))
 
 
 class DictDunder(Variable):
@@ -217,10 +270,11 @@ class DictDunder(Variable):
             if isinstance(obj, DictSubclassVariable):
                 return obj.dict_getitem(tx, args[0])  # a missing key: the subclass's __missing__
             return DictVariable.getitem(obj, tx, args[0])
+        keys = obj.keys() if isinstance(obj, DictSubclassVariable) else obj.items  # no item read
         if name == "__contains__" and len(args) == 1:
-            return ConstantVariable(args[0].as_python() in obj.items)
+            return ConstantVariable(args[0].as_python() in keys)
         if name == "__len__" and not args:
-            return ConstantVariable(len(obj.items))
+            return ConstantVariable(len(keys))
         if name in ("__setitem__", "__delitem__") and len(args) == 2 - (name == "__delitem__"):
             tx.side_effects.mutate(obj)
             key = args[0].as_python()
