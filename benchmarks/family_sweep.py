@@ -23,9 +23,9 @@ import kiln
 
 DECODERS = ("llama,mistral,qwen2,qwen3,gemma2,gemma3_text,opt,falcon,bloom,mpt,gpt_neox,starcoder2,"
             "olmo2,cohere,stablelm,mixtral,qwen2_moe,qwen3_moe,olmoe,granitemoe,phimoe,xglm,ctrl,"
-            "exaone4,persimmon,biogpt,mamba")
+            "exaone4,persimmon,biogpt,mamba,falcon_mamba")
 ENCODERS = ("bert,roberta,deberta-v2,deberta,xlm-roberta,mpnet,big_bird,camembert,ernie,roformer,"
-            "canine,mobilebert,layoutlm,markuplm,rembert,nystromformer,yoso,fnet,ibert,luke,longformer")
+            "canine,mobilebert,layoutlm,markuplm,rembert,nystromformer,yoso,fnet,ibert,luke,longformer,mra")
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=128, max_position_embeddings=64, num_local_experts=4,
              num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, state_size=8)

@@ -76,6 +76,10 @@ def frame_locals(fn, args: tuple, kwargs: dict) -> dict:
     func, bound_self = _unbind(fn)
     sig_args = (bound_self, *args) if bound_self is not None else tuple(args)
     # the code's own parameters, not a functools.wraps target's (@torch.autocast(...) wrappers)
+    # nor a ``__signature__`` set on the function (the kernels package gives its Func.forward,
+    # ``(self, *args, **kwargs)``, the kernel's): CPython binds the frame by its code
+    if "__signature__" in func.__dict__:
+        func = _unsigned(func)
     ba = inspect.signature(func, follow_wrapped=False).bind(*sig_args, **kwargs)
     ba.apply_defaults()
     L = dict(ba.arguments)
@@ -90,6 +94,14 @@ def frame_locals(fn, args: tuple, kwargs: dict) -> dict:
 
 
 CLOSURE_KEY = "<closure>"
+
+
+def _unsigned(func):
+    """A copy of ``func`` without its ``__signature__``: inspect then reads its code."""
+    copy = types.FunctionType(func.__code__, func.__globals__, func.__name__, func.__defaults__,
+                              func.__closure__)
+    copy.__kwdefaults__ = func.__kwdefaults__
+    return copy
 
 
 def _unbind(fn):
@@ -110,12 +122,12 @@ def fast_locals_builder(fn):
     ``**kwargs`` as a dict, a closure's free variables from its cells), or None for a call it
     cannot bind, which then takes the general binding and raises Python's own TypeError.
     ``inspect.signature(...).bind`` costs 15-60 us a call, and a transformers forward always
-    has ``**kwargs``. None (no builder) for what is not a plain function or method, and for a
-    function with a ``__signature__`` of its own, which inspect would honour."""
+    has ``**kwargs``. None (no builder) for what is not a plain function or method. Like
+    CPython, it binds by the code (a ``__signature__`` the function carries is not read)."""
     func, bound_self = fn, None
     if isinstance(fn, types.MethodType):
         func, bound_self = fn.__func__, fn.__self__
-    if not isinstance(func, types.FunctionType) or "__signature__" in func.__dict__:
+    if not isinstance(func, types.FunctionType):
         return None
     code = func.__code__
     n, kwonly, flags = code.co_argcount, code.co_kwonlyargcount, code.co_flags

@@ -336,7 +336,7 @@ def _dict(tx, *args, **kwargs):
     if args:
         src = args[0]
         if isinstance(src, DictVariable):
-            items.update(src.items)
+            items.update(src.merged_items())
         else:
             for pair in src.iterate(tx):
                 k, v = pair.iterate(tx)

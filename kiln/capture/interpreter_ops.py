@@ -123,9 +123,9 @@ def contains_op(frame, inst):
         found = sequence_contains(frame.tx, container, item)  # a constant, or a bool number
         frame.push(negate(frame.tx, found) if inst.arg else found)
         return
-    if isinstance(container, DictVariable):
+    if isinstance(container, DictVariable) and not hasattr(container, "contains"):
         found = item.as_python() in container.items
-    elif hasattr(container, "contains"):  # a user object: its __contains__ (values_python)
+    elif hasattr(container, "contains"):  # a dict subclass's or user object's __contains__  # a user object: its __contains__ (values_python)
         found = container.contains(frame.tx, item)
     else:
         found = item.as_python() in container.as_python()
@@ -193,9 +193,10 @@ def dict_merge(frame, inst):
     if not isinstance(update, DictVariable):
         raise Unsupported(f"{inst.opname} with {update}")
     target = frame.stack[-inst.arg]
-    if inst.opname == "DICT_MERGE" and set(target.items) & set(update.items):
+    items = update.merged_items()
+    if inst.opname == "DICT_MERGE" and set(target.items) & set(items):
         raise Unsupported("duplicate keyword argument")
-    target.items.update(update.items)
+    target.items.update(items)
 
 
 @handler("LIST_TO_TUPLE", versions=((3, 11), (3, 11)))

@@ -21,6 +21,8 @@ def _output_spec(v: Variable, proxies: list):
         proxies.append(v.proxy)
         if type(v.proxy.meta) is WrappedNumberMeta:  # a Python float (capture/dynamic_floats.py)
             return ("number", len(proxies) - 1)
+        if v.made_leaf:  # requires_grad_() under no_grad in the trace (made_leaves.py)
+            return ("leaf", len(proxies) - 1)
         return ("tensor", len(proxies) - 1)
     if isinstance(v, ConstantVariable):
         if isinstance(v.value, SymInt):
@@ -107,6 +109,8 @@ def _make_rebuild(spec, globals_=None):
             return s[1]
         if kind == "number":
             return outputs[s[1]].item()
+        if kind == "leaf":
+            return outputs[s[1]].requires_grad_()
         if kind == "symint":
             return int(eval(s[1], {"__builtins__": {}}, symbols))  # noqa: S307
         if kind == "tuple":

@@ -192,6 +192,8 @@ def finish_at_break(tx, root, plan) -> BreakState:
         if depth > 50:
             raise CannotResume("a value nested too deeply to rebuild")
         if isinstance(v, TensorVariable):
+            if v.made_leaf:  # the resume function would get it as a plain input (made_leaves.py)
+                raise CannotResume("a tensor made to require grad in the compiled code is live at the break")
             rebuilt = view_rebuild(v) if v.source is None else None
             if rebuilt is not None:  # the glue takes the view again from its base
                 collect(rebuilt[0], depth + 1)

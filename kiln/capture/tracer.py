@@ -37,6 +37,8 @@ from kiln.capture.side_effects import SideEffects
 from kiln.capture.values_introspect import INTROSPECT_TYPES, IntrospectVariable
 from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_stdlib
 from kiln.capture.vmap import wrap_vmap
+from kiln.capture.associative_scan import wrap_associative_scan
+from kiln.capture.made_leaves import refuse_grad_mode_use
 from kiln.capture.scalar_values import NumberVariable, python_operands, python_unary_operand
 from kiln.capture.sized_later import UnbackedSizeVariable, compare_size
 from kiln.capture.values_dict import (OrderedDictVariable, ContextVarVariable, is_python_dict_subclass,
@@ -120,6 +122,7 @@ class Tracer:
         self.scalar_outputs = False  # the same flag: numbers from computed tensors (scalar_values.py)
         self.side_effects = SideEffects()          # Python state written (side_effects.py)
         self.grad_enabled = torch.is_grad_enabled()  # changed by `with torch.no_grad()`
+        self.made_leaves = False  # a requires_grad_() under no_grad marked a tensor (made_leaves.py)
         self._executed: list[str] = []
         self._listed_codes: dict = {}
 
@@ -174,6 +177,8 @@ class Tracer:
         special = wrap_autocast(self, value, source, guard)  # torch.autocast and its queries
         if special is None:  # torch.vmap, unrolled (vmap.py)
             special = wrap_vmap(self, value, source, guard)
+        if special is None:  # torch's associative_scan, as a tree of combine calls
+            special = wrap_associative_scan(self, value, source, guard)
         if special is None:  # os.environ, loggers, warnings.warn (values_stdlib.py)
             special = wrap_stdlib(self, value, source, guard)
         if special is not None:
@@ -461,6 +466,8 @@ class Tracer:
         return self.wrap_constant(out)
 
     def call_adapter(self, adapter, args, kwargs, name: str):
+        if self.made_leaves:
+            refuse_grad_mode_use(self, args, kwargs, name)
         py_args = [self.unwrap(a, name) for a in args]
         if "axis" in kwargs or "keepdims" in kwargs:
             kwargs = numpy_aliases(adapter, kwargs)

@@ -132,6 +132,8 @@ class ConstantVariable(Variable):
 
 
 class TensorVariable(Variable):
+    made_leaf = False  # requires_grad_() with grad mode off on a tensor made here (made_leaves.py)
+
     def __init__(self, proxy, python_type=torch.Tensor, source=None):
         self._proxy = proxy
         self._type = python_type
@@ -155,6 +157,13 @@ class TensorVariable(Variable):
         return self._type
 
     def getattr(self, tx, name):
+        if self.made_leaf or name == "requires_grad_":
+            from kiln.capture import made_leaves
+            if name == "requires_grad_":
+                return made_leaves.RequiresGradMethod(self)
+            found = made_leaves.leaf_attribute(self, name)
+            if found is not None:
+                return found
         if name in torch_api.TENSOR_ATTRIBUTES:
             return ConstantVariable(torch_api.TENSOR_ATTRIBUTES[name](self.proxy))
         if name in torch_api.TENSOR_VIEW_ATTRIBUTES:  # .T, .mT: attributes that are tensors
@@ -178,6 +187,12 @@ class TensorVariable(Variable):
             return BoundAdapterVariable(self, _refuse(f"Tensor.{name} is not supported by the "
                                                       f"capture table ({why})"), f"Tensor.{name}")
         raise Unsupported(f"Tensor.{name} is not supported by the capture table")
+
+    def setattr(self, tx, name, value):
+        if name != "requires_grad":
+            raise Unsupported(f"assigning attribute {name!r} of a tensor is not supported")
+        from kiln.capture.made_leaves import set_requires_grad
+        set_requires_grad(tx, self, value)
 
     def iterate(self, tx):
         raise Unsupported("iterating over a tensor is not supported")
@@ -311,6 +326,10 @@ class DictVariable(Variable):
             raise Unsupported(f"key {key!r} is not in the dict")
         return self.items[key]
 
+    def merged_items(self) -> dict:
+        """What ``{**d}``, ``dict(d)`` and ``x.update(d)`` copy (a dict subclass may differ)."""
+        return self.items
+
     def getattr(self, tx, name):
         if name in ("keys", "values", "items", "get", "update", "pop", "setdefault", "copy",
                     "clear"):
@@ -329,7 +348,7 @@ class DictVariable(Variable):
         if name in ("update", "pop", "setdefault", "clear") and self.source is not None:
             tx.side_effects.mutate(self)  # replayed after the call (side_effects.py)
         if name == "update" and (not args or len(args) == 1 and isinstance(args[0], DictVariable)):
-            self.items.update(args[0].items if args else {})
+            self.items.update(args[0].merged_items() if args else {})
             self.items.update(kwargs)
             return ConstantVariable(None)
         if name == "update" and len(args) == 1 and hasattr(args[0], "iterate"):

@@ -18,7 +18,7 @@ from kiln.capture import controls, sized_later, torch_api
 from kiln.capture.errors import Unsupported
 from kiln.capture.fallback import fallback_adapter
 from kiln.capture import module_walks
-from kiln.capture.guards import ItemSource
+from kiln.capture.guards import AttrSource, ItemSource
 from kiln.capture.values import (ConstantVariable, DictVariable, ListVariable, TensorVariable,
                                  TupleVariable, Variable, is_constant)
 
@@ -41,7 +41,9 @@ class ModuleVariable(Variable):
 
     def _method(self, tx, name, fn):
         """``module.name`` for a method ``fn`` of its class: inlined when called."""
-        return FunctionVariable(fn, self_var=self)
+        method = FunctionVariable(fn, self_var=self)
+        method.method_name = name
+        return method
 
     def python_type(self):
         return type(self.module)
@@ -185,6 +187,7 @@ class FunctionVariable(Variable):
         self.qualname = fn.__qualname__ if fn is not None else (qualname or self.code.co_name)
 
     by_code = False  # guarded by code, globals and defaults' layout, not identity (tracer.wrap)
+    method_name = None  # a module's method: the attribute it was read as (ModuleVariable._method)
 
     def python_type(self):
         return types.MethodType if self.self_var is not None else types.FunctionType
@@ -200,7 +203,15 @@ class FunctionVariable(Variable):
                 tx.guards.constant(tx.attr_source(self.source, name), value)
             return ConstantVariable(value)
         if name == "__func__" and self.self_var is not None:  # a bound method's function
-            return FunctionVariable(self.fn, source=tx.attr_source(self.source, name)) if self.fn is not None else \
+            if self.fn is not None and self.source is None and self.method_name is not None \
+                    and self.self_var.source is not None:
+                # a module's method: reached again as ``m.<name>.__func__`` (guarded as any
+                # function), so a value holding it can be stored or rebuilt at a graph break
+                # (the kernels package's use_kernelized_func keeps it in a dict it stores)
+                source = AttrSource(AttrSource(self.self_var.source, self.method_name), "__func__")
+                return tx.wrap(self.fn, source)
+            # this tracker's source, where it has one, is its function's (module_call.py)
+            return FunctionVariable(self.fn, source=self.source) if self.fn is not None else \
                 FunctionVariable(code=self.code, globals_=self.globals, defaults=self.defaults,
                                  kwdefaults=self.kwdefaults, closure=self.closure, qualname=self.qualname)
         if name in ("__wrapped__", "__func__") and self.fn is not None and hasattr(self.fn, name):
@@ -276,10 +287,29 @@ class BuiltinVariable(Variable):
     def getattr(self, tx, name):
         if self.fn is dict and name == "fromkeys":  # DynamicCache's dict.fromkeys(range(n))
             return _DictFromKeys()
+        if self.fn is dict and name in _DICT_DUNDERS:  # dict.__getitem__(self, k) in a subclass
+            return _UnboundDictDunder(name)
         return super().getattr(tx, name)
 
     def __repr__(self):
         return f"Builtin({getattr(self.fn, '__name__', self.fn)})"
+
+
+_DICT_DUNDERS = ("__getitem__", "__setitem__", "__delitem__", "__contains__", "__len__")
+
+
+class _UnboundDictDunder(Variable):
+    """``dict.__getitem__(obj, key)`` (and friends): dict's own behaviour on a tracked dict,
+    past a subclass's override."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def call(self, tx, args, kwargs):
+        from kiln.capture.values_dict import DictDunder
+        if kwargs or not args or not isinstance(args[0], DictVariable):
+            raise Unsupported(f"dict.{self.name} on {args[0] if args else 'nothing'} is not supported")
+        return DictDunder(args[0], self.name).call(tx, list(args[1:]), {})
 
 
 class _DictFromKeys(Variable):

@@ -72,33 +72,104 @@ class _ContextVarGet(Variable):
 
 # ====================================================================== dict subclasses
 # What capture reads of a dict implicitly (subscripts, `in`, iteration, len, the guards): a
-# subclass that overrides none of them keeps dict's reads, so its items are tracked as a dict's.
-_DICT_READS = ("__getitem__", "__iter__", "__len__", "__contains__", "keys", "items", "values",
-               "__eq__", "__missing__")
+# subclass keeps dict's (or OrderedDict's) reads for these, so its items are tracked as a dict's.
+_DICT_READS = ("__iter__", "__len__", "keys", "items", "values", "__eq__")
+# Reads an opcode makes that a subclass may override in Python: the override is inlined where
+# the opcode runs (``__getitem__`` at a subscript, ``__contains__`` at ``in``; dict's
+# ``__getitem__`` calls ``__missing__`` for a missing key). transformers' ``ClassInstantier``
+# (``ACT2FN``, an OrderedDict) instantiates the class it holds in ``__getitem__``.
+_INLINED_READS = ("__getitem__", "__contains__", "__missing__")
+_DICT_BASES = (dict, collections.OrderedDict, object, None)
 
 
 def is_python_dict_subclass(cls) -> bool:
-    """A dict subclass defined in Python (heap types only between it and dict) whose implicit
-    reads are dict's; its own methods are inlined, dict's behave as a dict's."""
-    if not isinstance(cls, type) or cls is dict or not issubclass(cls, dict) or type(cls) is not type:
+    """A dict or OrderedDict subclass defined in Python (heap types only between it and its
+    base) whose implicit reads are its base's, or Python overrides capture inlines."""
+    if not isinstance(cls, type) or cls in (dict, collections.OrderedDict) or not issubclass(cls, dict) \
+            or type(cls) is not type:
         return False
     if dataclasses.is_dataclass(cls):
         return False  # transformers' ModelOutput and friends: DictDataclassVariable
     heap = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
-    if any(k not in (dict, object) and not k.__flags__ & heap for k in cls.__mro__):
+    if any(k not in _DICT_BASES and not k.__flags__ & heap for k in cls.__mro__):
         return False
-    return all(_static_lookup(cls, name)[1] in (dict, object, None) for name in _DICT_READS)
+    if not all(_static_lookup(cls, name)[1] in _DICT_BASES for name in _DICT_READS):
+        return False
+    return all(_static_lookup(cls, name)[1] in _DICT_BASES
+               or isinstance(_static_lookup(cls, name)[0], types.FunctionType) for name in _INLINED_READS)
+
+
+class DictItemSource(Source):
+    """``dict.__getitem__(<parent>, key)``: an item of a dict subclass read past its Python
+    ``__getitem__`` (which the guards must not run: ACT2FN's builds a module)."""
+    __slots__ = ("parent", "key")
+
+    def __init__(self, parent, key):
+        self.parent, self.key = parent, key
+
+    def expr(self, base=None):
+        return f"dict.__getitem__({base or self.parent.expr()}, {self.key!r})"
+
+
+class _Unread:
+    """An item of a dict subclass from the inputs that the trace has not read: wrapped, and
+    guarded, when it is (a registry such as ACT2FN holds two dozen classes; a call reads one)."""
+    __slots__ = ("value", "source", "guard")
+
+    def __init__(self, value, source, guard):
+        self.value, self.source, self.guard = value, source, guard
 
 
 class DictSubclassVariable(DictVariable):
     """An instance of a Python dict subclass (``is_python_dict_subclass``): items as a dict's,
     methods the subclass defines inlined (``super().get`` reaches dict's), instance attributes
-    read from the real object (guarded)."""
+    read from the real object (guarded). Items from the inputs are wrapped when first read:
+    one by a subscript, ``in`` or ``get``; all by anything that reads ``items``."""
 
-    def __init__(self, cls, items, source=None, value=None):
+    def __init__(self, cls, items, source=None, value=None, tx=None):
+        self._tx = tx  # wraps the unread items (one trace: the tracker lives no longer)
         super().__init__(items, source)
         self.cls = cls
         self.value = value
+
+    @property
+    def items(self):
+        if self._unread:
+            for k, v in self._items.items():
+                if type(v) is _Unread:
+                    self._items[k] = self._tx.wrap(v.value, v.source, v.guard)
+            self._unread = False
+        return self._items
+
+    @items.setter
+    def items(self, items):
+        self._items = items
+        self._unread = any(type(v) is _Unread for v in items.values())
+
+    def item(self, key):
+        """The item at ``key`` (present), wrapped now if it was not read yet."""
+        v = self._items[key]
+        if type(v) is _Unread:
+            v = self._items[key] = self._tx.wrap(v.value, v.source, v.guard)
+        return v
+
+    def keys(self):
+        """The keys (guarded at the wrap), without reading any item."""
+        return self._items.keys()
+
+    def iterate(self, tx):
+        return [ConstantVariable(k) for k in self._items]
+
+    def truth(self, tx):
+        return bool(self._items)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "get" and 1 <= len(args) <= 2 and not kwargs:  # dict.get: no __getitem__
+            key = args[0].as_python()
+            if key in self._items:
+                return self.item(key)
+            return args[1] if len(args) == 2 else ConstantVariable(None)
+        return super().call_method(tx, name, args, kwargs)
 
     def python_type(self):
         return self.cls
@@ -112,14 +183,50 @@ class DictSubclassVariable(DictVariable):
         if self.value is not None and name in getattr(self.value, "__dict__", {}):
             return tx.wrap(self.value.__dict__[name], tx.attr_source(self.source, name))
         found, owner = _static_lookup(self.cls, name)
-        if owner not in (None, dict, object):
+        if owner not in _DICT_BASES:
             return attribute_of_class(tx, self.cls, name, self, self.source)
         return super().getattr(tx, name)
+
+    def getitem(self, tx, key):
+        """``obj[key]``: the subclass's ``__getitem__`` inlined, else dict's."""
+        override = self.python_override("__getitem__")
+        if override is not None:
+            return override.call(tx, [key], {})
+        return self.dict_getitem(tx, key)
+
+    def dict_getitem(self, tx, key):
+        """dict's ``__getitem__``: the item, or the subclass's ``__missing__`` (inlined) for a
+        key the guarded keys do not hold."""
+        k = key.as_python()
+        if k in self._items:
+            return self.item(k)
+        missing = self.python_override("__missing__")
+        if missing is not None:
+            return missing.call(tx, [key], {})
+        raise Unsupported(f"key {k!r} is not in the {self.cls.__name__}")
+
+    def contains(self, tx, item) -> bool:
+        """``item in obj``: the subclass's ``__contains__`` inlined, else dict's."""
+        override = self.python_override("__contains__")
+        if override is None:
+            return item.as_python() in self._items
+        out = override.call(tx, [item], {})
+        if not isinstance(out, ConstantVariable):
+            raise Unsupported(f"{self.cls.__name__}.__contains__ returned {out}")
+        return bool(out.value)
+
+    def merged_items(self) -> dict:
+        """The items ``{**obj}`` / ``dict.update(obj)`` read. CPython copies a dict's entries
+        directly unless the class iterates on its own (OrderedDict does); then it calls
+        ``keys()`` and ``obj[key]``, which for an overridden ``__getitem__`` is a break."""
+        if self.cls.__iter__ is not dict.__iter__ and self.python_override("__getitem__"):
+            raise Unsupported(f"merging a {self.cls.__name__} (its keys() and __getitem__) is not supported")
+        return self.items
 
     def python_override(self, name):
         """The subclass's own ``name`` (a dunder an opcode would call), bound; None if dict's."""
         found, owner = _static_lookup(self.cls, name)
-        if owner in (None, dict, object):
+        if owner in _DICT_BASES:
             return None
         if not isinstance(found, types.FunctionType):
             raise Unsupported(f"{self.cls.__name__}.{name} is not a Python function")
@@ -131,20 +238,24 @@ class DictSubclassVariable(DictVariable):
 
 def wrap_dict_subclass(tx, value, source, guard: bool):
     """``tx.wrap`` of a Python dict subclass instance: one tracker per object, its class and
-    keys guarded, its items wrapped as a dict's."""
+    keys guarded (in its own iteration order: an OrderedDict's may differ from dict's), its
+    items wrapped as a dict's, read past a Python ``__getitem__``."""
     seen = tx.side_effects.tracker_of(value)
     if seen is not None:
         if seen.source is not None and source is not None and seen.source != source:
             tx.guards.same_object(source, seen.source)
         return seen
-    keys = list(dict.keys(value))
+    ordered = isinstance(value, collections.OrderedDict)
+    keys = list(collections.OrderedDict.keys(value)) if ordered else list(dict.keys(value))
     if not all(isinstance(k, (str, int)) for k in keys):
         raise Unsupported(f"a {type(value).__name__} with non-str/int keys is not supported")
     if guard:
-        tx.guards.add(source, f"id(type({{}})) == {id(type(value))} and list(dict.keys({{}})) == {keys!r}")
-    items = {k: tx.wrap(dict.__getitem__(value, k), ItemSource(source, k) if source is not None else None,
+        read = "list({})" if ordered else "list(dict.keys({}))"
+        tx.guards.add(source, f"id(type({{}})) == {id(type(value))} and {read} == {keys!r}")
+    item_source = ItemSource if _static_lookup(type(value), "__getitem__")[1] in _DICT_BASES else DictItemSource
+    items = {k: _Unread(dict.__getitem__(value, k), item_source(source, k) if source is not None else None,
                         guard) for k in keys}
-    return tx.side_effects.remember(value, DictSubclassVariable(type(value), items, source, value))
+    return tx.side_effects.remember(value, DictSubclassVariable(type(value), items, source, value, tx))
 
 
 class DictDunder(Variable):
@@ -156,11 +267,14 @@ class DictDunder(Variable):
     def call(self, tx, args, kwargs):
         obj, name = self.obj, self.name
         if name == "__getitem__" and len(args) == 1:
+            if isinstance(obj, DictSubclassVariable):
+                return obj.dict_getitem(tx, args[0])  # a missing key: the subclass's __missing__
             return DictVariable.getitem(obj, tx, args[0])
+        keys = obj.keys() if isinstance(obj, DictSubclassVariable) else obj.items  # no item read
         if name == "__contains__" and len(args) == 1:
-            return ConstantVariable(args[0].as_python() in obj.items)
+            return ConstantVariable(args[0].as_python() in keys)
         if name == "__len__" and not args:
-            return ConstantVariable(len(obj.items))
+            return ConstantVariable(len(keys))
         if name in ("__setitem__", "__delitem__") and len(args) == 2 - (name == "__delitem__"):
             tx.side_effects.mutate(obj)
             key = args[0].as_python()
@@ -203,5 +317,5 @@ def make_ordered_dict(tx, args, kwargs):
     return OrderedDictVariable(call_builtin(tx, dict, args, kwargs).items)
 
 
-__all__ = ["OrderedDictVariable", "make_ordered_dict", "is_python_dict_subclass", "DictSubclassVariable", "wrap_dict_subclass", "DictDunder",
+__all__ = ["OrderedDictVariable", "make_ordered_dict", "is_python_dict_subclass", "DictSubclassVariable", "wrap_dict_subclass", "DictDunder", "DictItemSource",
            "ContextVarVariable", "MethodCallSource"]

@@ -385,7 +385,9 @@ class SuperVariable(Variable):
         mro = self.obj.python_type().__mro__
         start = mro.index(self.cls) + 1
         for klass in mro[start:]:
-            if klass is dict and isinstance(self.obj, DictVariable):  # a dict subclass's super()
+            # a dict (or OrderedDict) subclass's super(): OrderedDict's C methods keep dict's
+            # items, in the same order while nothing moves a key (move_to_end is a break)
+            if klass in (dict, collections.OrderedDict) and isinstance(self.obj, DictVariable):
                 if name in ("__getitem__", "__setitem__", "__delitem__", "__contains__", "__len__"):
                     from kiln.capture.values_dict import DictDunder
                     return DictDunder(self.obj, name)

@@ -1,8 +1,10 @@
 """nn.Module capture: submodule forwards are inlined, parameters are lifted as graph inputs."""
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import kiln
 from capture_helpers import check, locals_for, run_captured
 from kiln.capture import trace
 from kiln.ops import core
@@ -124,3 +126,42 @@ def test_calling_the_module_directly():
 
     result = check(lambda x: fn(m, x), lambda: (torch.randn(4, 8),))
     assert "L['m'].linear.weight" in result.input_sources
+
+
+class _Holder:
+    pass
+
+
+class _KeepsItsMethod(nn.Module):
+    """Stores its own method's function into Python state, as the kernels package's
+    use_kernelized_func does (a dict of (module, Func.forward) set on a context holder)."""
+
+    def __init__(self, holder):
+        super().__init__()
+        self.holder = holder
+        self.lin = nn.Linear(3, 3)
+
+    def helper(self, x):
+        return x + 1
+
+    def forward(self, x, brk=False):
+        self.holder.table = {"fn": (self, self.helper.__func__)}
+        y = self.lin(x)
+        if brk:
+            kiln.graph_break()
+        return self.holder.table["fn"][1](self, y)
+
+
+@pytest.mark.parametrize("brk", [False, True], ids=["stored", "live-at-a-break"])
+def test_a_methods_function_is_stored_and_rebuilt(brk):
+    """``m.helper.__func__`` is reached through the module (guarded as any function), so the
+    replayed write and a graph break's glue can rebuild it; no part runs eagerly."""
+    holder = _Holder()
+    m = _KeepsItsMethod(holder)
+    x = torch.randn(2, 3)
+    kiln.reset()
+    out = kiln.explain(m, backend="eager")(x, brk)
+    assert not out.eager_runs, out.eager_runs
+    assert out.graph_break_count == int(brk), out.break_reasons
+    torch.testing.assert_close(out.result, m.lin(x) + 1)
+    assert holder.table["fn"][1] is _KeepsItsMethod.helper and holder.table["fn"][0] is m

@@ -91,14 +91,42 @@ def test_calls_it_cannot_bind_go_to_the_general_binding(i):
         frame_locals(fn, args, kwargs)
 
 
-def test_no_fast_builder_where_inspect_reads_more_than_the_code():
+def test_a_signature_attribute_does_not_change_the_frame_binding():
+    """CPython binds a frame by its code; a ``__signature__`` on the function (the kernels
+    package gives its ``Func.forward(self, *args, **kwargs)`` the kernel's) is not read."""
     import inspect
 
     def f(x, y=1):
         return x
     f.__signature__ = inspect.Signature([inspect.Parameter("x", inspect.Parameter.POSITIONAL_OR_KEYWORD)])
-    assert _fast_locals_builder(f) is None
+    assert _fast_locals_builder(f)((0, 2), {}) == frame_locals(f, (0, 2), {}) == {"x": 0, "y": 2}
     assert _fast_locals_builder(torch.sin) is None
+
+
+def test_varargs_forward_with_a_signature_breaks_and_resumes():
+    """A module forward ``(self, *args, **kwargs)`` carrying a narrower ``__signature__``,
+    compiled on its own at a graph break: its frame gets ``args``, and nothing runs eagerly."""
+    import inspect
+
+    import kiln
+
+    def inner(x):
+        y = x * 2
+        kiln.graph_break()
+        return y + 1
+
+    class Func(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            return inner(*args, **kwargs)
+    Func.forward.__signature__ = inspect.signature(lambda self, x: None)
+    f = Func()
+
+    def outer(x):
+        return f(x) * 3
+    kiln.reset()
+    out = kiln.explain(outer, backend="eager")(torch.ones(2))
+    assert not out.eager_runs, out.eager_runs
+    torch.testing.assert_close(out.result, outer(torch.ones(2)))
 
 
 def test_defaults_are_read_at_call_time():

@@ -153,6 +153,34 @@ def test_break_inside_every_layer_resumes_compiled(monkeypatch, capsys):
     assert kiln.stats()["graph_breaks"] > 0
 
 
+def test_break_inside_kernelized_attention_resumes_compiled(monkeypatch, capsys):
+    """A break inside LlamaAttention, which transformers wraps with the kernels package's
+    use_kernelized_func (its forward stores ``Func.forward`` functions in a context holder,
+    and Func.forward carries the kernel's ``__signature__``): every level resumes compiled."""
+    from transformers.models.llama import modeling_llama
+
+    attention = modeling_llama.eager_attention_forward
+
+    def breaking_attention(*args, **kwargs):
+        kiln.graph_break()
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", breaking_attention)
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(**_LLAMA_LIKE, attn_implementation="eager")).eval()
+    args, _ = _inputs(False)
+    kiln.log.configure("graph_breaks")
+    try:
+        compiled = kiln.compile(model, backend="eager")
+        with torch.no_grad():
+            assert_close(compiled(*args).logits, model(*args).logits)
+    finally:
+        kiln.log.configure("")
+    logged = capsys.readouterr().err
+    assert "resumes compiled" in logged and "eagerly" not in logged, logged
+    assert kiln.stats()["eager_runs"] == 0
+
+
 def test_kiln_training_step_with_dropout_on():
     """GPT-2's dropouts (embeddings, attention weights, residuals) on, full backend: one graph,
     a loss near eager's (dropout changes it a little), every parameter gets a finite gradient,

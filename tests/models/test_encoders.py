@@ -79,3 +79,22 @@ def test_masked_lm_training_step_with_labels_matches_eager():
     model, args, kwargs = build("bert_mlm")
     stats = check_training(model, args, kwargs)
     assert stats["graph_breaks"] == 0, stats
+
+
+def test_mra_without_its_kernel_is_one_graph_under_no_grad():
+    """MRA's attention returns ``torch.zeros_like(query).requires_grad_()`` when its CUDA kernel
+    is missing: captured under no_grad (made_leaves.py), 1 graph / 0 breaks as Dynamo (13 / 13
+    before), outputs as eager's. With grad mode on it stays a break (Dynamo: 7 / 6 in training)."""
+    import torch
+    import kiln
+    from transformers import MraConfig, MraModel
+    torch.manual_seed(0)
+    cfg = MraConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                    attention_probs_dropout_prob=0.0)
+    model, ids = MraModel(cfg).eval(), torch.randint(0, 128, (2, 16))
+    with torch.no_grad():
+        kiln.reset()
+        out = kiln.explain(model, backend="eager")(ids)
+        assert (out.graph_count, out.graph_break_count) == (1, 0), out.break_reasons
+        check_inference(model, (ids,), {})
