@@ -138,6 +138,9 @@ def _const_check(value) -> str:
     return f"type({{}}) is {type(value).__name__} and {{}} == {value!r}"
 
 
+_CLASS_CHECK = re.compile(r"id\(type\(\{\}\)\) == \d+")
+
+
 def tensor_checks(t: torch.Tensor) -> list[str]:
     if type(t) is torch.Tensor:
         ty = "type({}) is torch.Tensor"
@@ -180,7 +183,7 @@ class Temporaries:
         name = self.names.get(key)
         if name is None:  # LocalSource, GlobalSource, ExprSource have no parent
             rhs = src.expr() if src.parent is None else src.expr(self(src.parent))
-            name = self.names[key] = f"v{len(self.names)}"
+            name = self.names[key] = f"{getattr(src, 'prefix', 'v')}{len(self.names)}"
             self.lines.append(f"{self.indent}{name} = {rhs}")
         return name
 
@@ -246,6 +249,11 @@ class GuardSet:
     def same_object(self, source, other: Source):
         self.add(source, f"{{}} is {other.expr()}")
 
+    def typed(self) -> frozenset:
+        """The exprs of the sources whose class a check compares (``id(type({})) == N``): every
+        check runs on each hit, so where the guard passes, each of these has its class."""
+        return frozenset(s.expr() for s, c in self.entries if _CLASS_CHECK.fullmatch(c))
+
     def _symbol_names(self, temp=None) -> dict:
         if temp is None:
             return {sym: f"{src.expr()}.{acc}" if acc else src.expr()
@@ -273,25 +281,25 @@ class GuardSet:
         # that went away, a shorter tuple) means the guard fails, never an error.
         lines.append("    try:")
         lines.append("        pass")  # a capture may guard nothing (a break at entry)
-        dicts: dict = {}  # temporary -> the temporary holding its __dict__
+        from kiln.capture.fast_sources import InstanceDictSource
         i = 0
         while i < len(self.entries):
             src = self.entries[i][0]
             j = i
             while j < len(self.entries) and self.entries[j][0] == src:
                 j += 1
+            # "": a check that another one implies (fast_sources.fast_checks)
+            checks = [c for c in (self.fast_checks.get((s.expr(), c), c) for s, c in self.entries[i:j]) if c]
+            i = j
+            if not checks:
+                continue
             name = temp(src)
-            checks = [self.fast_checks.get((s.expr(), c), c) for s, c in self.entries[i:j]]
             if any("{d}" in c for c in checks):  # the module's instance dict, read once
-                if name not in dicts:
-                    dicts[name] = f"d{len(dicts)}"
-                    lines.append(f"        {dicts[name]} = {name}.__dict__")
-                checks = [c.replace("{d}", dicts[name]) for c in checks]
+                checks = [c.replace("{d}", temp(InstanceDictSource(self.fast.get(src.expr(), src)))) for c in checks]
             cond = " and ".join(f"({c.replace('{}', name)})" if " or " in c else c.replace("{}", name)
                                 for c in checks)
             lines.append(f"        if not ({cond}):")
             lines.append("            return False")
-            i = j
         if self.symbol_reads:
             # symbolic sizes: read each symbol once, then the relations recorded on them
             for sym, (src, acc) in self.symbol_reads.items():  # acc "": an int input itself
@@ -313,8 +321,9 @@ class GuardSet:
             from kiln.capture.fast_sources import fast_checks, fast_map
             sources = [s for s, _ in self.entries] + [s for s, _ in self.symbol_reads.values()] + \
                 [s for s, _, _ in self.symbolic]
-            self.fast = fast_map(sources, L, G or {})
-            self.fast_checks, self.fast_names = fast_checks(self.entries, L, G or {}, self.fast)
+            typed = self.typed()
+            self.fast = fast_map(sources, L, G or {}, typed)
+            self.fast_checks, self.fast_names = fast_checks(self.entries, L, G or {}, self.fast, typed)
         source = self.python()
         namespace = {"torch": torch, **self.fast_names}
         exec(compile(bind_torch_names(source, namespace), "<kiln guard>", "exec"), namespace)

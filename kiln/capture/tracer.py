@@ -762,8 +762,9 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
         check_float_outputs(tx.graph)
 
     input_sources = [s.expr() for s in tx.input_sources]
+    # the fetch runs only where the guard passed: it may rely on the guard's class checks
     fetch_source, fetch = make_fetch(tx.input_sources, func.__globals__,
-                                     fast_map(tx.input_sources, L, func.__globals__))
+                                     fast_map(tx.input_sources, L, func.__globals__, tx.guards.typed()))
     # guards the ambient autocast state; a region still open at a break is re-entered for real
     # by the glue (resume.py), so the resume function sees it as ambient autocast
     autocast_devices = tx.autocast.finish(tx.graph, at_break=break_state is not None)

@@ -1,5 +1,7 @@
 """Guards and fetches read module tables directly (kiln/capture/fast_sources.py): the same
 answers and the same recompiles as the plain attribute spelling, faster."""
+import re
+
 import torch
 
 import kiln
@@ -36,6 +38,17 @@ def _sources(compiled):
     return entry.capture.guard_source, entry.capture.fetch_source
 
 
+def _reads(code):
+    """Each temporary of a generated guard or fetch, spelled out: ``v3 = v2['blocks']`` with
+    ``v2 = d1['_modules']`` and ``d1 = v0.__dict__`` reads ``L['self'].__dict__['_modules']['blocks']``."""
+    full = {}
+    for line in code.splitlines():
+        m = re.fullmatch(r"\s*([vd]\d+) = (.*)", line)
+        if m:
+            full[m.group(1)] = re.sub(r"\b[vd]\d+\b", lambda t: full.get(t.group(0), t.group(0)), m.group(2))
+    return set(full.values())
+
+
 def test_module_tables_are_read_directly_and_answers_match():
     net = Net()
     f = kiln.compile(net)
@@ -43,10 +56,15 @@ def test_module_tables_are_read_directly_and_answers_match():
     with torch.no_grad():
         torch.testing.assert_close(f(x), net(x))
         guard, fetch = _sources(f)
+    # every module here is guarded by class: its tables are read from its instance dict
+    blocks = "L['self'].__dict__['_modules']['blocks']"
     for code in (guard, fetch):
-        for read in ("._modules['blocks']", "._modules['1']", "._parameters['weight']",
-                     "._buffers['scale']", "._modules['heads']", "._modules['out']"):
-            assert read in code, (read, code)
+        reads = _reads(code)
+        for read in (blocks, f"{blocks}.__dict__['_modules']['1']",
+                     f"{blocks}.__dict__['_modules']['1'].__dict__['_modules']['fc'].__dict__['_parameters']['weight']",
+                     f"{blocks}.__dict__['_modules']['1'].__dict__['_buffers']['scale']",
+                     "L['self'].__dict__['_modules']['heads'].__dict__['_modules']['out']"):
+            assert read in reads, (read, code)
         assert ".blocks" not in code and ".fc" not in code and "[1]" not in code, code
     # readable spellings stay what the guards print
     assert any("L['self'].blocks[1].fc.weight" in g for g in api.caches_of(Net.forward.__code__)[0].entries[-1].capture.guards)
