@@ -16,6 +16,7 @@ import sys
 import torch
 
 from kiln.capture import controls, sized_later, torch_api
+from kiln.capture.dict_keys import dict_key
 from kiln.capture.errors import Unsupported
 from kiln.capture.scalar_values import NumberVariable, to_number
 from kiln.capture.values import (ConstantVariable, DictVariable, IteratorVariable, ListVariable,
@@ -340,7 +341,7 @@ def _dict(tx, *args, **kwargs):
         else:
             for pair in src.iterate(tx):
                 k, v = pair.iterate(tx)
-                items[k.as_python()] = v
+                items[dict_key(tx, k, items)] = v
     items.update(kwargs)
     return DictVariable(items)
 
