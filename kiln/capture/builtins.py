@@ -544,3 +544,5 @@ for _fn in _torch_tracing_queries():
 
 # trace-time introspection and copying (inspect.signature, id, copy): registers its handlers
 from kiln.capture import values_introspect  # noqa: E402,F401
+# classes made by library functions (collections.namedtuple), made at trace time
+from kiln.capture import class_factories  # noqa: E402,F401

@@ -156,3 +156,70 @@ def test_a_computed_tensor_as_a_key_is_a_clear_break():
     x = _r44()
     with pytest.warns(RuntimeWarning, match="computed in the traced code as a dict key"):
         torch.testing.assert_close(compiled(x), fn(x))
+
+
+# ====================================================================== namedtuple classes
+def _r3():
+    return torch.randn(3)
+
+
+def test_namedtuple_class_made_in_the_frame():  # test_namedtuple
+    def fn(a, b):
+        mytuple = collections.namedtuple("mytuple", ["x", "y", "xy"])
+        tmp = mytuple(a, b, a + b)
+        return mytuple(tmp.x, tmp[1], tmp.xy + b)
+
+    compiled = _check(fn, _r3, _r3)
+    out = compiled(_r3(), _r3())
+    assert type(out).__name__ == "mytuple" and type(out)._fields == ("x", "y", "xy")
+    assert type(out).__module__ == __name__
+
+
+def test_namedtuple_class_with_defaults():  # test_namedtuple_defaults
+    def fn(a, b):
+        mytuple = collections.namedtuple("mytuple", ["x", "y", "xy"], defaults=(None, 1, None))
+        tmp = mytuple(a, xy=b)
+        return mytuple(tmp.x, tmp[1], tmp.xy + b)
+
+    _check(fn, _r3, _r3)
+
+
+def test_namedtuple_fields_from_an_argument_are_guarded():
+    def fn(a, names):
+        cls = collections.namedtuple("T", names)
+        t = cls(*([a] * len(names)))
+        return t[0] * len(t._fields), type(t)._fields
+
+    compiled = kiln.compile(fn)
+    for names in (["p", "q"], ["p", "q"], ["u", "v", "w"]):
+        a = _r3()
+        out, ref = compiled(a, names), fn(a, names)
+        torch.testing.assert_close(out[0], ref[0])
+        assert out[1] == ref[1]
+    assert _stats()["eager_runs"] == 0 and _stats()["recompiles"] == 1
+
+
+def test_typing_namedtuple_functional_form_across_a_break():
+    import typing
+
+    def fn(a):
+        Pair = typing.NamedTuple("Pair", [("left", torch.Tensor), ("right", int)])
+        p = Pair(a * 2, 3)
+        print("break")
+        return p.left + p.right, p
+
+    compiled = kiln.compile(fn)
+    a = _r3()
+    out, ref = compiled(a), fn(a)
+    torch.testing.assert_close(out[0], ref[0])
+    assert type(out[1]).__name__ == "Pair" and out[1].right == 3
+    assert _stats()["eager_runs"] == 0 and _stats()["graph_breaks"] == 1
+
+
+def test_a_namedtuple_call_that_raises_raises_as_in_eager():
+    def fn(a):
+        collections.namedtuple("bad", ["1x"])
+        return a + 1
+
+    with pytest.raises(ValueError):
+        kiln.compile(fn)(_r3())
