@@ -16,6 +16,7 @@ import sys
 import torch
 
 from kiln.capture import controls, sized_later, torch_api
+from kiln.capture.dict_keys import dict_key
 from kiln.capture.errors import Unsupported
 from kiln.capture.scalar_values import NumberVariable, to_number
 from kiln.capture.values import (ConstantVariable, DictVariable, IteratorVariable, ListVariable,
@@ -340,7 +341,7 @@ def _dict(tx, *args, **kwargs):
         else:
             for pair in src.iterate(tx):
                 k, v = pair.iterate(tx)
-                items[k.as_python()] = v
+                items[dict_key(tx, k, items)] = v
     items.update(kwargs)
     return DictVariable(items)
 
@@ -543,3 +544,5 @@ for _fn in _torch_tracing_queries():
 
 # trace-time introspection and copying (inspect.signature, id, copy): registers its handlers
 from kiln.capture import values_introspect  # noqa: E402,F401
+# classes made by library functions (collections.namedtuple), made at trace time
+from kiln.capture import class_factories  # noqa: E402,F401

@@ -360,6 +360,8 @@ def call_function_ex(frame, inst):
     if kwargs is not None and not isinstance(kwargs, DictVariable):
         raise Unsupported("**kwargs of a non-dict")
     py_kwargs = {k: v for k, v in (kwargs.items.items() if kwargs is not None else ())}
+    if any(not isinstance(k, str) for k in py_kwargs):  # Python's TypeError: a break, not a trace
+        raise Unsupported("**kwargs with a key that is not a string")
     frame.push(frame.call(fn, args.iterate(frame.tx), py_kwargs))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+from kiln.capture.dict_keys import dict_key, merge_items
 from kiln.capture.errors import Unsupported
 from kiln.capture.interpreter import handler
 from kiln.capture.values import (NULL, ConstantVariable, DictVariable, ListVariable, TensorVariable,
@@ -124,8 +125,8 @@ def contains_op(frame, inst):
         frame.push(negate(frame.tx, found) if inst.arg else found)
         return
     if isinstance(container, DictVariable) and not hasattr(container, "contains"):
-        found = item.as_python() in container.items
-    elif hasattr(container, "contains"):  # a dict subclass's or user object's __contains__  # a user object: its __contains__ (values_python)
+        found = dict_key(frame.tx, item, container.items) in container.items
+    elif hasattr(container, "contains"):  # a dict subclass's or user object's __contains__
         found = container.contains(frame.tx, item)
     else:
         found = item.as_python() in container.as_python()
@@ -146,7 +147,10 @@ def build_list(frame, inst):
 @handler("BUILD_MAP")
 def build_map(frame, inst):
     flat = frame.popn(2 * inst.arg)
-    frame.push(DictVariable({flat[i].as_python(): flat[i + 1] for i in range(0, len(flat), 2)}))
+    items = {}
+    for i in range(0, len(flat), 2):
+        items[dict_key(frame.tx, flat[i], items)] = flat[i + 1]
+    frame.push(DictVariable(items))
 
 
 @handler("BUILD_CONST_KEY_MAP")
@@ -196,7 +200,7 @@ def dict_merge(frame, inst):
     items = update.merged_items()
     if inst.opname == "DICT_MERGE" and set(target.items) & set(items):
         raise Unsupported("duplicate keyword argument")
-    target.items.update(items)
+    merge_items(frame.tx, target.items, items)
 
 
 @handler("LIST_TO_TUPLE", versions=((3, 11), (3, 11)))
@@ -261,7 +265,8 @@ def store_subscr(frame, inst):
     if not isinstance(container, (ListVariable, DictVariable)):
         raise Unsupported(f"item assignment on {container} is not supported")
     frame.tx.side_effects.mutate(container)  # replayed when it came from the inputs
-    k = key.as_python()
+    k = dict_key(frame.tx, key, container.items) if isinstance(container, DictVariable) \
+        else key.as_python()
     if isinstance(container, ListVariable) and isinstance(k, slice):
         container.items[k] = value.iterate(frame.tx)
     else:
@@ -286,10 +291,12 @@ def delete_subscr(frame, inst):
     if not isinstance(container, (ListVariable, DictVariable)):
         raise Unsupported(f"item deletion on {container} is not supported")
     frame.tx.side_effects.mutate(container)
+    k = dict_key(frame.tx, key, container.items) if isinstance(container, DictVariable) \
+        else key.as_python()
     try:
-        del container.items[key.as_python()]
+        del container.items[k]
     except (KeyError, IndexError):
-        raise Unsupported(f"del of missing item {key.as_python()!r}") from None
+        raise Unsupported(f"del of missing item {k!r}") from None
 
 
 # ---------------------------------------------------------------- imports
@@ -337,7 +344,8 @@ def set_update(frame, inst):
 @handler("MAP_ADD")
 def map_add(frame, inst):
     value, key = frame.pop(), frame.pop()
-    frame.stack[-inst.arg].items[key.as_python()] = value
+    target = frame.stack[-inst.arg]
+    target.items[dict_key(frame.tx, key, target.items)] = value
 
 
 # ---------------------------------------------------------------- generators

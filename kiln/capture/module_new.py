@@ -35,6 +35,7 @@ import types
 import torch
 
 from kiln.capture.errors import Unsupported
+from kiln.capture.dict_keys import refuse_tensor_keys
 from kiln.capture.values import (DictVariable, IteratorVariable, ListVariable, TensorVariable,
                                  TupleVariable, Variable)
 from kiln.capture.values_callables import FunctionVariable, ModuleVariable
@@ -160,6 +161,7 @@ def real_value(v):
         items = [real_value(x) for x in v.items]
         return tuple(items) if isinstance(v, TupleVariable) else items
     if type(v) is DictVariable:
+        refuse_tensor_keys(v.items, "a module made inside compiled code given")
         return {k: real_value(x) for k, x in v.items.items()}
     return v.as_python()
 

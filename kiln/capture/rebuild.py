@@ -8,6 +8,7 @@ import collections
 
 import torch
 
+from kiln.capture.dict_keys import has_tensor_keys, keyed_dict_spec
 from kiln.capture.side_effects import build_extra, extra_spec, replay
 from kiln.capture.values import (ConstantVariable, DictVariable, ListVariable, TensorVariable,
                                  TupleVariable, Variable)
@@ -34,6 +35,8 @@ def _output_spec(v: Variable, proxies: list):
         return ("tuple", [_output_spec(x, proxies) for x in v.items])
     if isinstance(v, ListVariable):
         return ("list", [_output_spec(x, proxies) for x in v.items])
+    if isinstance(v, DictVariable) and has_tensor_keys(v.items):
+        return keyed_dict_spec(v, proxies, _output_spec)
     if isinstance(v, DictVariable) and v.python_type() is collections.OrderedDict:
         return ("odict", list(v.items), [_output_spec(x, proxies) for x in v.items.values()])
     if isinstance(v, DictVariable):

@@ -12,6 +12,7 @@ from bytecode import Instr
 
 from kiln.capture.guards import AttrSource, GlobalSource, ItemSource, LocalSource, Source
 from kiln.meta.tensor_meta import WrappedNumberMeta
+from kiln.capture.dict_keys import load_key
 from kiln.capture.resume_loops import load_as_rest
 from kiln.capture.resume_values import _construct, _construct_partial, replay_view, view_rebuild
 from kiln.capture.values import (BoundAdapterVariable, ConstantVariable, DictVariable,
@@ -220,7 +221,7 @@ class Glue:
             return True
         if isinstance(v, DictVariable):
             for k, x in v.items.items():
-                self.emit(Instr("LOAD_CONST", k))
+                load_key(self, k)
                 self.load(x)
             self.emit(Instr("BUILD_MAP", len(v.items)))
             self._memo(v)

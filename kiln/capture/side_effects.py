@@ -29,6 +29,7 @@ import collections
 import copy
 import dataclasses
 
+from kiln.capture.dict_keys import build_keyed_dict, has_tensor_keys, key_spec
 from kiln.capture.errors import Unsupported
 
 
@@ -112,7 +113,12 @@ class SideEffects:
                 steps.append(("setattr", _accessor(w.target.source), name, spec_of(value)))
         for c in self.containers.values():
             if isinstance(c.items, dict):
-                steps.append(("dict", _accessor(c.source), list(c.items),
+                keys = list(c.items)
+                if has_tensor_keys(keys):  # tensor keys read from their sources (dict_keys.py)
+                    steps.append(("keyed_dict", _accessor(c.source), [key_spec(k) for k in keys],
+                                  [spec_of(v) for v in c.items.values()]))
+                    continue
+                steps.append(("dict", _accessor(c.source), keys,
                               [spec_of(v) for v in c.items.values()]))
             else:
                 steps.append(("list", _accessor(c.source), [spec_of(v) for v in c.items]))
@@ -143,14 +149,15 @@ def replay(steps, build, L, G):
             setattr(step[1](L, G), step[2], build(step[3]))
         elif kind == "list":
             step[1](L, G)[:] = [build(s) for s in step[2]]
-        elif kind == "dict":
+        elif kind in ("dict", "keyed_dict"):
             target = step[1](L, G)
             values = [build(s) for s in step[3]]
+            keys = step[2] if kind == "dict" else [build(s) for s in step[2]]
             # dict's own methods: a subclass's overrides ran in the trace; an OrderedDict keeps
             # its order in a list of its own, which dict's methods would leave behind
             kind = collections.OrderedDict if isinstance(target, collections.OrderedDict) else dict
             kind.clear(target)
-            kind.update(target, zip(step[2], values))
+            kind.update(target, zip(keys, values))
         elif kind == "global":
             step[1][step[2]] = build(step[3])
         elif kind == "cell":
@@ -191,6 +198,8 @@ def build_extra(spec, build, L, G):
         return obj
     if kind == "call":
         return spec[1](**{k: build(s) for k, s in spec[2].items()})
+    if kind == "keyed_dict":  # a dict keyed by input tensors (dict_keys.py)
+        return build_keyed_dict(spec, build)
     if kind == "fresh":  # a module made in the trace: each call gets its own (module_new.py)
         return copy.deepcopy(spec[1])
     if kind == "source":

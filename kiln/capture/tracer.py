@@ -36,6 +36,7 @@ from kiln.capture.resume_loops import LoopRest, wrap_loop_rest
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.values_introspect import INTROSPECT_TYPES, IntrospectVariable
 from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_stdlib
+from kiln.capture.dict_keys import wrap_key
 from kiln.capture.vmap import wrap_vmap
 from kiln.capture.associative_scan import wrap_associative_scan
 from kiln.capture.made_leaves import refuse_grad_mode_use
@@ -246,7 +247,7 @@ class Tracer:
                 self.guards.add(source, dict_keys_check(value, self.guards))
             cls = DictVariable if type(value) is dict else OrderedDictVariable
             return self.side_effects.remember(value, cls(
-                {k: self.wrap(v, dict_item_source(source, i, k), guard)
+                {wrap_key(self, k, source, i, guard): self.wrap(v, dict_item_source(source, i, k), guard)
                  for i, (k, v) in enumerate(value.items())}, source))
         if is_python_dict_subclass(type(value)):  # dict's behaviour, the subclass's methods
             return wrap_dict_subclass(self, value, source, guard)

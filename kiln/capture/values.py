@@ -25,6 +25,7 @@ import torch
 
 from kiln.capture import torch_api
 from kiln.capture.fallback import fallback_adapter, inplace_fallback_adapter
+from kiln.capture.dict_keys import dict_key, key_variable, merge_items, refuse_tensor_keys
 from kiln.capture.errors import Unsupported
 from kiln.capture.mutation import refresh
 from kiln.meta.symbolic import SymInt, SymSize
@@ -312,16 +313,17 @@ class DictVariable(Variable):
         return dict
 
     def as_python(self):
+        refuse_tensor_keys(self.items, "a Python value of")
         return {k: v.as_python() for k, v in self.items.items()}
 
     def iterate(self, tx):
-        return [_key_variable(tx, k) for k in self.items]
+        return [key_variable(tx, k) for k in self.items]
 
     def truth(self, tx):
         return bool(self.items)
 
     def getitem(self, tx, key):
-        key = key.as_python()
+        key = dict_key(tx, key, self.items)
         if key not in self.items:
             raise Unsupported(f"key {key!r} is not in the dict")
         return self.items[key]
@@ -340,7 +342,7 @@ class DictVariable(Variable):
         if name in ("keys", "values", "items") and not args and not kwargs:
             return DictViewVariable(self, name)  # live: a later insertion shows in it
         if name == "get":
-            key = args[0].as_python()
+            key = dict_key(tx, args[0], self.items)
             default = args[1] if len(args) > 1 else ConstantVariable(None)
             return self.items.get(key, default)
         if name == "copy" and not args:
@@ -348,24 +350,24 @@ class DictVariable(Variable):
         if name in ("update", "pop", "setdefault", "clear") and self.source is not None:
             tx.side_effects.mutate(self)  # replayed after the call (side_effects.py)
         if name == "update" and (not args or len(args) == 1 and isinstance(args[0], DictVariable)):
-            self.items.update(args[0].merged_items() if args else {})
+            merge_items(tx, self.items, args[0].merged_items() if args else {})
             self.items.update(kwargs)
             return ConstantVariable(None)
         if name == "update" and len(args) == 1 and hasattr(args[0], "iterate"):
             pairs = _key_value_pairs(tx, args[0])  # [(k, v), [k, v]], zip(keys, values)
             if pairs is not None:
-                self.items.update(pairs)
+                merge_items(tx, self.items, pairs)
                 self.items.update(kwargs)
                 return ConstantVariable(None)
         if name == "pop" and len(args) in (1, 2):
-            key = args[0].as_python()
+            key = dict_key(tx, args[0], self.items)
             if key in self.items:
                 return self.items.pop(key)
             if len(args) == 2:
                 return args[1]
             raise Unsupported(f"dict.pop of missing key {key!r}")
         if name == "setdefault" and len(args) in (1, 2):
-            key = args[0].as_python()
+            key = dict_key(tx, args[0], self.items)
             if key not in self.items:
                 self.items[key] = args[1] if len(args) == 2 else ConstantVariable(None)
             return self.items[key]
@@ -379,27 +381,24 @@ class DictVariable(Variable):
 
 
 def _key_value_pairs(tx, iterable):
-    """dict.update's iterable of pairs as [(constant key, value)], or None (a break) where an
-    item is not a pair or a key is not a constant."""
+    """dict.update's iterable of pairs as {key: value} (dict_keys.dict_key), or None (a
+    break) where an item is not a pair or a key is neither a constant nor an input tensor."""
     try:
         items = iterable.iterate(tx)
     except Unsupported:
         return None
-    pairs = []
+    pairs = {}
     for item in items:
         if not isinstance(item, (TupleVariable, ListVariable)) or len(item.items) != 2:
             return None
         key = item.items[0]
+        if isinstance(key, TensorVariable):
+            pairs[dict_key(tx, key, pairs)] = item.items[1]
+            continue
         if not isinstance(key, ConstantVariable) or not is_constant(key.value):
             return None
-        pairs.append((key.value, item.items[1]))
+        pairs[key.value] = item.items[1]
     return pairs
-
-
-def _key_variable(tx, key):
-    """A dict key as a value: a constant, or (a function, a module as a key) what the key is
-    wrapped as; the dict's guard already holds each key by identity."""
-    return ConstantVariable(key) if is_constant(key) or tx is None else tx.wrap(key, None)
 
 
 class DictViewVariable(Variable):
@@ -417,13 +416,14 @@ class DictViewVariable(Variable):
     def iterate(self, tx=None):
         items = self.dict_var.items
         if self.kind == "keys":
-            return [_key_variable(tx, k) for k in items]
+            return [key_variable(tx, k) for k in items]
         if self.kind == "values":
             return list(items.values())
-        return [TupleVariable([_key_variable(tx, k), v]) for k, v in items.items()]
+        return [TupleVariable([key_variable(tx, k), v]) for k, v in items.items()]
 
     def as_python(self):
         if self.kind == "keys":
+            refuse_tensor_keys(self.dict_var.items, "a Python value of the keys of")
             return dict.fromkeys(self.dict_var.items).keys()
         return getattr(self.dict_var.as_python(), self.kind)()
 
@@ -435,7 +435,7 @@ class DictViewVariable(Variable):
 
     def contains(self, tx, item) -> bool:
         if self.kind == "keys":
-            return item.as_python() in self.dict_var.items
+            return dict_key(tx, item, self.dict_var.items) in self.dict_var.items
         return item.as_python() in [v.as_python() for v in self.iterate(tx)]
 
     def getattr(self, tx, name):

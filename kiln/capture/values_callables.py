@@ -16,6 +16,7 @@ import torch
 
 from kiln.capture import controls, sized_later, torch_api
 from kiln.capture.errors import Unsupported
+from kiln.capture.dict_keys import dict_key
 from kiln.capture.fallback import fallback_adapter
 from kiln.capture import module_walks
 from kiln.capture.guards import AttrSource, ItemSource
@@ -319,8 +320,10 @@ class _DictFromKeys(Variable):
         if kwargs or not 1 <= len(args) <= 2:
             raise Unsupported("dict.fromkeys takes an iterable and an optional value")
         value = args[1] if len(args) == 2 else ConstantVariable(None)
-        keys = [k.as_python() for k in args[0].iterate(tx)]
-        return DictVariable({k: value for k in keys})
+        items = {}
+        for k in args[0].iterate(tx):
+            items[dict_key(tx, k, items)] = value
+        return DictVariable(items)
 
 
 # torch's Python modules whose functions, where the capture table has no entry and a fallback

@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import types
 
+from kiln.capture.dict_keys import dict_key, load_key, refuse_tensor_keys
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import ItemSource, Source
 from kiln.capture.values import ConstantVariable, DictVariable, Variable
@@ -272,12 +273,12 @@ class DictDunder(Variable):
             return DictVariable.getitem(obj, tx, args[0])
         keys = obj.keys() if isinstance(obj, DictSubclassVariable) else obj.items  # no item read
         if name == "__contains__" and len(args) == 1:
-            return ConstantVariable(args[0].as_python() in keys)
+            return ConstantVariable(dict_key(tx, args[0], obj.items) in keys)
         if name == "__len__" and not args:
             return ConstantVariable(len(keys))
         if name in ("__setitem__", "__delitem__") and len(args) == 2 - (name == "__delitem__"):
             tx.side_effects.mutate(obj)
-            key = args[0].as_python()
+            key = dict_key(tx, args[0], obj.items)
             if name == "__setitem__":
                 obj.items[key] = args[1]
             elif obj.items.pop(key, None) is None:
@@ -296,6 +297,7 @@ class OrderedDictVariable(DictVariable):
         return collections.OrderedDict
 
     def as_python(self):
+        refuse_tensor_keys(self.items, "a Python value of")
         return collections.OrderedDict((k, v.as_python()) for k, v in self.items.items())
 
     def call_method(self, tx, name, args, kwargs):
@@ -306,7 +308,7 @@ class OrderedDictVariable(DictVariable):
     def reconstruct(self, builder):
         builder.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", collections.OrderedDict))
         for k, x in self.items.items():
-            builder.emit(Instr("LOAD_CONST", k))
+            load_key(builder, k)
             builder.load(x)
         builder.emit(Instr("BUILD_MAP", len(self.items)), *_call(1))
         builder._memo(self)

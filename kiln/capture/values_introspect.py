@@ -22,6 +22,7 @@ import types
 from kiln.capture.builtins import handles
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import AttrSource, ItemSource
+from kiln.capture.dict_keys import refuse_tensor_keys
 from kiln.capture.values import (ConstantVariable, DictVariable, ListVariable, MethodVariable,
                                  TensorVariable, TupleVariable)
 from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
@@ -267,6 +268,7 @@ def _deep(tx, v, memo):
         out = memo[id(v)] = ListVariable([])
         out.items = [_deep(tx, x, memo) for x in v.items]
     elif type(v) is DictVariable:
+        refuse_tensor_keys(v.items, "copy.deepcopy of")  # its keys would be copied too
         out = memo[id(v)] = DictVariable({})
         out.items = {k: _deep(tx, x, memo) for k, x in v.items.items()}
     elif type(v) is SetVariable:

@@ -22,6 +22,7 @@ import os
 import types
 import warnings
 
+from kiln.capture.dict_keys import is_tensor_key
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import AttrSource, ItemSource, Source
 from kiln.capture.values import ConstantVariable, Variable
@@ -117,15 +118,17 @@ def dict_keys_check(d: dict, guards) -> str:
     if all(type(k) in (str, int) for k in keys):
         return f"{is_type} and list({{}}) == {keys!r}"
     for k in keys:
-        if not plain(k):
+        if not plain(k) and not is_tensor_key(k):  # a tensor key: an input (dict_keys.py)
             if type(k).__eq__ is not object.__eq__ and not isinstance(k, (type, enum.Enum)) \
                     and not callable(k):
                 raise Unsupported(f"a dict key of type {type(k).__name__} (compared by its own "
                                   "__eq__) is not supported")
             guards.keep_alive(k)
-    spelled = [repr(k) if plain(k) else f"id:{id(k)}" for k in keys]
+    spelled = [repr(k) if plain(k) else "tensor" if is_tensor_key(k) else f"id:{id(k)}"
+               for k in keys]
     return (f"{is_type} and [repr(k) if type(k) in (str, int, bool, float, type(None), tuple) "
-            f"else 'id:' + str(id(k)) for k in {{}}] == {spelled!r}")
+            f"else 'tensor' if isinstance(k, torch.Tensor) else 'id:' + str(id(k)) "
+            f"for k in {{}}] == {spelled!r}")
 
 
 def _constants(args, kwargs, what):

@@ -1,0 +1,225 @@
+"""Cases of PyTorch's test/dynamo/test_functions.py that kiln ran eagerly (issue 24's peer
+figures), each made general: dicts keyed by input tensors (dict_keys.py), namedtuple classes
+made in the frame, nested functions and closures across graph breaks. Each compares with
+eager on fresh inputs and checks nothing ran eagerly."""
+import collections
+
+import pytest
+import torch
+
+import kiln
+
+
+def _stats():
+    return kiln.stats()
+
+
+def _check(fn, *make_args, calls=2, breaks=0):
+    """Compile ``fn``, call it on fresh inputs ``calls`` times, compare with eager."""
+    compiled = kiln.compile(fn)
+    for _ in range(calls):
+        args = [m() for m in make_args]
+        torch.testing.assert_close(compiled(*args), fn(*args))
+    assert _stats()["eager_runs"] == 0
+    assert _stats()["graph_breaks"] == breaks
+    return compiled
+
+
+def _r44():
+    return torch.randn(4, 4)
+
+
+# ====================================================================== dicts keyed by tensors
+def test_dict_keyed_by_a_closure_parameter():  # test_dict_param_keys
+    a_param = torch.nn.Parameter(torch.ones([4, 4]))
+
+    def fn(a):
+        tmp = {"a": a, a_param: 3}
+        return tmp["a"] + tmp[a_param]
+
+    _check(fn, _r44)
+
+
+def test_tensor_keys_get_pop_in_len_iteration():
+    p, q = torch.nn.Parameter(torch.ones(4, 4)), torch.nn.Parameter(torch.full((4, 4), 2.0))
+
+    def fn(a):
+        d = {p: a * 2, "s": 1}
+        d[q] = a + 1
+        out = d.get(q) + d.get("zz", 0) + len(d)
+        if p in d and "t" not in d:
+            out = out + d.pop(p)
+        for k in d:
+            if isinstance(k, torch.Tensor):
+                out = out + k
+        for k, v in d.items():
+            if k is q:
+                out = out * v
+        d.setdefault(p, a)
+        return out + d[p] + sum(1 for _ in d.keys())
+
+    _check(fn, _r44)
+
+
+def test_tensor_keys_of_one_dict_that_are_one_object_next_call():
+    # {x: 1, y: 2} has two keys for two tensors, one for one tensor passed twice
+    def fn(x, y):
+        d = {x: 1, y: 2}
+        return x * len(d) + d[x]
+
+    compiled = kiln.compile(fn)
+    x, y = _r44(), _r44()
+    torch.testing.assert_close(compiled(x, y), fn(x, y))
+    torch.testing.assert_close(compiled(x, x), fn(x, x))
+    x2 = _r44()
+    torch.testing.assert_close(compiled(x2, x2), fn(x2, x2))
+    assert _stats()["eager_runs"] == 0 and _stats()["recompiles"] == 1
+
+
+def test_lookup_miss_by_a_distinct_tensor_is_guarded():
+    def fn(x, y):
+        d = {x: 1}
+        return x + (10 if y in d else 0)
+
+    compiled = kiln.compile(fn)
+    x, y = _r44(), _r44()
+    torch.testing.assert_close(compiled(x, y), fn(x, y))
+    torch.testing.assert_close(compiled(x, x), fn(x, x))
+    assert _stats()["eager_runs"] == 0
+
+
+def test_tensor_keyed_dict_returned_keeps_the_input_objects():
+    p = torch.nn.Parameter(torch.ones(2, 2))
+
+    def fn(x):
+        return {p: x + 1, "k": x * 2}
+
+    compiled = kiln.compile(fn)
+    for _ in range(2):
+        x = torch.randn(2, 2)
+        out = compiled(x)
+        assert list(out)[0] is p and out["k"].shape == (2, 2)
+        torch.testing.assert_close(out[p], x + 1)
+    assert _stats()["eager_runs"] == 0
+
+
+def test_tensor_key_written_into_an_input_dict():
+    p = torch.nn.Parameter(torch.ones(2, 2))
+    state = {"n": 0}
+
+    def fn(x):
+        state[p] = x * 3
+        return x + 1
+
+    compiled = kiln.compile(fn)
+    x = torch.randn(2, 2)
+    compiled(x)
+    assert list(state) == ["n", p]
+    torch.testing.assert_close(state[p], x * 3)
+    assert _stats()["eager_runs"] == 0 and _stats()["graph_breaks"] == 0
+
+
+def test_input_dict_keyed_by_tensors():
+    p, q = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.zeros(3))
+
+    def fn(d, x):
+        out = x
+        for k, v in d.items():
+            out = out + k * v
+        return out + d[p]
+
+    compiled = kiln.compile(fn)
+    for _ in range(2):
+        d, x = {p: torch.randn(3), q: torch.randn(3)}, torch.randn(3)
+        torch.testing.assert_close(compiled(d, x), fn(d, x))
+    assert _stats()["eager_runs"] == 0
+
+
+def test_tensor_keyed_dict_across_a_graph_break():
+    p = torch.nn.Parameter(torch.ones(4, 4))
+
+    def fn(a):
+        d = {p: a + 1, "a": a}
+        print("break")
+        return d[p] * d["a"]
+
+    _check(fn, _r44, breaks=1)
+
+
+def test_a_computed_tensor_as_a_key_is_a_clear_break():
+    def fn(a):
+        b = a + 1
+        d = {b: 1}
+        return b * len(d)
+
+    compiled = kiln.compile(fn)
+    x = _r44()
+    with pytest.warns(RuntimeWarning, match="computed in the traced code as a dict key"):
+        torch.testing.assert_close(compiled(x), fn(x))
+
+
+# ====================================================================== namedtuple classes
+def _r3():
+    return torch.randn(3)
+
+
+def test_namedtuple_class_made_in_the_frame():  # test_namedtuple
+    def fn(a, b):
+        mytuple = collections.namedtuple("mytuple", ["x", "y", "xy"])
+        tmp = mytuple(a, b, a + b)
+        return mytuple(tmp.x, tmp[1], tmp.xy + b)
+
+    compiled = _check(fn, _r3, _r3)
+    out = compiled(_r3(), _r3())
+    assert type(out).__name__ == "mytuple" and type(out)._fields == ("x", "y", "xy")
+    assert type(out).__module__ == __name__
+
+
+def test_namedtuple_class_with_defaults():  # test_namedtuple_defaults
+    def fn(a, b):
+        mytuple = collections.namedtuple("mytuple", ["x", "y", "xy"], defaults=(None, 1, None))
+        tmp = mytuple(a, xy=b)
+        return mytuple(tmp.x, tmp[1], tmp.xy + b)
+
+    _check(fn, _r3, _r3)
+
+
+def test_namedtuple_fields_from_an_argument_are_guarded():
+    def fn(a, names):
+        cls = collections.namedtuple("T", names)
+        t = cls(*([a] * len(names)))
+        return t[0] * len(t._fields), type(t)._fields
+
+    compiled = kiln.compile(fn)
+    for names in (["p", "q"], ["p", "q"], ["u", "v", "w"]):
+        a = _r3()
+        out, ref = compiled(a, names), fn(a, names)
+        torch.testing.assert_close(out[0], ref[0])
+        assert out[1] == ref[1]
+    assert _stats()["eager_runs"] == 0 and _stats()["recompiles"] == 1
+
+
+def test_typing_namedtuple_functional_form_across_a_break():
+    import typing
+
+    def fn(a):
+        Pair = typing.NamedTuple("Pair", [("left", torch.Tensor), ("right", int)])
+        p = Pair(a * 2, 3)
+        print("break")
+        return p.left + p.right, p
+
+    compiled = kiln.compile(fn)
+    a = _r3()
+    out, ref = compiled(a), fn(a)
+    torch.testing.assert_close(out[0], ref[0])
+    assert type(out[1]).__name__ == "Pair" and out[1].right == 3
+    assert _stats()["eager_runs"] == 0 and _stats()["graph_breaks"] == 1
+
+
+def test_a_namedtuple_call_that_raises_raises_as_in_eager():
+    def fn(a):
+        collections.namedtuple("bad", ["1x"])
+        return a + 1
+
+    with pytest.raises(ValueError):
+        kiln.compile(fn)(_r3())
