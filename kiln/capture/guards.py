@@ -139,6 +139,7 @@ def _const_check(value) -> str:
 
 
 _CLASS_CHECK = re.compile(r"id\(type\(\{\}\)\) == \d+")
+_RELATION = re.compile(r"\{\} (is not|is) (.+)")
 
 
 def tensor_checks(t: torch.Tensor) -> list[str]:
@@ -201,6 +202,7 @@ class GuardSet:
         # (expr, check) -> the faster check the generated code uses, and the names it reads
         self.fast_checks: dict = {}
         self.fast_names: dict = {}
+        self.relations: dict = {}  # expr -> the Source an ``is``/``is not`` check compares with
 
     def dynamic_tensor(self, source, t, shape, stride):
         """Guards for a tensor with symbolic sizes: type, dtype, device and rank as usual, a
@@ -246,8 +248,13 @@ class GuardSet:
     def keep_alive(self, obj):
         self._kept.append(obj)
 
-    def same_object(self, source, other: Source):
-        self.add(source, f"{{}} is {other.expr()}")
+    def same_object(self, source, other: Source, same: bool = True):
+        """``source is other`` (or ``is not``); the generated guard reads ``other`` from its
+        temporary instead of evaluating its whole spelling again (GPT-2's guard compared 159
+        objects with spellings like ``L['self'].transformer.h[0].attn.forward.__func__.__closure__[3]``,
+        each through ``nn.Module.__getattr__`` and ``ModuleList.__getitem__``)."""
+        self.relations[other.expr()] = other
+        self.add(source, f"{{}} {'is' if same else 'is not'} {other.expr()}")
 
     def typed(self) -> frozenset:
         """The exprs of the sources whose class a check compares (``id(type({})) == N``): every
@@ -294,6 +301,7 @@ class GuardSet:
             if not checks:
                 continue
             name = temp(src)
+            checks = [self._relation_read(c, temp) for c in checks]
             if any("{d}" in c for c in checks):  # the module's instance dict, read once
                 checks = [c.replace("{d}", temp(InstanceDictSource(self.fast.get(src.expr(), src)))) for c in checks]
             cond = " and ".join(f"({c.replace('{}', name)})" if " or " in c else c.replace("{}", name)
@@ -314,13 +322,20 @@ class GuardSet:
         lines.append("    return True")
         return "\n".join(lines) + "\n"
 
+    def _relation_read(self, check: str, temp) -> str:
+        """``{} is <other>`` with ``other`` read from its temporary (made here if not yet)."""
+        m = _RELATION.fullmatch(check)
+        if m is None or m.group(2) not in self.relations:
+            return check
+        return f"{{}} {m.group(1)} {temp(self.relations[m.group(2)])}"
+
     def compile(self, L=None, G=None):
         """The guard function; with the frame's locals and globals (at capture), sources that
         read module tables spell them directly (fast_sources.py) in this and later compiles."""
         if L is not None:
             from kiln.capture.fast_sources import fast_checks, fast_map
             sources = [s for s, _ in self.entries] + [s for s, _ in self.symbol_reads.values()] + \
-                [s for s, _, _ in self.symbolic]
+                [s for s, _, _ in self.symbolic] + list(self.relations.values())
             typed = self.typed()
             self.fast = fast_map(sources, L, G or {}, typed)
             self.fast_checks, self.fast_names = fast_checks(self.entries, L, G or {}, self.fast, typed)

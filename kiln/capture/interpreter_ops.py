@@ -71,7 +71,7 @@ def _identical(a, b, tx=None) -> bool:
         same = a.module is b.module
         if not same and tx is not None and a.source is not None and b.source is not None:
             # modules are guarded by type, not identity (tracer._wrap_module): keep them apart
-            tx.guards.add(a.source, f"{{}} is not {b.source.expr()}")
+            tx.guards.same_object(a.source, b.source, same=False)
         return same
     fns = [v for v in (a, b) if _known_callable(v)]
     if len(fns) == 2:  # functions known at compile time (their sources are guarded): torch's too,
@@ -113,7 +113,7 @@ def _identical_made_functions(a, b, tx) -> bool:
     if tx is None or a.source is None or b.source is None:
         raise Unsupported(f"`is` between {a} and {b} is not supported")
     same = getattr(a, "fn", None) is getattr(b, "fn", None)
-    tx.guards.add(a.source, f"{{}} {'is' if same else 'is not'} {b.source.expr()}")
+    tx.guards.same_object(a.source, b.source, same)
     return same
 
 

@@ -246,3 +246,30 @@ def test_a_folded_tuple_keeps_exact_item_checks():
     g2.constant(ItemSource(t, 0), -0.0)
     g2.constant(ItemSource(t, 1), 1)
     assert _folded_tuples(g2.entries) == {}
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = self.a   # one module under two names: the second is guarded ``is`` the first
+        self.c = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.b(self.a(x))
+        return y * 2 if self.c is self.a else y - self.c(x)   # ``is not``, guarded too
+
+
+def test_an_is_check_reads_the_other_object_from_its_temporary_and_still_fails():
+    net = Tied()
+    f = kiln.compile(net)
+    x = torch.randn(3, 4)
+    _same_as_eager(f, net, x, 0)
+    src = _guard_source(Tied.forward.__code__)
+    assert re.search(r"v\d+ is v\d+\b", src) and re.search(r"v\d+ is not v\d+\b", src), src
+    assert " is L[" not in src and " is not L[" not in src, src
+    net.b = nn.Linear(4, 4)   # untied: the ``is`` fails
+    _same_as_eager(f, net, x, 1)
+    net.b = net.a
+    net.c = net.a             # now the same object: the ``is not`` fails
+    _same_as_eager(f, net, x, 2)
