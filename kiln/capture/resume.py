@@ -46,8 +46,8 @@ from kiln.capture.instructions import decode
 from kiln.capture.resume_loops import (LoopRestVariable, TailCall, check_loop_state, for_loop_refusal,
                                       origin_of, register_origin, stack_iterators)
 from kiln.capture.resume_values import view_rebuild
-from kiln.capture.resume_cells import cell_names, cells_as_arguments, load_cell, \
-    register_cell_arguments
+from kiln.capture.resume_cells import cell_names, cells_as_arguments, keep_super_alive, \
+    load_cell, register_cell_arguments
 # the glue's value rebuilding; CannotResume, GradModeExit, _call and _load_attr are imported
 # from here by the tracer, the loops and the values
 from kiln.capture.resume_glue import (CannotResume, Glue, GradModeExit, _call,  # noqa: F401
@@ -150,7 +150,7 @@ def resume_code(code, index: int, layout: tuple, argnames: tuple, tag: str,
     except Exception as e:  # noqa: BLE001 - the assembler refused our copy
         raise CannotResume(f"could not assemble a resume function: {type(e).__name__}: {e}") from None
     _RESUME_CODES[key] = out
-    register_cell_arguments(out, cells)
+    register_cell_arguments(out, cells, code)
     n_before = sum(isinstance(x, Instr) for x in items[:start])  # RESUME's position among instructions
     register_origin(out, code, index, n_before, len(prologue))
     return out
@@ -184,6 +184,7 @@ def finish_at_break(tx, root, plan) -> BreakState:
             continue  # a stack argument its prologue already read
         if live is None or name in live:
             locals_[name] = v
+    keep_super_alive(code, root, locals_)
     cells = {name: root.cells.get(name) or CellVariable() for name in cell_names(code)}
     outputs, seen = [], set()
 

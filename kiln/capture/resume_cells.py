@@ -54,9 +54,33 @@ def cells_as_arguments(items: list, bc) -> list:
     return out
 
 
-def register_cell_arguments(code, names: tuple):
+_FIRST_ARGUMENT: dict = {}  # resume code -> the first parameter of the function it resumes
+
+
+def register_cell_arguments(code, names: tuple, copied):
+    """``code`` is a resume function copying ``copied`` (the original code, or a resume code)."""
     if names:
         _CELL_ARGUMENTS[code] = tuple(names)
+    _FIRST_ARGUMENT[code] = first_argument(copied)
+
+
+def first_argument(code):
+    """The first parameter of the function ``code`` resumes (zero-argument ``super()`` reads
+    it with the ``__class__`` cell); None for code without parameters."""
+    if code in _FIRST_ARGUMENT:
+        return _FIRST_ARGUMENT[code]
+    n = code.co_argcount + code.co_kwonlyargcount
+    return code.co_varnames[0] if n or code.co_flags & 0x0C else None
+
+
+def keep_super_alive(code, root, locals_: dict):
+    """A method using zero-argument ``super()`` (a ``__class__`` cell) keeps its first
+    argument live across a break: ``super()`` reads it without naming it."""
+    if "__class__" not in cell_names(code):
+        return
+    first = first_argument(code)
+    if first is not None and first not in locals_ and first in root.locals:
+        locals_[first] = root.locals[first]
 
 
 def cell_arguments(code) -> tuple:
@@ -137,4 +161,5 @@ def load_made_closure(glue, v):
 
 
 __all__ = ["cell_names", "cells_as_arguments", "register_cell_arguments", "cell_arguments",
+           "first_argument", "keep_super_alive",
            "argument_cells", "load_cell", "make_closure", "load_made_closure"]

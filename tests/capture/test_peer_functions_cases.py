@@ -377,3 +377,20 @@ def test_a_closure_passed_in_that_breaks_is_the_one_of_each_call():
         g = make(float(k))
         torch.testing.assert_close(compiled(g, x), f(g, x))
     assert _stats()["eager_runs"] == 0
+
+
+def test_zero_argument_super_after_a_break():
+    # super() reads the method's first argument and its __class__ cell, neither named in the
+    # code after the break: the resume function keeps both (it resolved the wrong object before)
+    class Base(torch.nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    class Child(Base):
+        def forward(self, x):
+            y = x * 2
+            print("break")
+            return super().forward(y) * 3
+
+    m = Child()
+    _check(m.forward, _r3, breaks=1)
