@@ -155,7 +155,7 @@ class CodeCache:
         self.first_sizes: dict | None = None  # stance eager_then_compile: the eager call's sizes
 
 
-# (code object, or the function for a closure; the compile options) -> its entries: a function
+# (code object, the compile options) -> its entries: a function
 # compiled with another backend, fullgraph, dynamic or mode never reuses these
 _CODE_CACHES = CodeCaches()  # the code object or function is held weakly (code_caches.py)
 _CACHE_GEN = [0]  # moves on when _CODE_CACHES is cleared
@@ -200,7 +200,9 @@ class CompiledFunction:
         func = _unwrap(fn)
         self.code = func.__code__
         opts = (backend, fullgraph, dynamic, mode, tuple(sorted((k, repr(v)) for k, v in self.options.items())))
-        self._cache_key = (self.code if not self.code.co_freevars else func, opts)
+        # by code, closures too: a closure's cells are read from L on each call (guarded as
+        # inputs), and its resume functions take the cells as arguments (resume_cells.py)
+        self._cache_key = (self.code, opts)
         self.globals = func.__globals__
         self.name = getattr(func, "__qualname__", self.code.co_name)
         self._fast_locals = _fast_locals_builder(fn)
@@ -226,7 +228,6 @@ class CompiledFunction:
         c = self._cache_obj
         if c is not None and self._cache_gen == _CACHE_GEN[0]:
             return c  # no hash of the key tuple per call; kiln.reset() moves the generation on
-        # a closure's resume functions hold its cells: closures are cached per function object
         c = _CODE_CACHES.get(self._cache_key)
         if c is None:  # setdefault: threads racing the first call get one CodeCache
             c = _CODE_CACHES.setdefault(self._cache_key, CodeCache())

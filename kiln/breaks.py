@@ -149,6 +149,11 @@ def _callee_wrapper(cf, where):
             # runs natively at the break, as the call would have had it not been inlined; the
             # break is reported with its reason
             return None
+        if isinstance(v, FunctionVariable) and v.self_var is None and (
+                v.fn is None or v.by_code and v.source is not None):
+            # made in the frame, or made at run time and guarded by its code (a closure
+            # passed in): a new function object per call, with its own cells
+            return CompileAtRun(_opts(cf))
         if isinstance(v, FunctionVariable) and v.fn is not None:
             if controls.is_disabled(v.fn) or getattr(v.fn, "_kiln_graph_break", False):
                 return None
@@ -174,6 +179,20 @@ def _callee_wrapper(cf, where):
             return HookedForward(compiled), owner
         return compiled if owner is None else (compiled, owner)
     return wrap
+
+
+class CompileAtRun:
+    """The callee of a break that is a function made in the frame (``def inner(): ...``
+    called where it breaks): the glue passes it the function it made again for this call and
+    calls what this returns. Functions of one code share their cache entries (by code), so a
+    new function object per call compiles once."""
+    compiles_at_run = True
+
+    def __init__(self, opts):
+        self.opts = opts
+
+    def __call__(self, fn):
+        return CompiledFunction(fn, **self.opts)
 
 
 api.AT_BREAK = retrace_at_break  # the api's capture stage calls it at a break (api.AT_BREAK)

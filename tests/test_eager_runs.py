@@ -44,22 +44,18 @@ def test_recompile_limit_warns_once_and_counts_every_eager_call():
     assert rec["count"] == 4 and rec["lineno"] == f.__code__.co_firstlineno
 
 
-def _nonlocal_break(x):
-    y = None
-
-    def inner(x):
-        nonlocal y
-        y = x * 2
-        print("break")
-        return y + 1
-    return inner
+def _unrebuildable_break(x):
+    f = torch.vmap(torch.sin)  # live across the break: the glue cannot make it again
+    y = x * 2
+    print("break")
+    return f(y) + 1
 
 
 def test_break_that_cannot_resume_warns_with_the_break_line(capsys):
-    inner = _nonlocal_break(None)
+    inner = _unrebuildable_break
     x = torch.randn(4)
     out, ws = _run(kiln.compile(inner), x)
-    torch.testing.assert_close(out, x * 2 + 1)
+    torch.testing.assert_close(out, torch.sin(x * 2) + 1)
     assert len(ws) == 1
     msg = str(ws[0].message)
     assert "cannot be resumed" in msg and "print(\"break\")" in msg, msg

@@ -22,6 +22,7 @@ from kiln.capture.values import (NULL, CellVariable, ConstantVariable, DictVaria
 from kiln.capture.values_callables import FunctionVariable, ModuleVariable
 from kiln.capture.values_python import SuperVariable
 from kiln.capture.guards import GlobalSource, ItemSource
+from kiln.capture.resume_cells import first_argument
 
 MAX_STEPS = 200_000
 
@@ -494,7 +495,9 @@ def frame_super(frame):
     if cell is None or cell.contents is None or not frame.code.co_varnames:
         raise Unsupported("super() without arguments outside a method")
     cls = frame.load_cell("__class__").as_python()
-    first = frame.code.co_varnames[0]
+    first = first_argument(frame.code)  # a resume function's: the method's (resume_cells.py)
+    if first is None:
+        raise Unsupported("super() without arguments in a function without parameters")
     obj = frame.locals.get(first)
     if obj is None and first in frame.cells:
         obj = frame.load_cell(first)

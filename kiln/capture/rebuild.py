@@ -9,6 +9,7 @@ import collections
 import torch
 
 from kiln.capture.dict_keys import has_tensor_keys, keyed_dict_spec
+from kiln.capture.rebuild_made import MADE_KINDS, build_made, made_value_spec
 from kiln.capture.side_effects import build_extra, extra_spec, replay
 from kiln.capture.values import (ConstantVariable, DictVariable, ListVariable, TensorVariable,
                                  TupleVariable, Variable)
@@ -41,7 +42,9 @@ def _output_spec(v: Variable, proxies: list):
         return ("odict", list(v.items), [_output_spec(x, proxies) for x in v.items.values()])
     if isinstance(v, DictVariable):
         return ("dict", list(v.items), [_output_spec(x, proxies) for x in v.items.values()])
-    spec = extra_spec(v, proxies, _output_spec)
+    spec = made_value_spec(v, proxies, _output_spec)  # functions made in the trace
+    if spec is None:
+        spec = extra_spec(v, proxies, _output_spec)
     if spec is not None:
         return spec
     raise Unsupported(f"returning {v} is not supported")
@@ -68,6 +71,8 @@ def _symint_reads(spec, out: dict) -> dict:
         out.update(spec[2])
     elif isinstance(spec, tuple) and spec and spec[0] == "const":
         pass  # a Python constant, whatever it holds
+    elif isinstance(spec, tuple) and spec and spec[0] == "made_function":
+        _symint_reads(spec[4:], out)  # its defaults and cells; not its code and globals
     elif isinstance(spec, (tuple, list)):
         for x in spec:
             _symint_reads(x, out)
@@ -104,7 +109,7 @@ def _make_rebuild(spec, globals_=None):
              for name, src in _symint_reads(spec, {}).items()}
     symbols: dict = {}
 
-    def build(s, outputs, L):
+    def build(s, outputs, L, memo):
         kind = s[0]
         if kind == "tensor":
             return outputs[s[1]]
@@ -117,25 +122,28 @@ def _make_rebuild(spec, globals_=None):
         if kind == "symint":
             return int(eval(s[1], {"__builtins__": {}}, symbols))  # noqa: S307
         if kind == "tuple":
-            return tuple(build(x, outputs, L) for x in s[1])
+            return tuple(build(x, outputs, L, memo) for x in s[1])
         if kind == "list":
-            return [build(x, outputs, L) for x in s[1]]
+            return [build(x, outputs, L, memo) for x in s[1]]
         if kind == "dict":
-            return {k: build(x, outputs, L) for k, x in zip(s[1], s[2])}
+            return {k: build(x, outputs, L, memo) for k, x in zip(s[1], s[2])}
         if kind == "odict":
-            return collections.OrderedDict((k, build(x, outputs, L)) for k, x in zip(s[1], s[2]))
-        return build_extra(s, lambda x: build(x, outputs, L), L, globals_)
+            return collections.OrderedDict((k, build(x, outputs, L, memo)) for k, x in zip(s[1], s[2]))
+        if kind in MADE_KINDS:  # functions made in the trace: cells shared through memo
+            return build_made(s, lambda x: build(x, outputs, L, memo), memo)
+        return build_extra(s, lambda x: build(x, outputs, L, memo), L, globals_)
 
     def rebuild(outputs, L=None):
         if reads:
             scope = {"torch": torch}
             for name, code in reads.items():
                 symbols[name] = eval(code, scope, {"L": L, "G": globals_})  # noqa: S307
+        memo: dict = {}  # cells made for this call's functions (rebuild_made.py)
         if spec[0] == "effects":
-            result = build(spec[1], outputs, L)
-            replay(spec[2], lambda x: build(x, outputs, L), L, globals_)
+            result = build(spec[1], outputs, L, memo)
+            replay(spec[2], lambda x: build(x, outputs, L, memo), L, globals_)
             return result
-        return build(spec, outputs, L)
+        return build(spec, outputs, L, memo)
 
     rebuild.spec = spec
     return rebuild

@@ -42,20 +42,21 @@ import torch
 from bytecode import Bytecode, Instr, Label
 
 from kiln import log
-from kiln.capture.guards import LocalSource
 from kiln.capture.instructions import decode
 from kiln.capture.resume_loops import (LoopRestVariable, TailCall, check_loop_state, for_loop_refusal,
                                       origin_of, register_origin, stack_iterators)
 from kiln.capture.resume_values import view_rebuild
+from kiln.capture.resume_cells import cell_names, cells_as_arguments, keep_super_alive, \
+    load_cell, register_cell_arguments
 # the glue's value rebuilding; CannotResume, GradModeExit, _call and _load_attr are imported
 # from here by the tracer, the loops and the values
 from kiln.capture.resume_glue import (CannotResume, Glue, GradModeExit, _call,  # noqa: F401
                                       _is_made_object, _is_own_symbol, _load_attr)
 from kiln.capture.resume_facts import (_cond_jump_kind, _operands, _result_layout, live_locals,
                                       loop_head)
-from kiln.capture.values import (NULL, BoundAdapterVariable, ConstantVariable, DictVariable,
-                                 IteratorVariable, ListVariable, MethodVariable, NullVariable,
-                                 TensorVariable, TupleVariable, Variable, _Sequence)
+from kiln.capture.values import (NULL, BoundAdapterVariable, CellVariable, ConstantVariable,
+                                 DictVariable, IteratorVariable, ListVariable, MethodVariable,
+                                 NullVariable, TensorVariable, TupleVariable, Variable, _Sequence)
 from kiln.capture.values_callables import FunctionVariable
 from kiln.meta.symbolic import SymInt
 
@@ -101,14 +102,18 @@ def _bytecode_items(code):
 def resume_code(code, index: int, layout: tuple, argnames: tuple, tag: str,
                 grad: bool | None = None) -> types.CodeType:
     """A copy of ``code`` that starts at instruction ``index`` with a stack given by ``layout``
-    (True marks a NULL slot; the others are the leading ``___kiln_stack<k>`` arguments) and the
-    locals ``argnames`` (the rest of the arguments). ``grad``: the grad mode the break was in,
-    when a with block changed it; the prologue re-enters it (``set_grad_mode``)."""
+    (True marks a NULL slot; the others are the leading ``___kiln_stack<k>`` arguments), the
+    locals ``argnames``, then the frame's cells (``resume_cells.cell_names``: real cells, the
+    last arguments). ``grad``: the grad mode the break was in, when a with block changed it;
+    the prologue re-enters it (``set_grad_mode``)."""
     key = (code, index, layout, argnames, grad)
     cached = _RESUME_CODES.get(key)
     if cached is not None:
         return cached
     bc, items, index_of = _bytecode_items(code)
+    cells = cell_names(code)  # trailing arguments holding the frame's cells (resume_cells.py)
+    if cells:
+        items = cells_as_arguments(items, bc)
     if index not in index_of:
         raise CannotResume(f"no instruction {index} in {code.co_name}")
     pos = index_of[index]
@@ -132,7 +137,7 @@ def resume_code(code, index: int, layout: tuple, argnames: tuple, tag: str,
     prologue.append(Instr("JUMP_FORWARD", label, lineno=lineno))
     new = Bytecode(items[:start + 1] + prologue + items[start + 1:])
     new._copy_attr_from(bc)
-    new.argnames = [f"{prefix}{j}" for j in range(k)] + list(argnames)
+    new.argnames = [f"{prefix}{j}" for j in range(k)] + list(argnames) + list(cells)
     new.argcount = len(new.argnames)
     new.posonlyargcount = 0
     new.kwonlyargcount = 0
@@ -145,6 +150,7 @@ def resume_code(code, index: int, layout: tuple, argnames: tuple, tag: str,
     except Exception as e:  # noqa: BLE001 - the assembler refused our copy
         raise CannotResume(f"could not assemble a resume function: {type(e).__name__}: {e}") from None
     _RESUME_CODES[key] = out
+    register_cell_arguments(out, cells, code)
     n_before = sum(isinstance(x, Instr) for x in items[:start])  # RESUME's position among instructions
     register_origin(out, code, index, n_before, len(prologue))
     return out
@@ -164,6 +170,7 @@ class BreakState:
     eager_rest: bool        # the continuation runs uncompiled
     reason: str             # why the frame broke
     in_loop: bool = False   # resumes inside the for loops holding the break (resume_loops.py)
+    cells: dict = dataclasses.field(default_factory=dict)  # name -> CellVariable, every cell
 
 
 def finish_at_break(tx, root, plan) -> BreakState:
@@ -177,15 +184,8 @@ def finish_at_break(tx, root, plan) -> BreakState:
             continue  # a stack argument its prologue already read
         if live is None or name in live:
             locals_[name] = v
-    for name in code.co_cellvars:
-        cell = root.cells.get(name)
-        if cell is not None and cell.contents is not None:
-            locals_[name] = cell.contents
-    for name in code.co_freevars:
-        cell = root.cells.get(name)
-        contents = cell.contents if cell is not None else None
-        if contents is not None and contents.source != LocalSource(name):
-            raise CannotResume(f"free variable {name!r} was assigned before the break")
+    keep_super_alive(code, root, locals_)
+    cells = {name: root.cells.get(name) or CellVariable() for name in cell_names(code)}
     outputs, seen = [], set()
 
     def collect(v, depth=0):
@@ -216,8 +216,12 @@ def finish_at_break(tx, root, plan) -> BreakState:
         elif isinstance(v, FunctionVariable) and v.self_var is not None:
             collect(v.self_var, depth + 1)
         elif isinstance(v, FunctionVariable) and v.fn is None:  # made by MAKE_FUNCTION
-            for x in [*v.defaults, *v.kwdefaults.values()]:
+            for x in [*v.defaults, *v.kwdefaults.values(), *v.closure]:
                 collect(x, depth + 1)
+        elif isinstance(v, CellVariable) and v.cell_source is None and id(v) not in seen:
+            seen.add(id(v))  # a cell the glue makes again, holding its value at the break
+            if v.contents is not None:
+                collect(v.contents, depth + 1)
         elif _is_made_object(v) and id(v) not in seen:
             seen.add(id(v))
             for x in v.attrs.values():
@@ -237,12 +241,15 @@ def finish_at_break(tx, root, plan) -> BreakState:
         collect(v)
     for v in locals_.values():
         collect(v)
-    for v in [*root.stack, *locals_.values()]:
+    for v in cells.values():
+        collect(v)
+    for v in [*root.stack, *locals_.values(),
+              *(c.contents for c in cells.values() if c.contents is not None)]:
         _specialize_sizes(v)
     grad = getattr(tx, "grad_enabled", None)
     return BreakState(code, root.instructions, index, list(root.stack), locals_, outputs,
                       torch.is_grad_enabled() if grad is None else grad, plan.eager_rest,
-                      plan.reason, plan.in_loop)
+                      plan.reason, plan.in_loop, cells)
 
 
 def _specialize_sizes(v, depth=0):
@@ -392,6 +399,11 @@ def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
         t = f"___kiln_l_{name}"
         glue.emit(Instr("STORE_FAST", t))
         local_temps.append(t)
+    for name in cell_names(code):  # the resume function's cell arguments, after its locals
+        load_cell(glue, state.cells[name])
+        t = f"___kiln_c_{name}"
+        glue.emit(Instr("STORE_FAST", t))
+        local_temps.append(t)
     deep_layout = tuple(isinstance(v, NullVariable) for v in deeper)
     codes = []
 
@@ -402,7 +414,7 @@ def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
         rc = resume_code(origin, target, layout, tuple(local_names),
                          "rest" if state.eager_rest else "resume", inner)
         codes.append(rc)
-        return make_resume(rc, func.__closure__, state.eager_rest)
+        return make_resume(rc, None, state.eager_rest)  # no closure: its cells are arguments
 
     if state.eager_rest:
         _call_resume(glue, resume_at(index, deep_layout), deep_names, local_temps)
@@ -417,6 +429,10 @@ def build_glue(state: BreakState, func, make_resume, wrap_callee=None):
             wrapped = wrap_callee(v)
             if wrapped is None:
                 glue.load(v)
+            elif getattr(wrapped, "compiles_at_run", False):  # a function made in the frame
+                glue.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", wrapped))
+                glue.load(v)
+                glue.emit(*_call(1))
             elif type(wrapped) is tuple:
                 # a module's method: the compiled function bound, at run time, to the module the
                 # call reaches (modules are guarded by type, not identity: not a constant)

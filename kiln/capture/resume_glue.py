@@ -15,7 +15,8 @@ from kiln.meta.tensor_meta import WrappedNumberMeta
 from kiln.capture.dict_keys import load_key
 from kiln.capture.resume_loops import load_as_rest
 from kiln.capture.resume_values import _construct, _construct_partial, replay_view, view_rebuild
-from kiln.capture.values import (BoundAdapterVariable, ConstantVariable, DictVariable,
+from kiln.capture.resume_cells import load_cell, load_made_closure
+from kiln.capture.values import (BoundAdapterVariable, CellVariable, ConstantVariable, DictVariable,
                                  IteratorVariable, LazyVariable, ListVariable, MethodVariable,
                                  NullVariable, OpaqueVariable, TensorVariable, TupleVariable)
 from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
@@ -163,6 +164,9 @@ class Glue:
             return
         if isinstance(v, NullVariable):
             raise CannotResume("a NULL inside a value")
+        if isinstance(v, CellVariable):  # a closure cell (resume_cells.py)
+            load_cell(self, v)
+            return
         if isinstance(v, TensorVariable):
             self._load_tensor(v)
             return
@@ -337,9 +341,13 @@ class Glue:
         return True
 
     def _load_made_function(self, v):
-        """A function made by MAKE_FUNCTION before the break (a lambda, a 3.11 comprehension)."""
-        if v.closure or v.self_var is not None:
-            raise CannotResume(f"cannot rebuild the closure {v.qualname} made before the break")
+        """A function made by MAKE_FUNCTION before the break (a lambda, a 3.11 comprehension;
+        one with a closure over the glue's cells: resume_cells.py)."""
+        if v.self_var is not None:
+            raise CannotResume(f"cannot rebuild the method {v.qualname} made before the break")
+        if v.closure:
+            load_made_closure(self, v)
+            return
         self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", _make_function),
                   Instr("LOAD_CONST", v.code), Instr("LOAD_CONST", v.globals),
                   Instr("LOAD_CONST", v.qualname))

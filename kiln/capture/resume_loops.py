@@ -270,8 +270,9 @@ def register_origin(resume, code, resume_at: int, start: int, n_prologue: int):
         if start < k <= start + n_prologue:
             continue  # the prologue has no counterpart
         o = orig[k if k <= start else k - n_prologue]
-        if _norm(o.opname) != _norm(inst.opname):
-            return
+        if _norm(o.opname) != _norm(inst.opname) and not (
+                inst.opname == "NOP" and o.opname in ("MAKE_CELL", "COPY_FREE_VARS")):
+            return  # (a resume function's cells are arguments: resume_cells.py)
         mapping[inst.index] = o.index
     _ORIGINS[resume] = (code, mapping)
     root, root_at = origin_of(code, resume_at)

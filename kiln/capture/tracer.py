@@ -37,6 +37,7 @@ from kiln.capture.side_effects import SideEffects
 from kiln.capture.values_introspect import INTROSPECT_TYPES, IntrospectVariable
 from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_stdlib
 from kiln.capture.dict_keys import wrap_key
+from kiln.capture.resume_cells import argument_cells
 from kiln.capture.vmap import wrap_vmap
 from kiln.capture.associative_scan import wrap_associative_scan
 from kiln.capture.made_leaves import refuse_grad_mode_use
@@ -717,11 +718,14 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
     nparams += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
     locals_ = {name: LazyVariable(L[name], LocalSource(name)) for name in code.co_varnames[:nparams]
                if name in L}
+    cells = argument_cells(tx, code, L)  # a resume function's cells, passed in (resume_cells.py)
+    for name in cells:
+        locals_.pop(name, None)
     locals_.update({name: LazyVariable(L[name], LocalSource(name))
-                    for name in code.co_cellvars if name in L and name not in locals_})
-    cells = {name: CellVariable(LazyVariable(L[name], LocalSource(name)) if name in L else None)
-             for name in code.co_freevars}
+                    for name in code.co_cellvars if name in L and name not in locals_
+                    and name not in cells})
     for i, name in enumerate(code.co_freevars):
+        cells[name] = CellVariable(LazyVariable(L[name], LocalSource(name)) if name in L else None)
         cells[name].cell_source = ItemSource(LocalSource(CLOSURE_KEY), i)
     root = Frame(tx, code, func.__globals__, None, locals_, cells)
     if plan is not None:

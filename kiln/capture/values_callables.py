@@ -185,7 +185,8 @@ class FunctionVariable(Variable):
         self.defaults = defaults
         self.kwdefaults = kwdefaults or {}
         self.closure = closure
-        self.qualname = fn.__qualname__ if fn is not None else (qualname or self.code.co_name)
+        self.qualname = fn.__qualname__ if fn is not None else \
+            (qualname or getattr(self.code, "co_qualname", self.code.co_name))
 
     by_code = False  # guarded by code, globals and defaults' layout, not identity (tracer.wrap)
     method_name = None  # a module's method: the attribute it was read as (ModuleVariable._method)

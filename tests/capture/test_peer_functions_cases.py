@@ -223,3 +223,174 @@ def test_a_namedtuple_call_that_raises_raises_as_in_eager():
 
     with pytest.raises(ValueError):
         kiln.compile(fn)(_r3())
+
+
+# ====================================================================== closures
+def test_nested_closure_returned_from_the_frame():  # test_complex_closure
+    def forward(y):
+        def a():
+            def x(z):
+                return y + z
+            return x
+        return a()
+
+    compiled = kiln.compile(forward)
+    for _ in range(2):
+        y, z = _r3(), _r3()
+        torch.testing.assert_close(compiled(y)(z), forward(y)(z))
+    assert _stats()["eager_runs"] == 0 and _stats()["graph_breaks"] == 0
+    assert _stats()["frames_compiled"] == 1
+
+
+def test_returned_closures_share_their_cell_per_call():
+    def make(x):
+        total = x * 2
+
+        def add(t):
+            nonlocal total
+            total = total + t
+            return total
+
+        def read():
+            return total
+        return add, read
+
+    compiled = kiln.compile(make)
+    for _ in range(2):
+        x, t = _r3(), _r3()
+        add, read = compiled(x)
+        add(t)
+        torch.testing.assert_close(read(), x * 2 + t)
+        assert add.__closure__[0] is read.__closure__[0]
+    add2, read2 = compiled(_r3())
+    assert add2.__closure__[0] is not add.__closure__[0]  # a new cell per call, as in eager
+    assert _stats()["eager_runs"] == 0
+
+
+def test_closure_breaking_inside_sees_a_cell_rebound_after_the_break():  # test_non_inlined_closure
+    def program(x, y):
+        one = lambda x, y: x + y  # noqa: E731
+
+        def inner():
+            kiln.graph_break()
+            return one(x, y)
+
+        res = inner()
+        one = lambda x, y: x - y  # noqa: E731
+        res += inner()
+        return res
+
+    compiled = kiln.compile(program)
+    for _ in range(3):
+        x, y = torch.randn(1), torch.randn(1)
+        torch.testing.assert_close(compiled(x, y), program(x, y))
+    assert _stats()["eager_runs"] == 0
+    compiled_before = _stats()["frames_compiled"]
+    compiled(torch.randn(1), torch.randn(1))  # every frame a cache hit: closures cache by code
+    assert _stats()["frames_compiled"] == compiled_before
+
+
+def test_partial_in_a_cell_across_a_break():  # test_partial_across_graph_break_uninvoked
+    import functools
+
+    def bar(x, **kwargs):
+        return x + x + len(kwargs)
+
+    def foo(x, i):
+        def inner():
+            print("a graph break")
+            return op(x)
+
+        op = functools.partial(bar, dim=10)
+        x = inner()
+        op = functools.partial(bar, other=10, more=1)
+        return inner() + x
+
+    compiled = kiln.compile(foo, dynamic=True)
+    for _ in range(2):
+        x = torch.rand(1)
+        torch.testing.assert_close(compiled(x, 10), foo(x, 10))
+    assert _stats()["eager_runs"] == 0
+
+
+def test_closure_made_before_a_break_called_after_it():
+    def fn(x):
+        scale = 2
+
+        def f(t):
+            return t * scale
+
+        print("break")
+        scale = 3
+        return f(x)
+
+    _check(fn, _r3, breaks=1)
+
+
+def test_nonlocal_written_before_a_break_resumes_compiled():
+    def outer():
+        y = None
+
+        def inner(x):
+            nonlocal y
+            y = x * 2
+            print("break")
+            return y + 1
+        return inner
+
+    inner = outer()
+    compiled = kiln.compile(inner)
+    for _ in range(2):
+        x = _r3()
+        torch.testing.assert_close(compiled(x), x * 2 + 1)
+        torch.testing.assert_close(inner.__closure__[0].cell_contents, x * 2)
+    assert _stats()["eager_runs"] == 0
+
+
+def test_closures_of_one_code_share_entries():
+    def outer(w):
+        def f(x):
+            return x * w
+        return f
+
+    for k in range(3):
+        f = outer(torch.full((3,), float(k)))
+        x = _r3()
+        torch.testing.assert_close(kiln.compile(f)(x), f(x))
+    assert _stats()["frames_compiled"] == 1 and _stats()["eager_runs"] == 0
+
+
+def test_a_closure_passed_in_that_breaks_is_the_one_of_each_call():
+    # the glue called the first call's closure on every later call (a stale constant)
+    def make(w):
+        def g(x):
+            print("break")
+            return x * w
+        return g
+
+    def f(g, x):
+        return g(x) + 1
+
+    compiled = kiln.compile(f)
+    x = torch.ones(2)
+    for k in range(3):
+        g = make(float(k))
+        torch.testing.assert_close(compiled(g, x), f(g, x))
+    assert _stats()["eager_runs"] == 0
+
+
+def test_zero_argument_super_after_a_break():
+    # super() reads the method's first argument and its __class__ cell, neither named in the
+    # code after the break: the resume function keeps both (it resolved the wrong object before)
+    class Base(torch.nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    class Child(Base):
+        def forward(self, x):
+            y = x * 2
+            print("break")
+            return super().forward(y) * 3
+
+    m = Child()
+    _check(m.forward, _r3, breaks=1)
