@@ -140,6 +140,21 @@ def _const_check(value) -> str:
 
 _CLASS_CHECK = re.compile(r"id\(type\(\{\}\)\) == \d+")
 _RELATION = re.compile(r"\{\} (is not|is) (.+)")
+# a Python string literal as repr writes one: a guarded constant's repr may hold "{}"
+_STRING = re.compile(r"'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')
+
+
+def fill(check: str, value: str, marker: str = "{}") -> str:
+    """``check`` with ``marker`` replaced by ``value`` outside string literals only: a constant
+    ``'w{}'`` filled inside its quotes compared with another string and failed on every call."""
+    if "'" not in check and '"' not in check:
+        return check.replace(marker, value)
+    out, pos = [], 0
+    for m in _STRING.finditer(check):
+        out += [check[pos:m.start()].replace(marker, value), m.group(0)]
+        pos = m.end()
+    out.append(check[pos:].replace(marker, value))
+    return "".join(out)
 
 
 def tensor_checks(t: torch.Tensor) -> list[str]:
@@ -159,7 +174,7 @@ def tensor_checks(t: torch.Tensor) -> list[str]:
         dev = f"{{}}.device.type == {t.device.type!r}"
         if t.device.index is not None:
             dev += f" and {{}}.device.index == {t.device.index}"
-    return [ty, f"{{}}.dtype == {t.dtype}", dev, f"{{}}.shape == {tuple(t.shape)!r}",
+    return [ty, f"{{}}.dtype is {t.dtype}", dev, f"{{}}.shape == {tuple(t.shape)!r}",
             f"{{}}.stride() == {tuple(t.stride())!r}", f"{{}}.requires_grad is {t.requires_grad}"]
 
 
@@ -276,8 +291,8 @@ class GuardSet:
 
     def exprs(self) -> list[str]:
         names = self._symbol_names()
-        return [check.replace("{}", src.expr()) for src, check in self.entries] + \
-            [check.replace("{}", src.expr()) if src is not None else check
+        return [fill(check, src.expr()) for src, check in self.entries] + \
+            [fill(check, src.expr()) if src is not None else check
              for src, check in self.shape_checks(names)]
 
     def python(self) -> str:
@@ -302,9 +317,10 @@ class GuardSet:
                 continue
             name = temp(src)
             checks = [self._relation_read(c, temp) for c in checks]
-            if any("{d}" in c for c in checks):  # the module's instance dict, read once
-                checks = [c.replace("{d}", temp(InstanceDictSource(self.fast.get(src.expr(), src)))) for c in checks]
-            cond = " and ".join(f"({c.replace('{}', name)})" if " or " in c else c.replace("{}", name)
+            if any("{d}" in _STRING.sub("", c) for c in checks):  # the module's instance dict, read once
+                d = temp(InstanceDictSource(self.fast.get(src.expr(), src)))
+                checks = [fill(c, d, "{d}") for c in checks]
+            cond = " and ".join(f"({fill(c, name)})" if " or " in c else fill(c, name)
                                 for c in checks)
             lines.append(f"        if not ({cond}):")
             lines.append("            return False")
@@ -312,7 +328,7 @@ class GuardSet:
             # symbolic sizes: read each symbol once, then the relations recorded on them
             for sym, (src, acc) in self.symbol_reads.items():  # acc "": an int input itself
                 lines.append(f"        {sym.name} = {temp(src)}.{acc}" if acc else f"        {sym.name} = {temp(src)}")
-            conds = [check.replace("{}", temp(src)) if src is not None else check
+            conds = [fill(check, temp(src)) if src is not None else check
                      for src, check in self.shape_checks(self._symbol_names(temp))]
             if conds:
                 lines.append(f"        if not ({' and '.join(f'({c})' for c in conds)}):")
@@ -463,7 +479,7 @@ def _describe(name: str, check: str, value) -> str:
     m = re.fullmatch(r"\{\} (==|is) (.*)", check)
     if m:
         return f"{name} changed: was {m.group(2)}, now {value!r}"
-    return f"guard failed: {check.replace('{}', name)} ({name} is now {value!r})"
+    return f"guard failed: {fill(check, name)} ({name} is now {value!r})"
 
 
 def explain_failure(guard_set: "GuardSet", L: dict, G: dict) -> str | None:
@@ -477,7 +493,7 @@ def explain_failure(guard_set: "GuardSet", L: dict, G: dict) -> str | None:
         except Exception as e:  # noqa: BLE001
             return f"{name} cannot be read any more ({type(e).__name__}: {e})"
         try:
-            ok = eval(check.replace("{}", "v"), env, {"v": value})  # noqa: S307
+            ok = eval(fill(check, "v"), env, {"v": value})  # noqa: S307
         except Exception:  # noqa: BLE001 - a check that cannot run has failed
             ok = False
         if not ok:

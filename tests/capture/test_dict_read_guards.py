@@ -273,3 +273,34 @@ def test_an_is_check_reads_the_other_object_from_its_temporary_and_still_fails()
     net.b = net.a
     net.c = net.a             # now the same object: the ``is not`` fails
     _same_as_eager(f, net, x, 2)
+
+
+class Tagged(nn.Module):
+    def __init__(self, tag):
+        super().__init__()
+        self.tag = tag
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.lin(x) * 2 if self.tag == "w{}" else self.lin(x) - 1
+
+
+@pytest.mark.parametrize("tag", ["w{}", 'q"{}"\'{d}', "{}"])
+def test_a_string_constant_holding_braces_is_guarded_as_written(tag):
+    """A guarded str whose repr holds ``{}`` or ``{d}``: the guard's placeholders were filled
+    inside the literal too, so the check compared with another string and the frame recompiled
+    on every call until the limit."""
+    net = Tagged(tag)
+    f = kiln.compile(net)
+    x = torch.randn(2, 3)
+    for _ in range(4):
+        _same_as_eager(f, net, x, 0)
+    net.tag = "other"                  # the check still fails when the string changes
+    _same_as_eager(f, net, x, 1)
+
+
+def test_fill_leaves_string_literals_alone():
+    from kiln.capture.guards import fill
+    assert fill("type({}) is str and {} == 'a{}b'", "v1") == "type(v1) is str and v1 == 'a{}b'"
+    assert fill('{} == "x\\"{}"', "v") == 'v == "x\\"{}"'
+    assert fill("{d}['k'] == '{d}'", "d3", "{d}") == "d3['k'] == '{d}'"
