@@ -508,6 +508,9 @@ def call_class(tx, cls, args, kwargs):
     if cls is collections.OrderedDict:
         from kiln.capture.values_dict import make_ordered_dict
         return make_ordered_dict(tx, args, kwargs)
+    if cls is collections.defaultdict:
+        from kiln.capture.values_defaultdict import make_defaultdict
+        return make_defaultdict(tx, args, kwargs)
     made = construct(tx, cls, args, kwargs)  # inspect.Parameter / Signature on constants
     if made is not None:
         return made
