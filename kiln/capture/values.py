@@ -26,7 +26,7 @@ import torch
 from kiln.capture import torch_api
 from kiln.capture.fallback import fallback_adapter, inplace_fallback_adapter
 from kiln.capture.dict_keys import dict_key, key_variable, merge_items, refuse_tensor_keys
-from kiln.capture.errors import Unsupported
+from kiln.capture.errors import EagerRaises, Unsupported
 from kiln.capture.mutation import refresh
 from kiln.meta.symbolic import SymInt, SymSize
 
@@ -199,6 +199,10 @@ class TensorVariable(Variable):
         raise Unsupported("iterating over a tensor is not supported")
 
     def truth(self, tx):
+        numel = self.proxy.meta.numel()
+        if type(numel) is int and numel != 1:
+            raise EagerRaises(f"the truth value of a tensor with {numel} elements: eager raises "
+                              "(Boolean value of Tensor with more than one value is ambiguous)")
         raise Unsupported("data-dependent branch: the truth value of a tensor depends on its data")
 
     def __repr__(self):
