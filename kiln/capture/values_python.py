@@ -529,6 +529,10 @@ def call_class(tx, cls, args, kwargs):
         return _make_namedtuple(tx, cls, args, kwargs)
     if issubclass(cls, dict) and dataclasses.is_dataclass(cls):
         return make_dict_dataclass(tx, cls, args, kwargs)
+    if issubclass(cls, dict):
+        from kiln.capture.values_dict import can_make_dict_subclass, make_dict_subclass
+        if can_make_dict_subclass(cls):
+            return make_dict_subclass(tx, cls, args, kwargs)
     if cls in LEGACY_TYPES:  # torch.LongTensor([294]): a capture-table entry, as torch.tensor
         return tx.call_adapter(creation[cls], args, kwargs, f"torch.{cls.__name__}")
     if issubclass(cls, torch.nn.Module):  # built at trace time, private to the call
