@@ -19,6 +19,7 @@ capture safe are installed when such a value is wrapped (``Tracer.wrap``).
 """
 from __future__ import annotations
 
+import collections
 import operator
 
 import torch
@@ -101,6 +102,9 @@ class ConstantVariable(Variable):
         return self.value
 
     def getattr(self, tx, name):
+        if name == "fromkeys" and self.value in (collections.OrderedDict, collections.defaultdict):
+            from kiln.capture.values_callables import _DictFromKeys
+            return _DictFromKeys(self.value)
         if isinstance(self.value, type) and not _is_library_class(self.value):
             from kiln.capture.values_python import attribute_of_class
             out = attribute_of_class(tx, self.value, name, None, self.source)

@@ -217,3 +217,22 @@ def test_guards_do_not_insert_missing_keys():
         torch.testing.assert_close(compiled(x, other), get_key(x, collections.defaultdict(int, before)))
         assert dict(other) == before
     assert kiln.stats().get("graph_breaks", 0) == 0
+
+
+def from_keys(x, y):
+    d1 = dict.fromkeys(["a", "b"], x + 1)
+    d2 = collections.defaultdict.fromkeys(iter(d1), x - 2)
+    d3 = collections.OrderedDict.fromkeys(("a", "b"), value=y)
+    return d1["a"] * d2["b"] + d3["a"], d2, d3
+
+
+def test_fromkeys_of_defaultdict_and_ordereddict():
+    """PyTorch's test_dict_fromkeys: the class's fromkeys with a tensor value (a defaultdict's
+    has no factory), not a break."""
+    x, y = torch.randn(3), torch.randn(3)
+    out, d2, d3 = one_graph(from_keys, x, y)
+    want, want_d2, _ = from_keys(x, y)
+    torch.testing.assert_close(out, want)
+    assert type(d2) is collections.defaultdict and d2.default_factory is None
+    assert type(d3) is collections.OrderedDict and list(d3) == ["a", "b"]
+    torch.testing.assert_close(d2["a"], want_d2["a"])
