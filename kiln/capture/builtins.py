@@ -27,6 +27,14 @@ from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, Mo
 PURE_BUILTINS = {abs, min, max, sum, round, pow, divmod, int, float, bool, str, len, all, any,
                  sorted, repr, hash, chr, ord, math.sqrt, math.ceil, math.floor, math.prod,
                  math.log, math.exp, math.isclose, math.gcd}
+# torch's functions of Python values only, computed at trace time as Dynamo folds them: dtype
+# arithmetic, and facts fixed for the process (a build option, the renamed privateuse1 backend)
+# or outside any compiled call (an ONNX export or FX symbolic trace in progress)
+PURE_BUILTINS.update(fn for fn in (
+    torch.promote_types, torch.can_cast, getattr(torch.distributed, "is_available", None),
+    getattr(torch._C, "_get_privateuse1_backend_name", None),
+    getattr(getattr(torch, "onnx", None), "is_in_onnx_export", None),
+    getattr(torch.fx._symbolic_trace, "is_fx_tracing", None)) if fn is not None)
 
 BUILTIN_HANDLERS = {}
 
@@ -486,6 +494,12 @@ for _name in ("_check", "_check_with", "_check_index", "_check_value", "_check_t
               "_check_not_implemented"):
     if hasattr(torch, _name):
         BUILTIN_HANDLERS[getattr(torch, _name)] = _torch_check(_name)
+
+
+@handles(torch.get_default_dtype)
+def _default_dtype(tx):
+    from kiln.meta.defaults import default_dtype
+    return ConstantVariable(default_dtype())  # the read is guarded (guards.add_default_guards)
 
 
 def _is_compiling(tx):
