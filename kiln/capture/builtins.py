@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import itertools
 import math
 import sys
@@ -176,6 +177,18 @@ def _map(tx, fn, *iterables):
         return NotImplemented
     return IteratorVariable([call_builtin(tx, value, list(group), {})
                              for group in zip(*(it.iterate(tx) for it in iterables))])
+
+
+@handles(functools.reduce)
+def _reduce(tx, fn, iterable, *initial):
+    """functools.reduce: consumes its iterable at once, so each call is traced in order."""
+    items = list(initial) + iterable.iterate(tx)
+    if not items:
+        return NotImplemented  # eager's TypeError for an empty sequence without an initial value
+    acc = items[0]
+    for item in items[1:]:
+        acc = fn.call(tx, [acc, item], {})
+    return acc
 
 
 @handles(abs)
