@@ -21,7 +21,7 @@ import collections
 
 from kiln.capture.dict_keys import dict_key, key_spec, load_key, wrap_key
 from kiln.capture.errors import Unsupported
-from kiln.capture.guards import AttrSource, ItemSource, Source
+from kiln.capture.guards import AttrSource, ItemSource
 from kiln.capture.values import ConstantVariable, DictVariable, TensorVariable, _Sequence
 from kiln.capture.values_callables import BuiltinVariable, FunctionVariable
 
@@ -106,21 +106,9 @@ def wrap_defaultdict(tx, value, source, guard: bool):
     return tx.side_effects.remember(value, DefaultDictVariable(items, factory, source))
 
 
-class DictGetSource(Source):
-    """``dict.get(<parent>, key)``: an item of a defaultdict as the guards read it. ``d[key]``,
-    and ``dict.__getitem__(d, key)`` too, runs ``__missing__`` for a key the call's object does
-    not hold, which would insert the key into the caller's object while the guards run."""
-    __slots__ = ("parent", "key")
-
-    def __init__(self, parent, key):
-        self.parent, self.key = parent, key
-
-    def expr(self, base=None):
-        return f"dict.get({base or self.parent.expr()}, {self.key!r})"
-
-
 def _item_source(source, i, key):
     from kiln.capture.values_stdlib import dict_item_source
+    from kiln.capture.values_dict import DictGetSource
     item = dict_item_source(source, i, key)  # ItemSource by a spelled key, else by position
     return DictGetSource(source, key) if isinstance(item, ItemSource) else item
 
@@ -159,5 +147,5 @@ def build_defaultdict(spec, build):
                                                       [build(x) for x in spec[3]]))
 
 
-__all__ = ["DefaultDictVariable", "DictGetSource", "wrap_defaultdict", "make_defaultdict", "defaultdict_spec",
+__all__ = ["DefaultDictVariable", "wrap_defaultdict", "make_defaultdict", "defaultdict_spec",
            "factory_spec", "build_defaultdict"]

@@ -112,6 +112,20 @@ class DictItemSource(Source):
         return f"dict.__getitem__({base or self.parent.expr()}, {self.key!r})"
 
 
+class DictGetSource(Source):
+    """``dict.get(<parent>, key)``: an item of a defaultdict, or of a dict subclass with a
+    ``__missing__``, as the guards read it. ``d[key]``, and ``dict.__getitem__(d, key)`` too,
+    run ``__missing__`` for a key the call's object does not hold (its keys are guarded apart),
+    which may insert the key into the caller's object while the guards run."""
+    __slots__ = ("parent", "key")
+
+    def __init__(self, parent, key):
+        self.parent, self.key = parent, key
+
+    def expr(self, base=None):
+        return f"dict.get({base or self.parent.expr()}, {self.key!r})"
+
+
 class _Unread:
     """An item of a dict subclass from the inputs that the trace has not read: wrapped, and
     guarded, when it is (a registry such as ACT2FN holds two dozen classes; a call reads one)."""
@@ -297,6 +311,8 @@ def wrap_dict_subclass(tx, value, source, guard: bool):
         read = "list({})" if ordered else "list(dict.keys({}))"
         tx.guards.add(source, f"id(type({{}})) == {id(type(value))} and {read} == {keys!r}")
     item_source = ItemSource if _static_lookup(type(value), "__getitem__")[1] in _DICT_BASES else DictItemSource
+    if _static_lookup(type(value), "__missing__")[1] not in _DICT_BASES:
+        item_source = DictGetSource  # the guards must not run it
     items = {k: _Unread(dict.__getitem__(value, k), item_source(source, k) if source is not None else None,
                         guard) for k in keys}
     return tx.side_effects.remember(value, DictSubclassVariable(type(value), items, source, value, tx))
@@ -363,5 +379,5 @@ def make_ordered_dict(tx, args, kwargs):
 
 
 __all__ = ["OrderedDictVariable", "make_ordered_dict", "is_python_dict_subclass", "DictSubclassVariable", "wrap_dict_subclass",
-           "can_make_dict_subclass", "make_dict_subclass", "dict_subclass_spec", "build_dict_subclass", "DictDunder", "DictItemSource",
+           "can_make_dict_subclass", "make_dict_subclass", "dict_subclass_spec", "build_dict_subclass", "DictDunder", "DictItemSource", "DictGetSource",
            "ContextVarVariable", "MethodCallSource"]
