@@ -20,6 +20,7 @@ from kiln.capture import controls, sized_later, torch_api
 from kiln.capture.dict_keys import dict_key
 from kiln.capture.errors import Unsupported
 from kiln.capture.scalar_values import NumberVariable, to_number
+from kiln.meta.defaults import default_dtype
 from kiln.capture.values import (ConstantVariable, DictVariable, IteratorVariable, ListVariable,
                                  MethodVariable, TensorVariable, TupleVariable, _Sequence)
 from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
@@ -511,7 +512,6 @@ for _name in ("_check", "_check_with", "_check_index", "_check_value", "_check_t
 
 @handles(torch.get_default_dtype)
 def _default_dtype(tx):
-    from kiln.meta.defaults import default_dtype
     return ConstantVariable(default_dtype())  # the read is guarded (guards.add_default_guards)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 
+from kiln.capture.builtins import call_builtin
 from kiln.capture.dict_keys import dict_key, key_spec, load_key, wrap_key
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import AttrSource, ItemSource
@@ -115,7 +116,6 @@ def _item_source(source, i, key):
 
 def make_defaultdict(tx, args, kwargs):
     """``collections.defaultdict(factory=None, *dict_args, **kwargs)`` in the trace."""
-    from kiln.capture.builtins import call_builtin
     factory = args[0] if args else ConstantVariable(None)
     if isinstance(factory, ConstantVariable) and factory.value is not None and not callable(factory.value) \
             or isinstance(factory, (TensorVariable, DictVariable, _Sequence)):

@@ -20,6 +20,7 @@ from kiln.capture.values_callables import FunctionVariable
 from kiln.capture.values_python import _static_lookup, attribute_of_class
 from kiln.capture.builtins import call_builtin
 from kiln.capture.resume import Instr, _call
+from kiln.capture.side_effects import _accessor
 
 
 # ====================================================================== context variables
@@ -283,7 +284,6 @@ def dict_subclass_spec(v, proxies, spec_of):
     """The output spec of a returned dict subclass: the caller's own object where it came from
     the inputs (its writes are replayed on it), else ``cls(pairs)`` built after each call."""
     if v.source is not None:
-        from kiln.capture.side_effects import _accessor
         return ("source", _accessor(v.source))
     if v.value is not None:
         raise Unsupported(f"returning a {v.cls.__name__} reached without a source")

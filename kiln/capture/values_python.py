@@ -35,6 +35,7 @@ from kiln.capture.values import (ConstantVariable, DictVariable, MethodVariable,
                                  TupleVariable, Variable, _Sequence)
 from kiln.capture.values_callables import FunctionVariable, ModuleVariable
 from kiln.capture.values_introspect import construct
+from kiln.capture.values_defaultdict import make_defaultdict
 from kiln.capture.torch_api_creation import FUNCTIONS as creation, LEGACY_TYPES
 
 _MISSING = object()
@@ -509,7 +510,6 @@ def call_class(tx, cls, args, kwargs):
         from kiln.capture.values_dict import make_ordered_dict
         return make_ordered_dict(tx, args, kwargs)
     if cls is collections.defaultdict:
-        from kiln.capture.values_defaultdict import make_defaultdict
         return make_defaultdict(tx, args, kwargs)
     made = construct(tx, cls, args, kwargs)  # inspect.Parameter / Signature on constants
     if made is not None:
