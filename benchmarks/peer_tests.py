@@ -7,19 +7,23 @@ this repository):
   ``torch._dynamo.testing.standard_test``, which this harness replaces with one that compiles
   the function with ``kiln.compile`` (two input sets, each called twice, compared with eager).
   Cases that call ``torch.compile`` themselves get ``kiln.compile`` in its place (``backend``
-  ignored, ``fullgraph`` kept); their counters are Dynamo's, so they are reported apart
+  ignored, ``fullgraph`` kept), and ``torch._dynamo.optimize_assert(backend)`` gets
+  ``kiln.compile(fullgraph=True)``; their counters are Dynamo's, so they are reported apart
   (``direct_*``).
 - ``test/inductor/test_torchinductor.py``: the ``CommonTemplate`` cases are copied onto a CPU
   test class whose ``common`` is :func:`kiln_check_model`, kiln's version of the file's
   ``check_model`` (eager reference, upcast to fp32 for fp16/bf16 inputs, output types and
   dtypes, values, input mutations, gradients where asked). A case that reaches Inductor on its
-  own (``torch.compile``, ``run_and_get_code``, ...) is *not kept*: it tests Inductor itself.
+  own (``torch.compile``, ``optimize_assert``, ``run_and_get_code``, ...) is *not kept*: it
+  tests Inductor itself.
 
 A case passes only when its results match eager and kiln compiled it: a case that fell back to
 eager, or ran a frame eagerly, is ``fallback``, not ``pass``. kiln's refusal under
 ``fullgraph=True`` (``GraphBreakError``) is raised as Dynamo's ``Unsupported`` too, so a case
 asserting that the compiler refuses (a ``torch.Generator`` argument) sees it; anywhere else it
-is a ``kiln_error``. A case that asserts an error eager does not raise (Inductor's own
+is a ``kiln_error``. Where kiln raises the exception eager raises on the same inputs (a case
+calling ``torch.compile`` itself), it is raised as Dynamo's ``TorchRuntimeError`` as well,
+which such a case expects. A case that asserts an error eager does not raise (Inductor's own
 divergence), after kiln matched eager on those inputs, is not kept.
 
 Each case runs in a child process that survives nothing but the case: a crash (SIGFPE, a
@@ -149,14 +153,39 @@ def _refusal(message):
     return KilnRefusal(message)
 
 
-def _kiln_call(compiled, args, kwargs):
+def _eager_error(err, eager, args, kwargs):
+    """kiln's exception as Dynamo spells an error eager raises in a traced op
+    (``TorchRuntimeError``, which a case may expect) where ``eager`` on the same inputs raises
+    the same exception; None where it does not (or the type cannot be combined)."""
+    from torch._dynamo.exc import TorchRuntimeError
+    try:
+        eager(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the exception eager raises, compared below
+        if type(e) is not type(err) or str(e) != str(err):
+            return None
+    else:
+        return None
+    try:
+        cls = type(f"Eager{type(err).__name__}", (type(err), TorchRuntimeError), {})
+        out = cls(*err.args)
+    except TypeError:
+        return None
+    return out
+
+
+def _kiln_call(compiled, args, kwargs, eager=None):
+    """Call kiln's compiled function; ``eager`` (the original function, for the cases that
+    call ``torch.compile`` themselves) tells kiln's error apart from eager's own."""
     import kiln
     before = kiln.stats()
     try:
         out = compiled(*args, **kwargs)
     except kiln.GraphBreakError as e:
         raise _refusal(f"{type(e).__name__}: {e}") from e
-    except Exception as e:  # noqa: BLE001 - eager ran these inputs without raising
+    except Exception as e:  # noqa: BLE001
+        same = _eager_error(e, eager, args, kwargs) if eager is not None else None
+        if same is not None:  # eager raises it too: kiln gave the user eager's error
+            raise same from e
         raise KilnFailure(f"{type(e).__name__}: {e}") from e
     after = kiln.stats()
     _CASE["kiln_calls"] += 1
@@ -338,10 +367,16 @@ def _kiln_in_place_of_torch_compile(model=None, *, fullgraph=False, dynamic=None
         compiled = kiln.compile(fn, fullgraph=fullgraph, dynamic=dynamic)
 
         def call(*args, **kwargs):
-            return _kiln_call(compiled, args, kwargs)
+            return _kiln_call(compiled, args, kwargs, eager=fn)
         call.__wrapped__ = fn
         return call
     return wrap(model) if model is not None else wrap
+
+
+def _kiln_in_place_of_optimize_assert(backend=None, *, dynamic=None, **ignored):
+    """``torch._dynamo.optimize_assert(backend)(fn)``, Dynamo's one-graph-or-raise mode: kiln
+    with ``fullgraph=True`` (backend, hooks and export arguments ignored)."""
+    return _kiln_in_place_of_torch_compile(fullgraph=True, dynamic=dynamic)
 
 
 # --- collecting and running cases ---------------------------------------------------------
@@ -364,6 +399,7 @@ def _inductor_cases(path):
     module.assertGeneratedKernelCountEqual = lambda self, expected: None
     patches = {(torch, "compile"): _forbid("torch.compile"),
                (torch._dynamo, "optimize"): _forbid("torch._dynamo.optimize"),
+               (torch._dynamo, "optimize_assert"): _forbid("torch._dynamo.optimize_assert"),
                (torch._inductor, "metrics"): _MetricsStandIn()}
     names = sorted(n for n in dir(KilnCpuTests) if n.startswith("test_"))
     return KilnCpuTests, names, patches
@@ -379,6 +415,7 @@ def _functions_cases(path):
                and issubclass(getattr(module, c), unittest.TestCase)
                and getattr(module, c).__module__ == "peer_test_functions"]
     patches = {(torch, "compile"): _kiln_in_place_of_torch_compile,
+               (torch._dynamo, "optimize_assert"): _kiln_in_place_of_optimize_assert,
                (torch._dynamo, "optimize"): _forbid("torch._dynamo.optimize")}
     return classes, patches
 

@@ -15,6 +15,7 @@ from kiln.module_wrapper import ModuleWrapper
 from kiln.capture import Unsupported, frame_locals, trace
 from kiln.capture.controls import is_disabled, stance as _stance
 from kiln.capture.binding import fast_locals_builder as _fast_locals_builder
+from kiln.capture.errors import eager_rejects
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
 from kiln.code_caches import CodeCaches
 from kiln.config import config
@@ -440,14 +441,15 @@ class CompiledFunction:
         where the call runs eagerly, or an ``EagerEntry`` after an internal error there."""
         ctx.graph_breaks.append(e)
         counters.bump("graph_breaks")
+        if self.fullgraph and eager_rejects(e):  # eager's own exception, from the user's line
+            log.log("graph_breaks", "%s; running %s eagerly this call", e, self.name)
+            self.fn(*args, **kwargs)  # raises the user's error if eager rejects it too
+            raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
         if e.__cause__ is not None and not isinstance(e.__cause__, Unsupported):
             # An op refused its arguments at capture (bad shapes, dim, dtype): most
             # likely the user's error. Run eagerly so torch raises its own exception
             # from the user's line; the cache stays unpoisoned for good inputs.
             log.log("graph_breaks", "%s; running %s eagerly this call", e, self.name)
-            if self.fullgraph:
-                self.fn(*args, **kwargs)  # raises the user's error if eager rejects it too
-                raise GraphBreakError(f"graph break under fullgraph=True: {e}") from None
             _local.eager_call = (f"capture refused an op's arguments, eager torch ran it "
                                  f"(this call only): {e.reason}", e.filename, e.lineno)
             return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import itertools
 import math
 import sys
@@ -19,6 +20,7 @@ from kiln.capture import controls, sized_later, torch_api
 from kiln.capture.dict_keys import dict_key
 from kiln.capture.errors import Unsupported
 from kiln.capture.scalar_values import NumberVariable, to_number
+from kiln.meta.defaults import default_dtype
 from kiln.capture.values import (ConstantVariable, DictVariable, IteratorVariable, ListVariable,
                                  MethodVariable, TensorVariable, TupleVariable, _Sequence)
 from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
@@ -27,6 +29,14 @@ from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, Mo
 PURE_BUILTINS = {abs, min, max, sum, round, pow, divmod, int, float, bool, str, len, all, any,
                  sorted, repr, hash, chr, ord, math.sqrt, math.ceil, math.floor, math.prod,
                  math.log, math.exp, math.isclose, math.gcd}
+# torch's functions of Python values only, computed at trace time as Dynamo folds them: dtype
+# arithmetic, and facts fixed for the process (a build option, the renamed privateuse1 backend)
+# or outside any compiled call (an ONNX export or FX symbolic trace in progress)
+PURE_BUILTINS.update(fn for fn in (
+    torch.promote_types, torch.can_cast, getattr(torch.distributed, "is_available", None),
+    getattr(torch._C, "_get_privateuse1_backend_name", None),
+    getattr(getattr(torch, "onnx", None), "is_in_onnx_export", None),
+    getattr(torch.fx._symbolic_trace, "is_fx_tracing", None)) if fn is not None)
 
 BUILTIN_HANDLERS = {}
 
@@ -168,6 +178,18 @@ def _map(tx, fn, *iterables):
         return NotImplemented
     return IteratorVariable([call_builtin(tx, value, list(group), {})
                              for group in zip(*(it.iterate(tx) for it in iterables))])
+
+
+@handles(functools.reduce)
+def _reduce(tx, fn, iterable, *initial):
+    """functools.reduce: consumes its iterable at once, so each call is traced in order."""
+    items = list(initial) + iterable.iterate(tx)
+    if not items:
+        return NotImplemented  # eager's TypeError for an empty sequence without an initial value
+    acc = items[0]
+    for item in items[1:]:
+        acc = fn.call(tx, [acc, item], {})
+    return acc
 
 
 @handles(abs)
@@ -486,6 +508,11 @@ for _name in ("_check", "_check_with", "_check_index", "_check_value", "_check_t
               "_check_not_implemented"):
     if hasattr(torch, _name):
         BUILTIN_HANDLERS[getattr(torch, _name)] = _torch_check(_name)
+
+
+@handles(torch.get_default_dtype)
+def _default_dtype(tx):
+    return ConstantVariable(default_dtype())  # the read is guarded (guards.add_default_guards)
 
 
 def _is_compiling(tx):

@@ -46,3 +46,17 @@ class Unsupported(Exception):
     def __str__(self):
         where = f" at {self.filename}:{self.lineno}: {self.source_line}" if self.located else ""
         return f"{self.reason} (graph break){where}"
+
+
+class EagerRaises(Unsupported):
+    """A step capture knows eager refuses (``float()`` of a tensor with two elements, an
+    in-place write eager rejects): a graph break like any other, except under
+    ``fullgraph=True``, where the call runs eagerly so the user gets eager's own exception
+    from their line, as for an op whose meta refused its arguments (``api._at_graph_break``)."""
+
+
+def eager_rejects(e: Unsupported) -> bool:
+    """Does eager raise at the step where capture stopped? An ``EagerRaises``, or an op whose
+    meta rule or argument check raised (the break's ``__cause__``)."""
+    return isinstance(e, EagerRaises) or (e.__cause__ is not None
+                                          and not isinstance(e.__cause__, Unsupported))

@@ -18,7 +18,7 @@ another tensor (its flag belongs to autograd's view tracking), a non-floating dt
 """
 from __future__ import annotations
 
-from kiln.capture.errors import Unsupported
+from kiln.capture.errors import EagerRaises, Unsupported
 from kiln.capture.values import ConstantVariable, ListVariable, TensorVariable, TupleVariable, Variable
 
 _LEAF_ATTRIBUTES = {"requires_grad": True, "is_leaf": True, "grad": None, "grad_fn": None}
@@ -53,7 +53,7 @@ def set_requires_grad(tx, var: TensorVariable, flag: Variable) -> TensorVariable
         raise Unsupported("Tensor.requires_grad_() on an input or a view: its flag is autograd's state "
                           "outside the compiled function")
     if not (meta.dtype.is_floating_point or meta.dtype.is_complex):
-        raise Unsupported(f"Tensor.requires_grad_() on a {meta.dtype} tensor (eager raises)")
+        raise EagerRaises(f"Tensor.requires_grad_() on a {meta.dtype} tensor (eager raises)")
     if tx.grad_enabled:
         raise Unsupported("Tensor.requires_grad_() with grad mode on: the compiled graph would not "
                           "compute the gradient of the new leaf")

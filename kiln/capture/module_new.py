@@ -65,7 +65,7 @@ class LocalModuleVariable(ModuleVariable):
         if isinstance(value, torch.Tensor):
             raise Unsupported(f"reading a tensor of a {type(self.module).__name__} module made "
                               "inside compiled code")
-        if type(value) in (list, dict, set, collections.OrderedDict):
+        if type(value) in (list, dict, set, collections.OrderedDict, collections.defaultdict):
             self.shares_state = True
         return tx.wrap(value, None)
 

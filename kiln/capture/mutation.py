@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.capture.errors import Unsupported
+from kiln.capture.errors import EagerRaises, Unsupported
 from kiln.capture.torch_api_inplace import Rebinds, Writes, _fill_value
 from kiln.graph import Proxy, getitem
 from kiln.graph.node import CALL, PLACEHOLDER, Node, flatten_args
@@ -87,7 +87,7 @@ def _inverse_permute(base, new, dims):
 
 def _inverse_expand(base, new, shape):
     if tuple(new.shape) != tuple(base.shape):
-        raise Unsupported("in-place update of an expanded tensor: more than one element refers to "
+        raise EagerRaises("in-place update of an expanded tensor: more than one element refers to "
                           "the same memory location (eager raises)")
     return new
 
@@ -372,11 +372,11 @@ def mutate(tx, var, new: Proxy, what: str):
     if not isinstance(new, Proxy):
         raise Unsupported(f"{what}: the new value is not a tensor")
     if tuple(new.shape) != tuple(old.shape):
-        raise Unsupported(f"{what}: the result's shape {list(new.shape)} differs from the tensor's "
+        raise EagerRaises(f"{what}: the result's shape {list(new.shape)} differs from the tensor's "
                           f"{list(old.shape)} (eager raises)")
     if new.dtype != old.dtype:
         if not torch.can_cast(new.dtype, old.dtype):
-            raise Unsupported(f"{what}: result type {new.dtype} can't be cast to the tensor's "
+            raise EagerRaises(f"{what}: result type {new.dtype} can't be cast to the tensor's "
                               f"{old.dtype} (eager raises)")
         new = core.to_dtype(new, old.dtype)
     if not getattr(tx, "grad_enabled", True) and new.meta.requires_grad:
@@ -422,13 +422,13 @@ def _check_input_write(tx, st: Storage, what: str):
         return
     for t in st.input_tensors(tx):
         if getattr(tx, "grad_enabled", True) and t.requires_grad and t.is_leaf:
-            raise Unsupported(f"{what}: in-place update of a leaf tensor that requires grad, or of "
+            raise EagerRaises(f"{what}: in-place update of a leaf tensor that requires grad, or of "
                               "memory it shares (eager raises RuntimeError)")
     if st.root_node is None:
         return
     meta = st.root_node.meta["val"]
     if st.version == 0 and any(s == 0 and n > 1 for n, s in zip(meta.shape, meta.stride)):
-        raise Unsupported(f"{what}: in-place update of an input with overlapping memory (stride 0; "
+        raise EagerRaises(f"{what}: in-place update of an input with overlapping memory (stride 0; "
                           "eager raises)")
 
 

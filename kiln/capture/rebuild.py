@@ -11,6 +11,8 @@ import torch
 from kiln.capture.dict_keys import has_tensor_keys, keyed_dict_spec
 from kiln.capture.rebuild_made import MADE_KINDS, build_made, made_value_spec
 from kiln.capture.side_effects import build_extra, extra_spec, replay
+from kiln.capture.values_defaultdict import DefaultDictVariable, defaultdict_spec
+from kiln.capture.values_dict import DictSubclassVariable, dict_subclass_spec
 from kiln.capture.values import (ConstantVariable, DictVariable, ListVariable, TensorVariable,
                                  TupleVariable, Variable)
 from kiln.capture.errors import Unsupported
@@ -36,6 +38,10 @@ def _output_spec(v: Variable, proxies: list):
         return ("tuple", [_output_spec(x, proxies) for x in v.items])
     if isinstance(v, ListVariable):
         return ("list", [_output_spec(x, proxies) for x in v.items])
+    if isinstance(v, DefaultDictVariable):  # keeps its type and factory (tensor keys too)
+        return defaultdict_spec(v, proxies, _output_spec)
+    if isinstance(v, DictSubclassVariable):  # keeps its class (the caller's own object if an input)
+        return dict_subclass_spec(v, proxies, _output_spec)
     if isinstance(v, DictVariable) and has_tensor_keys(v.items):
         return keyed_dict_spec(v, proxies, _output_spec)
     if isinstance(v, DictVariable) and v.python_type() is collections.OrderedDict:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.capture.errors import Unsupported
+from kiln.capture.errors import EagerRaises, Unsupported
 from kiln.capture.values import ConstantVariable, TensorVariable
 from kiln.graph import Proxy
 from kiln.meta.tensor_meta import WrappedNumberMeta
@@ -86,7 +86,7 @@ def to_number(tx, var: TensorVariable, kind: type, what: str) -> NumberVariable:
     if numel != 1:
         eager = ("Boolean value of Tensor with more than one value is ambiguous" if kind is bool
                  else "only one element tensors can be converted to Python scalars")
-        raise Unsupported(f"{what} of a tensor with {numel} elements: eager raises ({eager})")
+        raise EagerRaises(f"{what} of a tensor with {numel} elements: eager raises ({eager})")
     if meta.dtype.is_complex and kind is not bool:
         raise Unsupported(f"{what} of a complex tensor is not supported")
     if kind is int and meta.dtype.is_floating_point:

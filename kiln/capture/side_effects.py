@@ -200,6 +200,12 @@ def build_extra(spec, build, L, G):
         return spec[1](**{k: build(s) for k, s in spec[2].items()})
     if kind == "keyed_dict":  # a dict keyed by input tensors (dict_keys.py)
         return build_keyed_dict(spec, build)
+    if kind == "dict_subclass":  # a dict subclass made in the trace (values_dict.py)
+        from kiln.capture.values_dict import build_dict_subclass
+        return build_dict_subclass(spec, build)
+    if kind == "defaultdict":  # values_defaultdict.py
+        from kiln.capture.values_defaultdict import build_defaultdict
+        return build_defaultdict(spec, build)
     if kind == "fresh":  # a module made in the trace: each call gets its own (module_new.py)
         return copy.deepcopy(spec[1])
     if kind == "source":

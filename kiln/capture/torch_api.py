@@ -251,7 +251,14 @@ TENSOR_METHODS = {
     "is_floating_point": lambda self: self.dtype.is_floating_point,
     "is_complex": lambda self: self.dtype.is_complex,
     "element_size": lambda self: self.dtype.itemsize,
+    "__len__": lambda self: _tensor_len(self),  # x.__len__(), as len(x)
 }
+
+
+def _tensor_len(self):
+    if self.ndim == 0:
+        raise TypeError("len() of a 0-d tensor")  # eager's error
+    return self.shape[0]
 
 # Metadata queries torch also spells as functions (``torch.is_complex(x)``, ``input=`` as torch
 # names the argument): the same answers from TensorMeta, not a fallback node (which returns no

@@ -36,6 +36,7 @@ from kiln.capture.resume_loops import LoopRest, wrap_loop_rest
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.values_introspect import INTROSPECT_TYPES, IntrospectVariable
 from kiln.capture.values_stdlib import dict_item_source, dict_keys_check, wrap_stdlib
+from kiln.capture.values_defaultdict import wrap_defaultdict
 from kiln.capture.dict_keys import wrap_key
 from kiln.capture.resume_cells import argument_cells
 from kiln.capture.vmap import wrap_vmap
@@ -250,6 +251,8 @@ class Tracer:
             return self.side_effects.remember(value, cls(
                 {wrap_key(self, k, source, i, guard): self.wrap(v, dict_item_source(source, i, k), guard)
                  for i, (k, v) in enumerate(value.items())}, source))
+        if type(value) is collections.defaultdict:  # a dict that remembers its factory
+            return wrap_defaultdict(self, value, source, guard)
         if is_python_dict_subclass(type(value)):  # dict's behaviour, the subclass's methods
             return wrap_dict_subclass(self, value, source, guard)
         return None

@@ -19,6 +19,7 @@ capture safe are installed when such a value is wrapped (``Tracer.wrap``).
 """
 from __future__ import annotations
 
+import collections
 import operator
 
 import torch
@@ -26,7 +27,7 @@ import torch
 from kiln.capture import torch_api
 from kiln.capture.fallback import fallback_adapter, inplace_fallback_adapter
 from kiln.capture.dict_keys import dict_key, key_variable, merge_items, refuse_tensor_keys
-from kiln.capture.errors import Unsupported
+from kiln.capture.errors import EagerRaises, Unsupported
 from kiln.capture.mutation import refresh
 from kiln.meta.symbolic import SymInt, SymSize
 
@@ -101,6 +102,9 @@ class ConstantVariable(Variable):
         return self.value
 
     def getattr(self, tx, name):
+        if name == "fromkeys" and self.value in (collections.OrderedDict, collections.defaultdict):
+            from kiln.capture.values_callables import _DictFromKeys
+            return _DictFromKeys(self.value)
         if isinstance(self.value, type) and not _is_library_class(self.value):
             from kiln.capture.values_python import attribute_of_class
             out = attribute_of_class(tx, self.value, name, None, self.source)
@@ -199,6 +203,10 @@ class TensorVariable(Variable):
         raise Unsupported("iterating over a tensor is not supported")
 
     def truth(self, tx):
+        numel = self.proxy.meta.numel()
+        if type(numel) is int and numel != 1:
+            raise EagerRaises(f"the truth value of a tensor with {numel} elements: eager raises "
+                              "(Boolean value of Tensor with more than one value is ambiguous)")
         raise Unsupported("data-dependent branch: the truth value of a tensor depends on its data")
 
     def __repr__(self):

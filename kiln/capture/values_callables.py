@@ -10,6 +10,7 @@ They build on values.py's trackers; nothing there needs these.
 """
 from __future__ import annotations
 
+import collections
 import types
 
 import torch
@@ -315,15 +316,26 @@ class _UnboundDictDunder(Variable):
 
 
 class _DictFromKeys(Variable):
-    """``dict.fromkeys(keys, value=None)``: every key maps to the one value, as Python's does."""
+    """``dict.fromkeys(keys, value=None)`` (also OrderedDict's and defaultdict's, whose result
+    is of their class, a defaultdict's without a factory): every key maps to the one value, as
+    Python's does."""
+
+    def __init__(self, cls=dict):
+        self.cls = cls
 
     def call(self, tx, args, kwargs):
-        if kwargs or not 1 <= len(args) <= 2:
-            raise Unsupported("dict.fromkeys takes an iterable and an optional value")
-        value = args[1] if len(args) == 2 else ConstantVariable(None)
+        if set(kwargs) - {"value"} or not 1 <= len(args) + len(kwargs) <= 2:
+            raise Unsupported(f"{self.cls.__name__}.fromkeys takes an iterable and an optional value")
+        value = args[1] if len(args) == 2 else kwargs.get("value", ConstantVariable(None))
         items = {}
         for k in args[0].iterate(tx):
             items[dict_key(tx, k, items)] = value
+        if self.cls is collections.OrderedDict:
+            from kiln.capture.values_dict import OrderedDictVariable
+            return OrderedDictVariable(items)
+        if self.cls is collections.defaultdict:
+            from kiln.capture.values_defaultdict import DefaultDictVariable
+            return DefaultDictVariable(items, ConstantVariable(None))
         return DictVariable(items)
 
 

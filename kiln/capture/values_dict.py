@@ -12,7 +12,7 @@ import collections
 import dataclasses
 import types
 
-from kiln.capture.dict_keys import dict_key, load_key, refuse_tensor_keys
+from kiln.capture.dict_keys import dict_key, key_spec, load_key, refuse_tensor_keys
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import ItemSource, Source
 from kiln.capture.values import ConstantVariable, DictVariable, Variable
@@ -20,6 +20,7 @@ from kiln.capture.values_callables import FunctionVariable
 from kiln.capture.values_python import _static_lookup, attribute_of_class
 from kiln.capture.builtins import call_builtin
 from kiln.capture.resume import Instr, _call
+from kiln.capture.side_effects import _accessor
 
 
 # ====================================================================== context variables
@@ -110,6 +111,20 @@ class DictItemSource(Source):
 
     def expr(self, base=None):
         return f"dict.__getitem__({base or self.parent.expr()}, {self.key!r})"
+
+
+class DictGetSource(Source):
+    """``dict.get(<parent>, key)``: an item of a defaultdict, or of a dict subclass with a
+    ``__missing__``, as the guards read it. ``d[key]``, and ``dict.__getitem__(d, key)`` too,
+    run ``__missing__`` for a key the call's object does not hold (its keys are guarded apart),
+    which may insert the key into the caller's object while the guards run."""
+    __slots__ = ("parent", "key")
+
+    def __init__(self, parent, key):
+        self.parent, self.key = parent, key
+
+    def expr(self, base=None):
+        return f"dict.get({base or self.parent.expr()}, {self.key!r})"
 
 
 class _Unread:
@@ -233,8 +248,50 @@ class DictSubclassVariable(DictVariable):
             raise Unsupported(f"{self.cls.__name__}.{name} is not a Python function")
         return FunctionVariable(found, self_var=self)
 
+    def reconstruct(self, builder):
+        """At a graph break: the input object itself, or one made in the trace built again
+        (``cls({items})``, its base's ``__init__``: ``make_dict_subclass``)."""
+        if self.source is not None:
+            builder.load_source(self.source)
+            return
+        if self.value is not None:
+            raise Unsupported(f"a {self.cls.__name__} reached without a source at a graph break")
+        builder.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", self.cls))
+        for k, x in self.items.items():
+            load_key(builder, k)
+            builder.load(x)
+        builder.emit(Instr("BUILD_MAP", len(self.items)), *_call(1))
+        builder._memo(self)
+
     def __repr__(self):
         return f"{self.cls.__name__}({self.items!r})"
+
+
+def can_make_dict_subclass(cls) -> bool:
+    """``cls(...)`` of a Python dict subclass can be made in the trace: its construction and
+    item writes are its base's (dict's or OrderedDict's), its reads as ``is_python_dict_subclass``."""
+    return is_python_dict_subclass(cls) and all(
+        _static_lookup(cls, name)[1] in _DICT_BASES for name in ("__new__", "__init__", "__setitem__"))
+
+
+def make_dict_subclass(tx, cls, args, kwargs):
+    """``cls(...)`` in the trace (``can_make_dict_subclass``): what ``dict(...)`` would hold,
+    as a tracker of that class with no real object behind it."""
+    return DictSubclassVariable(cls, call_builtin(tx, dict, args, kwargs).items, tx=tx)
+
+
+def dict_subclass_spec(v, proxies, spec_of):
+    """The output spec of a returned dict subclass: the caller's own object where it came from
+    the inputs (its writes are replayed on it), else ``cls(pairs)`` built after each call."""
+    if v.source is not None:
+        return ("source", _accessor(v.source))
+    if v.value is not None:
+        raise Unsupported(f"returning a {v.cls.__name__} reached without a source")
+    return ("dict_subclass", v.cls, [key_spec(k) for k in v.items], [spec_of(x, proxies) for x in v.items.values()])
+
+
+def build_dict_subclass(spec, build):
+    return spec[1](zip([build(k) for k in spec[2]], [build(x) for x in spec[3]]))
 
 
 def wrap_dict_subclass(tx, value, source, guard: bool):
@@ -254,6 +311,8 @@ def wrap_dict_subclass(tx, value, source, guard: bool):
         read = "list({})" if ordered else "list(dict.keys({}))"
         tx.guards.add(source, f"id(type({{}})) == {id(type(value))} and {read} == {keys!r}")
     item_source = ItemSource if _static_lookup(type(value), "__getitem__")[1] in _DICT_BASES else DictItemSource
+    if _static_lookup(type(value), "__missing__")[1] not in _DICT_BASES:
+        item_source = DictGetSource  # the guards must not run it
     items = {k: _Unread(dict.__getitem__(value, k), item_source(source, k) if source is not None else None,
                         guard) for k in keys}
     return tx.side_effects.remember(value, DictSubclassVariable(type(value), items, source, value, tx))
@@ -319,5 +378,6 @@ def make_ordered_dict(tx, args, kwargs):
     return OrderedDictVariable(call_builtin(tx, dict, args, kwargs).items)
 
 
-__all__ = ["OrderedDictVariable", "make_ordered_dict", "is_python_dict_subclass", "DictSubclassVariable", "wrap_dict_subclass", "DictDunder", "DictItemSource",
+__all__ = ["OrderedDictVariable", "make_ordered_dict", "is_python_dict_subclass", "DictSubclassVariable", "wrap_dict_subclass",
+           "can_make_dict_subclass", "make_dict_subclass", "dict_subclass_spec", "build_dict_subclass", "DictDunder", "DictItemSource", "DictGetSource",
            "ContextVarVariable", "MethodCallSource"]

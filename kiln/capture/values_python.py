@@ -35,6 +35,7 @@ from kiln.capture.values import (ConstantVariable, DictVariable, MethodVariable,
                                  TupleVariable, Variable, _Sequence)
 from kiln.capture.values_callables import FunctionVariable, ModuleVariable
 from kiln.capture.values_introspect import construct
+from kiln.capture.values_defaultdict import make_defaultdict
 from kiln.capture.torch_api_creation import FUNCTIONS as creation, LEGACY_TYPES
 
 _MISSING = object()
@@ -508,6 +509,8 @@ def call_class(tx, cls, args, kwargs):
     if cls is collections.OrderedDict:
         from kiln.capture.values_dict import make_ordered_dict
         return make_ordered_dict(tx, args, kwargs)
+    if cls is collections.defaultdict:
+        return make_defaultdict(tx, args, kwargs)
     made = construct(tx, cls, args, kwargs)  # inspect.Parameter / Signature on constants
     if made is not None:
         return made
@@ -526,6 +529,10 @@ def call_class(tx, cls, args, kwargs):
         return _make_namedtuple(tx, cls, args, kwargs)
     if issubclass(cls, dict) and dataclasses.is_dataclass(cls):
         return make_dict_dataclass(tx, cls, args, kwargs)
+    if issubclass(cls, dict):
+        from kiln.capture.values_dict import can_make_dict_subclass, make_dict_subclass
+        if can_make_dict_subclass(cls):
+            return make_dict_subclass(tx, cls, args, kwargs)
     if cls in LEGACY_TYPES:  # torch.LongTensor([294]): a capture-table entry, as torch.tensor
         return tx.call_adapter(creation[cls], args, kwargs, f"torch.{cls.__name__}")
     if issubclass(cls, torch.nn.Module):  # built at trace time, private to the call

@@ -73,8 +73,9 @@ def test_list_contains_a_many_element_tensor_is_refused_as_eager_refuses():
     fn = lambda x: 1 in [x]  # noqa: E731 - eager: "Boolean value of Tensor ... is ambiguous"
     with pytest.raises(RuntimeError, match="ambiguous"):
         fn(torch.ones(2))
-    with pytest.raises(kiln.GraphBreakError, match="ambiguous"):
+    with pytest.raises(RuntimeError, match="ambiguous") as got:  # eager's own error
         kiln.compile(fn, fullgraph=True)(torch.ones(2))
+    assert not isinstance(got.value, kiln.GraphBreakError)
 
 
 # ---------------------------------------------------------------- float(t), int(t), bool(t), t.item()
@@ -94,10 +95,11 @@ def test_cast_tensor_single_elem(cast, val, backend):
         _same(compiled(x), fn(x))
     _no_eager_work()
     assert kiln.stats()["frames_compiled"] == 1  # the value is not guarded
-    with pytest.raises((ValueError, RuntimeError)):
+    with pytest.raises((ValueError, RuntimeError)) as want:
         fn(torch.tensor([val] * 2))
-    with pytest.raises(kiln.GraphBreakError, match="2 elements"):
-        compiled(torch.tensor([val] * 2))
+    with pytest.raises(type(want.value), match="one element|more than one value") as got:
+        compiled(torch.tensor([val] * 2))  # eager's own error (errors.EagerRaises), not a break
+    assert str(got.value) == str(want.value)
 
 
 @pytest.mark.parametrize("backend", ["eager", "kiln"])

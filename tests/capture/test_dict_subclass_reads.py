@@ -141,3 +141,28 @@ def test_merging_an_ordered_instantier_breaks():
     out = kiln.explain(merged, backend="eager")(torch.randn(2))
     assert out.graph_break_count == 1
     assert "merging a Instantier" in out.break_reasons[0].reason
+
+
+class AutoInsert(dict):
+    """A ``__missing__`` that inserts the key, as defaultdict's does."""
+
+    def __missing__(self, key):
+        self[key] = 0
+        return 0
+
+
+def get_k(x, d):
+    return x * d.get("k", 1)
+
+
+def test_guards_do_not_run_missing():
+    """The guards read the items through ``dict.get``: ``d[k]`` and ``dict.__getitem__`` both
+    run ``__missing__`` for a key a later call's object lacks, which inserted it there and
+    made ``get`` see it."""
+    kiln.reset()
+    compiled = kiln.compile(get_k, backend="eager")
+    x = torch.ones(2)
+    torch.testing.assert_close(compiled(x, AutoInsert(k=2)), x * 2)
+    d = AutoInsert()
+    torch.testing.assert_close(compiled(x, d), get_k(x, AutoInsert()))
+    assert dict(d) == {}
