@@ -169,13 +169,12 @@ def _in_place_source(step, name, i, sched, buffers, recyclable) -> str | None:
 
 
 def _reads_only_at(step, node, old, store, ranges) -> bool:
-    for n in step.nodes:
-        loads = [ld for ld in ir.loads_of(step.body(n)) if ld.buffer == old]
-        if loads and n is not node:
-            return False
-        if any(sympy.expand(ir.simplify_index(ld.index, ranges)) != store for ld in loads):
-            return False
-    return True
+    # the other nodes by their read sets first: remapping every node's body for every candidate
+    # was a quarter of GPT-2's compile (613 checks over 160 stores)
+    if any(n is not node and old in n.reads() for n in step.nodes):
+        return False
+    loads = [ld for ld in ir.loads_of(step.body(node)) if ld.buffer == old]
+    return all(sympy.expand(ir.simplify_index(ld.index, ranges)) == store for ld in loads)
 
 
 def _check_bound(step, gen, bound: set) -> None:
