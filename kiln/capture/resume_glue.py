@@ -324,6 +324,8 @@ class Glue:
                 self.emit(Instr("LOAD_CONST", k))
                 self.load(x)
             self.emit(Instr("BUILD_MAP", len(v.kwargs)), *_call(3))
+        elif kind == "ProfilerExitVariable":  # a profiler range's exit: a no-op (profiler_ranges.py)
+            self.emit(Instr("LOAD_CONST", v.glue_value))
         elif kind == "_GeneratorExit" and v.pure_enter:  # a @contextmanager block: enter again
             from kiln.capture.values_stdlib import enter_for_real
             m = v.manager

@@ -28,6 +28,7 @@ import torch
 
 from kiln.capture.torch_modules import is_torch_module
 from kiln.capture import autograd_function, numpy_constants
+from kiln.capture.profiler_ranges import RANGE_CLASSES, make_range
 from kiln.capture.values_set import SetVariable  # noqa: F401 (re-exported: sets live there)
 from kiln.capture.dict_object import dict_method
 from kiln.capture.errors import Unsupported
@@ -506,6 +507,8 @@ def call_class(tx, cls, args, kwargs):
         return GradModeVariable(_GRAD_CONTEXTS[cls])
     if cls is torch.set_grad_enabled:
         return GradModeVariable(bool(args[0].as_python()))
+    if cls in RANGE_CLASSES:  # torch.profiler.record_function: a no-op in compiled code
+        return make_range(tx, cls, args, kwargs)
     if cls is collections.OrderedDict:
         from kiln.capture.values_dict import make_ordered_dict
         return make_ordered_dict(tx, args, kwargs)
