@@ -573,3 +573,5 @@ for _fn in _torch_tracing_queries():
 from kiln.capture import values_introspect  # noqa: E402,F401
 # classes made by library functions (collections.namedtuple), made at trace time
 from kiln.capture import class_factories  # noqa: E402,F401
+# collections.deque (values_deque.py)
+from kiln.capture import builtins_iter  # noqa: E402,F401
