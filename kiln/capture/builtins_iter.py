@@ -41,6 +41,24 @@ def _map(tx, fn, *iterables):
     return MapVariable(tx, fn, [as_iterator(tx, it) for it in iterables])
 
 
+def _all_any(want: bool):
+    """``all``/``any`` of a lazy iterator: items taken one by one until the answer is known, as
+    Python's short-circuit does (``all(map(pred, xs))`` calls ``pred`` no further); over
+    anything else, the constant evaluation of PURE_BUILTINS."""
+    def handler(tx, iterable):
+        if not is_lazy(iterable):
+            return NotImplemented
+        while (item := iterable.next()) is not None:
+            if item.truth(tx) is want:
+                return ConstantVariable(want)
+        return ConstantVariable(not want)
+    return handler
+
+
+BUILTIN_HANDLERS[all] = _all_any(False)
+BUILTIN_HANDLERS[any] = _all_any(True)
+
+
 # ---------------------------------------------------------------- min / max
 def _min_max(py_fn):
     """``min``/``max`` as Python runs them: over Python constants, evaluated; with ``key=``, the

@@ -113,6 +113,23 @@ def test_islice_takes_only_what_it_needs():
     same(got, want)
 
 
+def short_circuit(x):
+    seen = []
+
+    def positive(n):
+        seen.append(n)
+        return n > 0
+    return x + all(map(positive, x.shape)), any(map(lambda n: n > 2, [1, 3, 0])), \
+        all(map(positive, [2, -1, 5])), seen
+
+
+def test_all_any_over_a_map_stop_where_python_stops():
+    x = torch.randn(2, 3)
+    got, want = one_graph(short_circuit, x), short_circuit(x)
+    same(got, want)
+    assert got[3] == [2, 3, 2, -1]  # 5 never checked
+
+
 def test_map_with_a_pure_builtin_still_gives_values():
     def fn(x):
         return x + len(", ".join(map(str, [1, 22, 333])))
