@@ -23,6 +23,7 @@ from kiln.capture.scalar_values import NumberVariable, to_number
 from kiln.meta.defaults import default_dtype
 from kiln.capture.values import (ConstantVariable, DictVariable, IteratorVariable, ListVariable,
                                  MethodVariable, TensorVariable, TupleVariable, _Sequence)
+from kiln.capture.values_iterators import LazyIteratorVariable
 from kiln.capture.values_callables import (BuiltinVariable, FunctionVariable, ModuleVariable,
                                            TorchFunctionVariable)
 
@@ -131,14 +132,6 @@ def _enumerate(tx, iterable, start=None):
                              for i, v in enumerate(iterable.iterate(tx))])
 
 
-@handles(zip)
-def _zip(tx, *iterables, **kwargs):
-    if kwargs:
-        return NotImplemented
-    return IteratorVariable([TupleVariable(list(group))
-                             for group in zip(*(it.iterate(tx) for it in iterables))])
-
-
 # itertools over what capture can list now (lists, tuples, ranges of tracked values): the
 # combinatorics run on positions, so tensors are only regrouped, never compared
 @handles(itertools.chain)
@@ -167,17 +160,6 @@ def _permutations(tx, iterable, r=None):
     k = None if r is None else r.as_python()
     return IteratorVariable([TupleVariable([items[i] for i in group])
                              for group in itertools.permutations(range(len(items)), k)])
-
-
-@handles(map)
-def _map(tx, fn, *iterables):
-    """map with a builtin known to be pure (``map(str, names)`` in collections.namedtuple):
-    evaluated now, which no side effect can tell from Python's lazy map."""
-    value = getattr(fn, "fn", getattr(fn, "value", None))
-    if not iterables or value not in PURE_BUILTINS:
-        return NotImplemented
-    return IteratorVariable([call_builtin(tx, value, list(group), {})
-                             for group in zip(*(it.iterate(tx) for it in iterables))])
 
 
 @handles(functools.reduce)
@@ -275,24 +257,6 @@ def _sum(tx, iterable, start=None):
     return total
 
 
-def _min_max(py_fn):
-    def handler(tx, *args, **kwargs):
-        items = args[0].iterate(tx) if len(args) == 1 else list(args)
-        values = _constants(tx, items)
-        py_kwargs = {k: v.as_python() for k, v in kwargs.items()}
-        if values is None:
-            raise Unsupported(f"{py_fn.__name__}() of tensors compares data (use torch.{py_fn.__name__}imum)")
-        try:
-            return tx.wrap_constant(py_fn(values, **py_kwargs))
-        except Exception as e:  # noqa: BLE001
-            raise Unsupported(f"{py_fn.__name__}(...) raised {e!r}") from None
-    return handler
-
-
-BUILTIN_HANDLERS[min] = _min_max(min)
-BUILTIN_HANDLERS[max] = _min_max(max)
-
-
 @handles(sorted)
 def _sorted(tx, iterable, key=None, reverse=None):
     items = iterable.iterate(tx)
@@ -315,12 +279,14 @@ def _reversed(tx, seq):
 
 @handles(iter)
 def _iter(tx, obj):
-    return obj if isinstance(obj, IteratorVariable) else IteratorVariable(obj.iterate(tx))
+    if isinstance(obj, (IteratorVariable, LazyIteratorVariable)):
+        return obj
+    return IteratorVariable(obj.iterate(tx))
 
 
 @handles(next)
 def _next(tx, it, default=None):
-    if not isinstance(it, IteratorVariable):
+    if not isinstance(it, (IteratorVariable, LazyIteratorVariable)):
         raise Unsupported(f"next() of {it}")
     item = it.next()
     if item is None:
@@ -573,3 +539,5 @@ for _fn in _torch_tracing_queries():
 from kiln.capture import values_introspect  # noqa: E402,F401
 # classes made by library functions (collections.namedtuple), made at trace time
 from kiln.capture import class_factories  # noqa: E402,F401
+# map, min/max, deque and the lazy itertools (values_iterators.py)
+from kiln.capture import builtins_iter  # noqa: E402,F401

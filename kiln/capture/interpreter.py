@@ -16,6 +16,7 @@ import sys
 
 from kiln.capture.errors import FrameState, Unsupported
 from kiln.capture.instructions import PY, Instruction, decode, source_line
+from kiln.capture.values_iterators import LazyIteratorVariable
 from kiln.capture.values import (NULL, CellVariable, ConstantVariable, DictVariable,
                                  IteratorVariable, LazyVariable, NullVariable, TensorVariable,
                                  Variable)
@@ -458,14 +459,15 @@ def jump_if_false_or_pop(frame, inst):
 
 @handler("GET_ITER")
 def get_iter(frame, inst):
-    v = frame.pop()
-    frame.push(v if isinstance(v, IteratorVariable) else IteratorVariable(v.iterate(frame.tx)))
+    v = frame.pop()  # a lazy iterator (map, islice) stays lazy: a loop takes its items one by one
+    frame.push(v if isinstance(v, (IteratorVariable, LazyIteratorVariable))
+               else IteratorVariable(v.iterate(frame.tx)))
 
 
 @handler("FOR_ITER")
 def for_iter(frame, inst):
     it = frame.stack[-1]
-    if not isinstance(it, IteratorVariable):
+    if not isinstance(it, (IteratorVariable, LazyIteratorVariable)):
         raise Unsupported(f"FOR_ITER over {it}")
     lazy = getattr(it, "next_lazy", None)  # a resume function's loop (resume_loops.LoopRest)
     if lazy is not None and frame.ip < len(frame.instructions) and \

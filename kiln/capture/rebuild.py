@@ -10,7 +10,8 @@ import torch
 
 from kiln.capture.dict_keys import has_tensor_keys, keyed_dict_spec
 from kiln.capture.rebuild_made import MADE_KINDS, build_made, made_value_spec
-from kiln.capture.side_effects import build_extra, extra_spec, replay
+from kiln.capture.side_effects import _accessor, build_extra, extra_spec, replay
+from kiln.capture.values_deque import DequeVariable, deque_spec
 from kiln.capture.values_defaultdict import DefaultDictVariable, defaultdict_spec
 from kiln.capture.values_dict import DictSubclassVariable, dict_subclass_spec
 from kiln.capture.values import (ConstantVariable, DictVariable, ListVariable, TensorVariable,
@@ -36,6 +37,12 @@ def _output_spec(v: Variable, proxies: list):
         return ("const", _concrete(v.value))
     if isinstance(v, TupleVariable):
         return ("tuple", [_output_spec(x, proxies) for x in v.items])
+    if isinstance(v, DequeVariable):  # a deque, not a list: before ListVariable, its base
+        return deque_spec(v, proxies, _output_spec)
+    if isinstance(v, (ListVariable, DictVariable)) and v.source is not None:
+        # a list or dict from the inputs: the caller's own object (its writes are replayed on
+        # it), as eager returns it, not a copy
+        return ("source", _accessor(v.source))
     if isinstance(v, ListVariable):
         return ("list", [_output_spec(x, proxies) for x in v.items])
     if isinstance(v, DefaultDictVariable):  # keeps its type and factory (tensor keys too)

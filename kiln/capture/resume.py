@@ -54,6 +54,7 @@ from kiln.capture.resume_glue import (CannotResume, Glue, GradModeExit, _call,  
                                       _is_made_object, _is_own_symbol, _load_attr)
 from kiln.capture.resume_facts import (_cond_jump_kind, _operands, _result_layout, live_locals,
                                       loop_head)
+from kiln.capture.values_iterators import LazyIteratorVariable
 from kiln.capture.values import (NULL, BoundAdapterVariable, CellVariable, ConstantVariable,
                                  DictVariable, IteratorVariable, ListVariable, MethodVariable,
                                  NullVariable, TensorVariable, TupleVariable, Variable, _Sequence)
@@ -232,6 +233,9 @@ def finish_at_break(tx, root, plan) -> BreakState:
                 collect(x, depth + 1)
         elif type(v).__name__ == "PartialVariable":
             for x in [v.fn, *v.args, *v.kwargs.values()]:
+                collect(x, depth + 1)
+        elif isinstance(v, LazyIteratorVariable):  # map, islice (values_iterators.py)
+            for x in v.held_values():
                 collect(x, depth + 1)
         elif type(v).__name__ == "_GeneratorExit":
             for x in [*v.manager.args, *v.manager.kwargs.values()]:

@@ -9,7 +9,8 @@ the writes store are added to the graph's outputs, so the replay stores the real
 After every call of the compiled graph, ``rebuild(outputs, L, G)`` (tracer.py) runs the plan:
 
 - ``setattr``: ``<target>.<name> = value``;
-- ``list``: ``<target>[:] = items`` (the list keeps its identity);
+- ``list``: ``<target>[:] = items`` (the list keeps its identity); ``deque``: ``clear()`` then
+  ``extend(items)``;
 - ``dict``: ``<target>.clear(); <target>.update(items)``;
 - ``global``: ``globals_dict[name] = value``;
 - ``cell``: ``<cell>.cell_contents = value``;
@@ -120,6 +121,8 @@ class SideEffects:
                     continue
                 steps.append(("dict", _accessor(c.source), keys,
                               [spec_of(v) for v in c.items.values()]))
+            elif c.python_type() is collections.deque:  # no slice assignment (values_deque.py)
+                steps.append(("deque", _accessor(c.source), [spec_of(v) for v in c.items]))
             else:
                 steps.append(("list", _accessor(c.source), [spec_of(v) for v in c.items]))
         for globals_, names in self.global_writes.values():
@@ -149,6 +152,11 @@ def replay(steps, build, L, G):
             setattr(step[1](L, G), step[2], build(step[3]))
         elif kind == "list":
             step[1](L, G)[:] = [build(s) for s in step[2]]
+        elif kind == "deque":
+            target = step[1](L, G)
+            items = [build(s) for s in step[2]]  # built first: an item may be read from target
+            target.clear()
+            target.extend(items)
         elif kind in ("dict", "keyed_dict"):
             target = step[1](L, G)
             values = [build(s) for s in step[3]]

@@ -154,20 +154,33 @@ def softplus(input, beta=1.0, threshold=20.0):
 
 # ------------------------------------------------------------------ conversions
 _TENSOR_TYPES = {
-    "torch.FloatTensor": torch.float32, "torch.DoubleTensor": torch.float64,
-    "torch.HalfTensor": torch.float16, "torch.BFloat16Tensor": torch.bfloat16,
-    "torch.LongTensor": torch.int64, "torch.IntTensor": torch.int32, "torch.ShortTensor": torch.int16,
-    "torch.CharTensor": torch.int8, "torch.ByteTensor": torch.uint8, "torch.BoolTensor": torch.bool,
+    "FloatTensor": torch.float32, "DoubleTensor": torch.float64, "HalfTensor": torch.float16,
+    "BFloat16Tensor": torch.bfloat16, "LongTensor": torch.int64, "IntTensor": torch.int32,
+    "ShortTensor": torch.int16, "CharTensor": torch.int8, "ByteTensor": torch.uint8,
+    "BoolTensor": torch.bool, "ComplexFloatTensor": torch.complex64,
+    "ComplexDoubleTensor": torch.complex128,
 }
+_TYPE_NAMES = {dtype: name for name, dtype in _TENSOR_TYPES.items()}
 
 
 def type_(self, dtype=None, non_blocking=False, **kwargs):
+    """``Tensor.type()``: the legacy type name, a string computed from the dtype and device
+    (both guarded); ``Tensor.type(t)`` with a dtype, such a name, or a legacy class
+    (``torch.HalfTensor``) casts, on the tensor's own device only (another moves it: a break)."""
     if dtype is None:
-        raise Unsupported("Tensor.type() without a dtype returns a string; not supported")
+        if self.dtype not in _TYPE_NAMES:
+            raise Unsupported(f"Tensor.type() of a {self.dtype} tensor")
+        device = self.device.type
+        return f"torch.{_TYPE_NAMES[self.dtype]}" if device == "cpu" else \
+            f"torch.{device}.{_TYPE_NAMES[self.dtype]}"
+    if isinstance(dtype, type) and type(dtype).__name__ == "tensortype":  # torch.HalfTensor
+        dtype = f"{dtype.__module__}.{dtype.__name__}"
     if isinstance(dtype, str):
-        if dtype not in _TENSOR_TYPES:
-            raise Unsupported(f"Tensor.type({dtype!r}) is not supported")
-        dtype = _TENSOR_TYPES[dtype]
+        prefix, _, name = dtype.rpartition(".")
+        device = "cpu" if prefix == "torch" else prefix.partition(".")[2]
+        if name not in _TENSOR_TYPES or not prefix.startswith("torch") or device != self.device.type:
+            raise Unsupported(f"Tensor.type({dtype!r}) on a {self.device.type} tensor is not supported")
+        dtype = _TENSOR_TYPES[name]
     if not isinstance(dtype, torch.dtype):
         raise Unsupported(f"Tensor.type({type(dtype).__name__}) is not supported")
     return self if dtype == self.dtype else core.to_dtype(self, dtype)

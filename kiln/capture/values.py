@@ -171,6 +171,8 @@ class TensorVariable(Variable):
                 return found
         if name in torch_api.TENSOR_ATTRIBUTES:
             return ConstantVariable(torch_api.TENSOR_ATTRIBUTES[name](self.proxy))
+        if name == "__class__":  # type(x), not torch.Tensor's metaclass called as a method
+            return ConstantVariable(self.python_type())
         if name in torch_api.TENSOR_VIEW_ATTRIBUTES:  # .T, .mT: attributes that are tensors
             return tx.call_adapter(torch_api.TENSOR_VIEW_ATTRIBUTES[name], [self], {}, f"Tensor.{name}")
         if name in torch_api.TENSOR_METHODS:

@@ -358,8 +358,17 @@ INLINED_TORCH_MODULES = frozenset({"torch.nn.functional", "torch.nn._reduction",
 TRACED_WITHOUT_GRAD = frozenset({torch.nn.functional.multi_head_attention_forward})
 
 
+# single torch Python functions inlined the same way: torch.nn.init's fan helpers are pure
+# Python over a tensor's dim() and sizes (library code calls them in forward to scale weights);
+# the rest of torch.nn.init writes into tensors under no_grad and stays out
+INLINED_TORCH_FUNCTIONS = frozenset({torch.nn.init._calculate_fan_in_and_fan_out,
+                                     torch.nn.init._calculate_correct_fan,
+                                     torch.nn.init.calculate_gain})
+
+
 def _inlined_torch_python(fn) -> bool:
-    return isinstance(fn, types.FunctionType) and fn.__module__ in INLINED_TORCH_MODULES \
+    return isinstance(fn, types.FunctionType) and (
+        fn.__module__ in INLINED_TORCH_MODULES or fn in INLINED_TORCH_FUNCTIONS) \
         and not controls.is_disabled(fn)
 
 

@@ -14,6 +14,7 @@ way a user expects (and the way Dynamo does): evaluated on constants, guarded, n
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import functools
@@ -27,6 +28,7 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.guards import AttrSource, ItemSource, Source
 from kiln.capture.values import ConstantVariable, Variable
 from kiln.capture.values_callables import FunctionVariable
+from kiln.capture.values_deque import wrap_deque
 from kiln.capture.values_python import PartialVariable
 
 _Environ = type(os.environ)
@@ -48,6 +50,8 @@ def wrap_stdlib(tx, value, source, guard):
         return _EnvironMethod(EnvironVariable(os.environ, _EnvironSource()), "get")
     if type(value) is functools.partial:
         return wrap_partial(tx, value, source, guard)
+    if type(value) is collections.deque:  # a list tracker with deque's methods (values_deque.py)
+        return wrap_deque(tx, value, source, guard)
     if isinstance(value, types.FunctionType) and value.__code__ is _CONTEXTMANAGER_HELPER \
             and isinstance(getattr(value, "__wrapped__", None), types.FunctionType):
         if guard:
