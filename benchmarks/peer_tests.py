@@ -165,8 +165,11 @@ def _eager_error(err, eager, args, kwargs):
             return None
     else:
         return None
+    # RuntimeError itself is a base of TorchRuntimeError: listed first, no MRO exists
+    bases = ((TorchRuntimeError,) if issubclass(TorchRuntimeError, type(err))
+             else (type(err), TorchRuntimeError))
     try:
-        cls = type(f"Eager{type(err).__name__}", (type(err), TorchRuntimeError), {})
+        cls = type(f"Eager{type(err).__name__}", bases, {})
         out = cls(*err.args)
     except TypeError:
         return None
@@ -185,14 +188,20 @@ def _kiln_call(compiled, args, kwargs, eager=None):
     except Exception as e:  # noqa: BLE001
         same = _eager_error(e, eager, args, kwargs) if eager is not None else None
         if same is not None:  # eager raises it too: kiln gave the user eager's error
+            _count_kiln_call(before)  # a call kiln ran (``assertRaises`` cases), not one it missed
             raise same from e
         raise KilnFailure(f"{type(e).__name__}: {e}") from e
+    _count_kiln_call(before)
+    return out
+
+
+def _count_kiln_call(before):
+    import kiln
     after = kiln.stats()
     _CASE["kiln_calls"] += 1
     for key, stat in (("fallbacks", "fallbacks"), ("eager_runs", "eager_runs"),
                       ("breaks", "graph_breaks")):
         _CASE[key] += after.get(stat, 0) - before.get(stat, 0)
-    return out
 
 
 def _clone_like(x):
@@ -229,6 +238,7 @@ def kiln_check_model(self, model, example_inputs, kwargs=None, *, atol=None, rto
         raise NotKept("asks for eager's RNG stream (Inductor's fallback_random); kiln draws "
                       "its own random numbers")
     kiln.reset()
+    model = _direct_original(model)
     kwargs = kwargs or {}
     expect_dtypes = None
     if reference_in_float and exact_dtype:
@@ -356,8 +366,20 @@ def _forbid(what):
     return refuse
 
 
+class _CountedModule:
+    """Mixed into kiln's compiled module for a case's own ``torch.compile(module)``: calls go
+    through :func:`_kiln_call` (counted, kiln's errors told apart from eager's), while the
+    module stays a module (``parameters()``, ``state_dict()``, attribute writes)."""
+
+    def __call__(self, *args, **kwargs):
+        plain = super().__call__
+        return _kiln_call(lambda *a, **k: plain(*a, **k), args, kwargs, eager=self._orig_mod)
+
+
 def _kiln_in_place_of_torch_compile(model=None, *, fullgraph=False, dynamic=None, backend=None,
-                                    mode=None, options=None, disable=False):
+                                    mode=None, options=None, disable=False, **ignored):
+    import torch
+
     import kiln
     _CASE["direct"] = True
     if disable:
@@ -365,12 +387,40 @@ def _kiln_in_place_of_torch_compile(model=None, *, fullgraph=False, dynamic=None
 
     def wrap(fn):
         compiled = kiln.compile(fn, fullgraph=fullgraph, dynamic=dynamic)
+        if isinstance(compiled, torch.nn.Module):
+            cls = type(compiled)
+            compiled.__class__ = type(cls.__name__, (_CountedModule, cls), {})
+            return compiled
 
         def call(*args, **kwargs):
             return _kiln_call(compiled, args, kwargs, eager=fn)
         call.__wrapped__ = fn
+        call._peer_original = fn
         return call
     return wrap(model) if model is not None else wrap
+
+
+def _direct_original(model):
+    """The eager function or module behind a case's own ``torch.compile`` (``self.common(
+    torch.compile(fn), ...)``): the reference must run eagerly, and kiln compiles it once."""
+    if isinstance(model, _CountedModule):
+        return model._orig_mod
+    return getattr(model, "_peer_original", model)
+
+
+def _eager_in_place_of_compile(model=None, *args, **kwargs):
+    """``--eager-compile``: a case's own compile returns the function itself (``torch.compile``,
+    ``optimize(backend)`` and ``optimize_assert(backend)`` alike). A direct case that fails so
+    as well asserts something of Inductor, not of the answers."""
+    _CASE["direct"] = True
+    return model if callable(model) else (lambda f: f)
+
+
+def _kiln_in_place_of_optimize(backend=None, *, nopython=False, dynamic=None, disable=False,
+                               **ignored):
+    """``torch._dynamo.optimize(backend)(fn)``: kiln, one graph required where ``nopython``
+    (backend and guard callbacks ignored)."""
+    return _kiln_in_place_of_torch_compile(fullgraph=nopython, dynamic=dynamic, disable=disable)
 
 
 def _kiln_in_place_of_optimize_assert(backend=None, *, dynamic=None, **ignored):
@@ -397,9 +447,11 @@ def _inductor_cases(path):
             setattr(module, name, _forbid(name))
     # Inductor's kernel count is no statement about kiln: the check passes over it
     module.assertGeneratedKernelCountEqual = lambda self, expected: None
-    patches = {(torch, "compile"): _forbid("torch.compile"),
-               (torch._dynamo, "optimize"): _forbid("torch._dynamo.optimize"),
-               (torch._dynamo, "optimize_assert"): _forbid("torch._dynamo.optimize_assert"),
+    # a case's own compile is kiln's too: most compare with eager, which is kiln's contract;
+    # their other checks may read Inductor's state, so they are reported apart (direct_*)
+    patches = {(torch, "compile"): _kiln_in_place_of_torch_compile,
+               (torch._dynamo, "optimize"): _kiln_in_place_of_optimize,
+               (torch._dynamo, "optimize_assert"): _kiln_in_place_of_optimize_assert,
                (torch._inductor, "metrics"): _MetricsStandIn()}
     names = sorted(n for n in dir(KilnCpuTests) if n.startswith("test_"))
     return KilnCpuTests, names, patches
@@ -494,6 +546,10 @@ def run_child(args):
     cases = collect(args)
     inductor = _inductor_cases(args.inductor) if args.inductor else None
     functions = _functions_cases(args.functions) if args.functions else None
+    if args.eager_compile:
+        for patches in [p for p in (inductor, functions) if p]:
+            for key in [k for k in patches[-1] if k[1] in ("compile", "optimize", "optimize_assert")]:
+                patches[-1][key] = _eager_in_place_of_compile
     out = open(args.child_out, "a")
     signal.signal(signal.SIGALRM, _on_alarm)
     for index in range(args.start, len(cases), args.stride):
@@ -548,6 +604,7 @@ def _drive(args, total):
     for flag in ("inductor", "functions", "k"):
         if getattr(args, flag):
             base += [f"--{flag}" if flag != "k" else "-k", getattr(args, flag)]
+    base += ["--eager-compile"] if args.eager_compile else []
     while True:
         for lane in lanes:
             if lane["proc"] is None and lane["next"] < total:
@@ -589,6 +646,9 @@ def main(argv=None):
     parser.add_argument("-k", help="only cases whose name contains this")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=int, default=120, help="seconds per case")
+    parser.add_argument("--eager-compile", action="store_true",
+                        help="a case's own torch.compile returns the function itself (triage: a "
+                             "direct case failing so tests Inductor, not the answers)")
     parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--stride", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
