@@ -45,7 +45,8 @@ def full(size, fill_value, *, dtype=None, device=None, **kw):
     if isinstance(fill_value, Proxy):
         raise Unsupported("torch.full with a tensor fill value")
     if dtype is None:
-        dtype = torch.bool if isinstance(fill_value, bool) else torch.int64 if isinstance(fill_value, int) \
+        # a symbolic size (``2 * x.shape[0]``) is an int too, as its traced value is in eager
+        dtype = torch.bool if isinstance(fill_value, bool) else torch.int64 if is_int_like(fill_value) \
             else default_dtype()
     return core.full(tuple(size), fill_value, dtype, _dev(device))
 
