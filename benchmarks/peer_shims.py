@@ -306,6 +306,19 @@ def kiln_in_place_of_torch_compile(model=None, *, fullgraph=False, dynamic=None,
     return wrap(model) if model is not None else wrap
 
 
+def kiln_forgets_on_dynamo_reset(dynamo_reset):
+    """Dynamo's code-cache reset as a case calls it between variants it wants compiled afresh
+    (``torch._dynamo.reset_code_caches()``, test_resize): kiln forgets its compiled entries
+    too, or the variants pile up past the recompile limit, which under ``fullgraph=True`` is an
+    error Dynamo never meets there."""
+    def reset(*args, **kwargs):
+        import kiln
+        out = dynamo_reset(*args, **kwargs)
+        kiln.reset()
+        return out
+    return reset
+
+
 def _direct_original(model):
     """The eager function or module behind a case's own ``torch.compile`` (``self.common(
     torch.compile(fn), ...)``): the reference must run eagerly, and kiln compiles it once."""

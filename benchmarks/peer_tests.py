@@ -55,7 +55,8 @@ import time
 import unittest
 
 from benchmarks.peer_shims import (CASE, MetricsStandIn, NotKept, eager_in_place_of_compile, forbid,
-                                   kiln_check_model, kiln_in_place_of_optimize,
+                                   kiln_check_model, kiln_forgets_on_dynamo_reset,
+                                   kiln_in_place_of_optimize,
                                    kiln_in_place_of_optimize_assert, kiln_in_place_of_torch_compile,
                                    kiln_standard_test, reset_case)
 
@@ -139,6 +140,8 @@ def _inductor_cases(path):
     patches = {(torch, "compile"): kiln_in_place_of_torch_compile,
                (torch._dynamo, "optimize"): kiln_in_place_of_optimize,
                (torch._dynamo, "optimize_assert"): kiln_in_place_of_optimize_assert,
+               (torch._dynamo, "reset_code_caches"):
+                   kiln_forgets_on_dynamo_reset(torch._dynamo.reset_code_caches),
                (torch._inductor, "metrics"): MetricsStandIn()}
     names = sorted(n for n in dir(KilnCpuTests) if n.startswith("test_"))
     return KilnCpuTests, names, patches
