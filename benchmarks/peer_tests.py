@@ -277,7 +277,7 @@ def _failure_signature(result, test):
 
 def _eager_triage(cls, name, patches, timeout, test, result):
     """A direct case that failed under kiln, run again with its own compile as the identity.
-    Failing the same way there (same line, same message), its checks assert Inductor's own
+    Failing the same way there (same line, same message), its checks assert the compiler's own
     behaviour (Dynamo's compile counters, Inductor's code, its profiler names, an error eager
     does not raise), not eager's answers: (status, detail), or None to keep kiln's result."""
     mine = _failure_signature(result, test)
@@ -290,7 +290,8 @@ def _eager_triage(cls, name, patches, timeout, test, result):
     if mine is None or mine[0] is None or mine != _failure_signature(eager_result, eager_test):
         return None
     return "not_kept", (f"fails the same way with torch.compile as the identity: it asserts "
-                        f"Inductor's own behaviour ({mine[0]}: {' '.join(mine[1].split())[:200]})")
+                        f"Dynamo's or Inductor's own behaviour ({mine[0]}: "
+                        f"{' '.join(mine[1].split())[:200]})")
 
 
 def run_child(args):
