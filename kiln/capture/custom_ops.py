@@ -73,7 +73,9 @@ def _autograd_missing(overload) -> str | None:
 
 def _refusal(overload) -> str | None:
     schema = overload._schema
-    written = {a.alias_info.before_set and frozenset(a.alias_info.before_set)
+    # an empty alias set (a written ``Tensor(a!)[]?``: the set is on the element type) is a set
+    # too: frozen, or the comprehension fails on it (``unhashable type: 'set'``)
+    written = {frozenset(a.alias_info.before_set)
                for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
     for a in schema.arguments:
         info = a.alias_info

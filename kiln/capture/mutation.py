@@ -190,6 +190,25 @@ def _remember_layout(new: Proxy, meta):
     _layout_memo(new.node.graph).setdefault(new.node, meta)
 
 
+def promise_written_layouts(graph):
+    """A result whose value an in-place write made (``t = torch.empty_strided(...); t[:] = v;
+    return t``) has the written tensor's strides in eager, which the write's value node
+    (contiguous in kiln's meta) does not carry: the graph promises them for its outputs
+    (``pipeline.promised_strides``), where capture knew them (:func:`_remember_layout`)."""
+    memo = _layout_memo(graph)
+    promised = []
+    for o in graph.output_node.args[0]:
+        val = o.meta.get("val") if isinstance(o, Node) else None
+        known = memo.get(o) if isinstance(o, Node) else None
+        differs = (known is not None and hasattr(val, "stride") and known.shape == val.shape
+                   and any(n != 1 and a != b for n, a, b in zip(val.shape, known.stride, val.stride)))
+        promised.append(tuple(known.stride) if differs else None)
+    if any(p is not None for p in promised) and getattr(graph, "promised_output_strides", None) is None:
+        own = [tuple(o.meta["val"].stride) if isinstance(o, Node) and hasattr(o.meta.get("val"), "stride")
+               else None for o in graph.output_node.args[0]]
+        graph.promised_output_strides = [p or o for p, o in zip(promised, own)]
+
+
 def refresh(var):
     """Recompute var's value from its storage (the storage changed since var last read it)."""
     a = var.alias

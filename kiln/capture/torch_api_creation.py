@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 
 from kiln.meta.defaults import default_device, default_dtype
+from kiln.meta.strides import channels_last_order, dense_strides, preserve_strides
 from kiln.capture.errors import Unsupported
 from kiln.graph import Proxy
 from kiln.graph.proxy import active_graph
 from kiln.meta.symbolic import SymSize, is_int_like
+from kiln.meta.tensor_meta import contiguous_strides
 from kiln.ops import core
 
 
@@ -43,21 +45,76 @@ def full(size, fill_value, *, dtype=None, device=None, **kw):
     if isinstance(fill_value, Proxy):
         raise Unsupported("torch.full with a tensor fill value")
     if dtype is None:
-        dtype = torch.bool if isinstance(fill_value, bool) else torch.int64 if isinstance(fill_value, int) \
+        # a symbolic size (``2 * x.shape[0]``) is an int too, as its traced value is in eager
+        dtype = torch.bool if isinstance(fill_value, bool) else torch.int64 if is_int_like(fill_value) \
             else default_dtype()
     return core.full(tuple(size), fill_value, dtype, _dev(device))
 
 
+def like_strides(input, memory_format=None):
+    """The strides eager gives a ``*_like`` result: ``torch.preserve_format`` (the default)
+    keeps a dense input's strides, and orders any other input's dims as a pointwise result's
+    (``zeros_like`` of a channels-last tensor is channels-last); None where that is the
+    contiguous layout, or cannot be known (symbolic sizes)."""
+    meta = input.meta if isinstance(input, Proxy) else None
+    if meta is None or not all(isinstance(v, int) for v in tuple(meta.shape) + tuple(meta.stride)):
+        return None
+    if memory_format in (None, torch.preserve_format):
+        strides = preserve_strides(meta)
+    elif memory_format in (torch.channels_last, torch.channels_last_3d) and meta.ndim in (4, 5):
+        strides = dense_strides(tuple(meta.shape), channels_last_order(meta.ndim))
+    else:
+        return None
+    return None if strides == contiguous_strides(tuple(meta.shape)) else tuple(strides)
+
+
+def made_strided(make, size, stride):
+    """``make(shape)``'s contiguous result laid out with ``stride``: a buffer of the dims in
+    stride order, each padded out to the next outer dim's stride, then sliced to the sizes and
+    permuted back (``empty_strided((16, 8), (16, 1))`` is the first 8 columns of a 16x16
+    buffer). Overlapping strides, or strides that do not nest, are a break."""
+    size, stride = tuple(size), tuple(stride)
+    order = sorted(range(len(size)), key=lambda d: (size[d] != 1, stride[d], -d))  # inner first
+    extents, inner = [], 1
+    for k, d in enumerate(order):
+        if size[d] == 1:
+            extents.append(1)
+            continue
+        outer = next((stride[e] for e in order[k + 1:] if size[e] != 1), None)
+        if stride[d] != inner or outer is not None and (outer % inner or outer // inner < size[d]):
+            raise Unsupported(f"a tensor of size={size}, stride={stride}: strides that overlap "
+                              f"or do not nest are not supported")
+        extents.append(size[d] if outer is None else outer // inner)
+        inner = inner * extents[-1]
+    dims = list(reversed(order))  # outermost first
+    out = make(tuple(reversed(extents)))
+    for k, d in enumerate(dims):
+        if out.shape[k] != size[d]:
+            out = core.slice(out, k, 0, size[d], 1)
+    perm = tuple(dims.index(d) for d in range(len(size)))
+    return out if perm == tuple(range(len(size))) else core.permute(out, perm)
+
+
+def make_like(input, make, memory_format=None):
+    """``make(shape)`` for a ``*_like`` op, in the layout eager gives it (:func:`like_strides`)."""
+    strides = like_strides(input, memory_format)
+    if strides is None:
+        return make(tuple(input.shape))
+    return made_strided(make, tuple(input.shape), strides)
+
+
 def _like(value):
-    def adapter(input, *, dtype=None, device=None, **kw):
+    def adapter(input, *, dtype=None, device=None, memory_format=None, **kw):
         _check(**kw)
-        return core.full(tuple(input.shape), value, dtype or input.dtype, _dev(device, input))
+        dtype, dev = dtype or input.dtype, _dev(device, input)
+        return make_like(input, lambda shape: core.full(shape, value, dtype, dev), memory_format)
     return adapter
 
 
-def full_like(input, fill_value, *, dtype=None, device=None, **kw):
+def full_like(input, fill_value, *, dtype=None, device=None, memory_format=None, **kw):
     _check(**kw)
-    return core.full(tuple(input.shape), fill_value, dtype or input.dtype, _dev(device, input))
+    dtype, dev = dtype or input.dtype, _dev(device, input)
+    return make_like(input, lambda shape: core.full(shape, fill_value, dtype, dev), memory_format)
 
 
 def _new(value):
@@ -100,34 +157,14 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, **kw):
 
 
 def empty_strided(size, stride, *, dtype=None, device=None, **kw):
-    """An uninitialized tensor (zeros here) with exactly these strides, as a graph value: a
-    buffer of the dims in stride order, each padded out to the next outer dim's stride, then
-    sliced to the sizes and permuted back (``empty_strided((16, 8), (16, 1))`` is the first 8
-    columns of a 16x16 buffer). Overlapping strides, or strides that do not nest, are a break."""
+    """An uninitialized tensor (zeros here) with exactly these strides, as a graph value
+    (:func:`made_strided`)."""
     _check(**kw)
     size, stride = tuple(size), tuple(stride)
     if len(size) != len(stride) or not all(isinstance(v, int) for v in size + stride):
         raise Unsupported("torch.empty_strided with symbolic or mismatched sizes and strides")
     dtype, dev = dtype or default_dtype(), _dev(device)
-    order = sorted(range(len(size)), key=lambda d: (size[d] != 1, stride[d], -d))  # inner first
-    extents, inner = [], 1
-    for k, d in enumerate(order):
-        if size[d] == 1:
-            extents.append(1)
-            continue
-        outer = next((stride[e] for e in order[k + 1:] if size[e] != 1), None)
-        if stride[d] != inner or outer is not None and (outer % inner or outer // inner < size[d]):
-            raise Unsupported(f"torch.empty_strided(size={size}, stride={stride}): strides that "
-                              f"overlap or do not nest are not supported")
-        extents.append(size[d] if outer is None else outer // inner)
-        inner = inner * extents[-1]
-    dims = list(reversed(order))  # outermost first
-    out = core.full(tuple(reversed(extents)), 0, dtype, dev)
-    for k, d in enumerate(dims):
-        if out.shape[k] != size[d]:
-            out = core.slice(out, k, 0, size[d], 1)
-    perm = tuple(dims.index(d) for d in range(len(size)))
-    return out if perm == tuple(range(len(size))) else core.permute(out, perm)
+    return made_strided(lambda shape: core.full(shape, 0, dtype, dev), size, stride)
 
 
 def new_empty_strided(self, size, stride, *, dtype=None, device=None, **kw):
@@ -157,9 +194,10 @@ def randn(*size, generator=None, dtype=None, device=None, **kw):
     return core.randn(_size(size), dtype or default_dtype(), _dev(device))
 
 
-def randn_like(input, *, dtype=None, device=None, **kw):
+def randn_like(input, *, dtype=None, device=None, memory_format=None, **kw):
     _check(**kw)
-    return core.randn(tuple(input.shape), dtype or input.dtype, _dev(device, input))
+    dtype, dev = dtype or input.dtype, _dev(device, input)
+    return make_like(input, lambda shape: core.randn(shape, dtype, dev), memory_format)
 
 
 def randint(*args, generator=None, dtype=None, device=None, **kw):

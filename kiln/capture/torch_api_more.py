@@ -213,7 +213,12 @@ def reshape(input, *shape):
     return core.reshape(input, shape)
 
 
-def view(self, *shape):
+def view(self, *shape, dtype=None, size=None):
+    # eager's two overloads, by position or keyword: view(*size) / view(size=...), view(dtype)
+    if dtype is not None or size is not None:
+        if shape or (dtype is None) == (size is None):
+            raise TypeError("view() takes either a size or a dtype")
+        shape = (dtype,) if dtype is not None else (size,)
     if len(shape) == 1 and isinstance(shape[0], torch.dtype):  # a bitcast view (core_view_dtype.py)
         return core.view_dtype(self, shape[0])
     # kiln has no aliasing: view has reshape's semantics (a copy is never observable)

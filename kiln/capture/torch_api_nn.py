@@ -123,8 +123,10 @@ def rand(*size, generator=None, dtype=None, device=None, layout=None, requires_g
 
 
 def rand_like(input, *, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None):
-    return core.rand(tuple(input.shape), dtype or input.dtype,
-                     torch.device(device) if device is not None else input.device)
+    from kiln.capture.torch_api_creation import make_like
+    dtype = dtype or input.dtype
+    device = torch.device(device) if device is not None else input.device
+    return make_like(input, lambda shape: core.rand(shape, dtype, device), memory_format)
 
 
 def scatter_add(input, dim, index, src):

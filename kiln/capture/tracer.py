@@ -766,6 +766,7 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
         raise
     with tx.graph.inherit(source=f"{filename}:{lineno}: {line}"):
         tx.graph.output(tuple(proxies))
+    mutation.promise_written_layouts(tx.graph)
     if tx.float_inputs:
         check_float_outputs(tx.graph)
 

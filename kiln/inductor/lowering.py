@@ -459,8 +459,9 @@ def scatter_rule(kind: str, mode: str = "add"):
 
 
 def full_rule(ctx, meta, shape, value, dtype, device):
-    const = ir.Const(value, dtype)
-    return TValue(tuple(shape), dtype, meta.device, lambda idx: const)
+    # the value may be a symbolic size (torch.full((1,), x.shape[0]) under dynamic shapes),
+    # which kernels receive as an argument, as every other operand does
+    return TValue(tuple(shape), dtype, meta.device, _operand(value, dtype))
 
 
 # The op files write their lowerings with this module's builders through a stage handle

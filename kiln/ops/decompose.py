@@ -72,10 +72,25 @@ def _keep_number(node, result, new_nodes):
         result.node.meta["val"] = WrappedNumberMeta.like(result.meta)
 
 
+def _fresh_output(core, value, reused):
+    """A graph result, each core op's its own tensor: a decomposition may hand back an operand
+    unchanged (``ceil`` of an integer, ``clamp`` of nothing), but eager's op returned a new
+    tensor, so the caller must not get the input (or another result) itself, which a later
+    in-place op, in the graph or in the caller, would change under it. View ops alias in
+    eager too, and keep their operand."""
+    while core.op == CALL and core.target is getitem:
+        core = core.args[0]
+    if (core in reused and getattr(core.target, "view", None) is None
+            and isinstance(value, Proxy) and isinstance(value.meta, TensorMeta)):
+        return prims.copy(value)
+    return value
+
+
 def decompose(graph: Graph) -> Graph:
     """Replace every core op by its decomposition into prims (prims pass through)."""
     out = Graph(graph.name)
     env: dict = {}
+    reused = set()  # core nodes whose decomposition returned a node made before it
     for node in graph.nodes:
         if node.op == PLACEHOLDER:
             p = out.placeholder(node.name, node.meta.get("val"))
@@ -103,11 +118,14 @@ def decompose(graph: Graph) -> Graph:
             first_new = len(out.nodes)
             with out.inherit(origin=_describe(node), source=source):
                 env[node] = rule(*args, **kwargs)
+            made = set(map(id, out.nodes[first_new:]))
+            if any(isinstance(p, Proxy) and id(p.node) not in made for p in flatten_args(env[node])):
+                reused.add(node)
             _mark_composite(out.nodes[first_new:], env[node], target.name)
             _keep_number(node, env[node], out.nodes[first_new:])
             if target.name in ("fallback", "custom_op_backward"):
                 _note_eager_strides(node, env[node])
         elif node.op == OUTPUT:
-            result = map_args(node.args[0], lambda n: env[n])
+            result = map_args(node.args[0], lambda n: _fresh_output(n, env[n], reused))
             out.output(result)
     return out

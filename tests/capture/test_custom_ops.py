@@ -586,6 +586,37 @@ def test_mutating_op_with_a_gradient_is_a_break_with_the_reason():
     assert "gradient" in e.break_reasons[0].reason, e.break_reasons
 
 
+@torch.library.custom_op("kiln_test::sin_into_list", mutates_args=["out_list"],
+                         schema="(Tensor x, Tensor(a!)[]? out_list) -> Tensor")
+def sin_into_list(x, out_list):
+    r = x.sin()
+    if out_list is not None:
+        out_list[0].copy_(r)
+    return r
+
+
+@sin_into_list.register_fake
+def _(x, out_list):
+    return torch.empty_like(x)
+
+
+def test_mutating_op_on_a_tensor_list_is_a_break_with_the_reason():
+    """A written ``Tensor(a!)[]?`` (its alias set is on the element type, so the argument's is
+    empty): before, an internal error reading the schema (``unhashable type: 'set'``; peer
+    test_fallback_mutable_op_list_tensor)."""
+    def fn(x):
+        x = x * 3
+        s = [torch.empty_like(x)]
+        x = sin_into_list(x, s)
+        return x / 3, s[0]
+    x = torch.randn(3)
+    e = kiln.explain(fn)(x)
+    assert e.graph_break_count >= 1
+    assert "it mutates out_list" in e.break_reasons[0].reason, e.break_reasons
+    for got, want in zip(kiln.compile(fn)(x), fn(x)):
+        assert_close(got, want)
+
+
 def test_torch_own_namespaces_keep_the_aten_path():
     """Collectives and FSDP's copy ops are torch's, not user ops: never copied to functionalize
     them (a wait on a copy would wait on nothing)."""

@@ -71,3 +71,15 @@ def test_gradient_through_the_float_path_next_to_a_dtype_view():
     x2 = x.detach().clone().requires_grad_()
     fn(x2).backward()
     assert_close(g, x2.grad)
+
+
+def test_view_by_keyword_dtype_or_size():
+    # x.view(dtype=...) and x.view(size=...): eager's overloads by keyword (before, a fallback
+    # to eager: "view() got an unexpected keyword argument 'dtype'"; peer test_float32_to_int32)
+    def fn(a, b):
+        x = a + b
+        bits = x.view(dtype=torch.int32)
+        return bits.mul(2) + bits.bitwise_and(2), x.view(size=(2, 2))
+    a = 0.5 * torch.ones(4)
+    for got, want in zip(kiln.compile(fn, fullgraph=True)(a, a), fn(a, a)):
+        _same(got, want)
