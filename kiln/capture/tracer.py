@@ -17,7 +17,7 @@ import types
 import torch
 
 from kiln.capture.torch_modules import is_torch_module
-from kiln.capture import mutation, torch_api, torch_ops
+from kiln.capture import known_constants, mutation, torch_api, torch_ops
 from kiln.capture.builtins import is_builtin
 from kiln.capture.autocast import AutocastState, wrap_autocast
 from kiln.capture.binding import CLOSURE_KEY, _placeholder_name, _unbind, bind_arguments, frame_locals  # noqa: F401 (re-exported)
@@ -490,6 +490,8 @@ class Tracer:
                 raise numbers[0].unknown(f"argument of {name}") from e
             # Bad arguments or a meta rule refusing the inputs: eager torch will report it.
             raise Unsupported(f"{name} failed during capture: {type(e).__name__}: {e}") from e
+        if isinstance(out, Proxy):  # computed from small constants only: a constant (known_constants)
+            out = known_constants.fold(out)
         if not self.grad_enabled:
             out = _detach_all(out)  # results made under no_grad carry no gradient
         # views of arguments and in-place writes (kiln/capture/mutation.py)
