@@ -59,7 +59,17 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
               scale_grad_by_freq=False, sparse=False):
     if max_norm is not None:
         raise Unsupported("F.embedding(max_norm=...) renormalizes the weight in place")
-    return core.embedding(weight, input)
+    if scale_grad_by_freq and weight.meta.requires_grad:
+        raise Unsupported("F.embedding(scale_grad_by_freq=True) with a gradient is not captured")
+    out = core.embedding(weight, input)
+    if padding_idx is None or not weight.meta.requires_grad:
+        return out
+    # eager's backward leaves the padding row's gradient zero: the positions holding that id
+    # take the same values through a detached copy, so no gradient reaches the row from them
+    if padding_idx < 0:
+        padding_idx += weight.shape[0]
+    is_padding = core.unsqueeze(core.eq(input, padding_idx), -1)
+    return core.where(is_padding, core.detach(out), out)
 
 
 def _reduction(size_average, reduce, reduction):
