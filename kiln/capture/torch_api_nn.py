@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from kiln.capture.errors import Unsupported
 from kiln.ops import core
+from kiln.capture.torch_api_inplace import Writes
 from kiln.meta.defaults import default_device, default_dtype
 
 
@@ -135,6 +136,36 @@ def rand(*size, generator=None, dtype=None, device=None, layout=None, requires_g
 def rand_like(input, *, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None):
     return core.rand(tuple(input.shape), dtype or input.dtype,
                      torch.device(device) if device is not None else input.device)
+
+
+# In-place draws that fill a tensor (PhiMoE's router in training: ``empty_like(g).exponential_()``,
+# ``empty_like(h).uniform_(1 - eps, 1 + eps)``): fresh random values of self's shape and dtype,
+# written into self. A core random op is never recomputed, so a backward sees the same values.
+def _draw_into(self, generator, name):
+    if generator is not None:
+        raise Unsupported(f"Tensor.{name}(generator=...) is not captured")
+    if not self.dtype.is_floating_point:  # eager has no integer kernel for these
+        raise RuntimeError(f"[meta] Tensor.{name}: not implemented for {self.dtype}")
+    return core.rand(tuple(self.shape), self.dtype, self.device)
+
+
+def uniform_(self, a=0.0, b=1.0, *, generator=None, **kw):
+    a, b = kw.pop("from", a), kw.pop("to", b)  # torch's own keyword names
+    if kw:
+        raise TypeError(f"uniform_() got unexpected keyword arguments {sorted(kw)}")
+    u = _draw_into(self, generator, "uniform_")
+    return Writes([(self, core.add(core.mul(u, float(b - a)), float(a)))], self)
+
+
+def exponential_(self, lambd=1.0, *, generator=None):
+    u = _draw_into(self, generator, "exponential_")  # inverse CDF: -log(1 - u) / lambda
+    return Writes([(self, core.mul(core.log1p(core.neg(u)), -1.0 / float(lambd)))], self)
+
+
+def normal_(self, mean=0.0, std=1.0, *, generator=None):
+    _draw_into(self, generator, "normal_")
+    z = core.randn(tuple(self.shape), self.dtype, self.device)
+    return Writes([(self, core.add(core.mul(z, float(std)), float(mean)))], self)
 
 
 def scatter_add(input, dim, index, src):
@@ -271,7 +302,7 @@ FUNCTIONS = {
 METHODS = {
     "matmul": matmul, "bmm": bmm, "gather": gather, "index_select": index_select,
     "addmm": addmm, "baddbmm": baddbmm, "scatter_add": scatter_add, "index_add": index_add,
-    "__matmul__": matmul,
+    "__matmul__": matmul, "uniform_": uniform_, "exponential_": exponential_, "normal_": normal_,
 }
 
 BINARY_OPERATORS = {"@": matmul}
