@@ -48,9 +48,13 @@ def loss_of(out):
     return (t * torch.linspace(0.5, 1.5, t.numel()).view(t.shape)).sum()
 
 
-def _grads_close(model, want):
+def _grads_close(model, want, wide=None):
+    """Whether every gradient is within TOL of eager's (relative to its size). With ``wide``
+    (float64 eager gradients), a gradient outside that is still accepted where its error
+    against float64 is at most twice eager's own fp32 error: a model whose fp32 gradients are
+    ill-conditioned (train-mode batch norms over a batch of 2) rounds as freely in eager."""
     worst = 0.0
-    for (name, p), w in zip(model.named_parameters(), want):
+    for (name, p), w, ref in zip(model.named_parameters(), want, wide or [None] * len(want)):
         if w is None or p.grad is None:
             if (w is None) != (p.grad is None or not p.grad.any()):
                 return False, f"{name}: gradient present in one run only"
@@ -58,9 +62,25 @@ def _grads_close(model, want):
         scale = max(1.0, w.abs().max().item())
         err = (p.grad - w).abs().max().item() / scale
         worst = max(worst, err)
-        if err > TOL:
-            return False, f"{name}: max error {err:.2e} of its scale"
+        if err <= TOL:
+            continue
+        if ref is not None:
+            ours, eager = ((g.double() - ref).abs().max().item() for g in (p.grad, w))
+            if ours <= 2 * eager + 1e-5 * max(1.0, ref.abs().max().item()):
+                continue
+            return False, (f"{name}: max error {err:.2e} of its scale; against float64 "
+                           f"{ours:.2e}, eager fp32's {eager:.2e}")
+        return False, f"{name}: max error {err:.2e} of its scale"
     return True, f"worst gradient error {worst:.1e}"
+
+
+def _float64_grads(family, step):
+    """Eager's gradients of the dropout-free model in float64, its inputs' floats too."""
+    model, kwargs = build(family, dropout=False)
+    model.double().train()
+    kwargs = {k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()}
+    step(model, kwargs).backward()
+    return [None if p.grad is None else p.grad.double() for p in model.parameters()]
 
 
 def _dynamo_counts(fn, kwargs, grad):
@@ -114,6 +134,10 @@ def sweep_training(family, dynamo=False, backend="kiln"):
     compared.result.backward()
     loss_ok = torch.allclose(compared.result.detach(), want_loss.detach(), rtol=TOL, atol=TOL)
     grads_ok, note = _grads_close(model, want)
+    if loss_ok and not grads_ok:
+        wide = _float64_grads(family, lambda m, kw: loss_of(m(**kw)))
+        grads_ok, note = _grads_close(model, want, wide)
+        note += " (float64 reference)"
     line = (f"{family:20s} train graphs={counted.graph_count:<3d} breaks={counted.graph_break_count:<3d} "
             f"matches_eager={loss_ok and grads_ok}")
     if (compared.graph_count, compared.graph_break_count) != (counted.graph_count, counted.graph_break_count):
