@@ -33,3 +33,22 @@ def test_gradient_through_complex_fallbacks(name, backend):
     got = torch.autograd.grad(kiln.compile(loss, backend=backend)(x, w), (x, w))
     for g, e in zip(got, want):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4 * e.abs().max().item())
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_core_op_on_complex_with_gradient_breaks_instead_of_dropping_it(backend):
+    # core elementwise ops have no complex gradient rules: the product is a break, eager's
+    # autograd runs it, and the gradient through it is eager's
+    def loss(x, w):
+        h = x @ w
+        y = h + (torch.fft.fft(h) * 2).real
+        return (y * torch.linspace(0.5, 1.5, y.numel()).view(y.shape)).sum()
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 6, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    want = torch.autograd.grad(loss(x, w), (x, w))
+    kiln.reset()
+    out = kiln.explain(loss, backend=backend)(x, w)
+    assert out.graph_break_count >= 1
+    assert any("complex" in str(r) for r in out.break_reasons), out.break_reasons
+    for g, e in zip(torch.autograd.grad(out.result, (x, w)), want):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4 * e.abs().max().item())
