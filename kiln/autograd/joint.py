@@ -51,7 +51,11 @@ class JointGraph:
 
 
 def requires_grad(meta) -> bool:
-    return isinstance(meta, TensorMeta) and meta.requires_grad and meta.dtype.is_floating_point
+    # complex too: a complex value joining two fallbacks (torch.fft.fftn(h).real) carries h's
+    # gradient; core elementwise ops give complex results no gradient flag (their rules are
+    # written for real values), so complex gradients pass through fallbacks and views only
+    return isinstance(meta, TensorMeta) and meta.requires_grad and \
+        (meta.dtype.is_floating_point or meta.dtype.is_complex)
 
 
 def _fit(g: Proxy, meta: TensorMeta) -> Proxy:

@@ -17,6 +17,7 @@ import torch
 
 from kiln import log
 from kiln.capture.errors import Unsupported
+from kiln.capture.known_constants import sizes_in_lists
 from kiln.graph import Proxy
 from kiln.graph.node import flatten_args
 from kiln.ops import core
@@ -62,6 +63,7 @@ def fallback_adapter(fn, name: str):
     def adapter(*args, **kwargs):
         if kwargs.get("out") is not None or "device" in kwargs:
             raise Unsupported(f"{name} with out=/device= is not captured")
+        args, kwargs = sizes_in_lists(args, kwargs)
         proxies = [a for a in flatten_args((args, kwargs)) if isinstance(a, Proxy)]
         if not proxies:
             raise Unsupported(f"{name} has no tensor argument")

@@ -309,6 +309,9 @@ TENSOR_VIEW_ATTRIBUTES = {
     "T": _transpose_attr,
     "mT": lambda t: core.transpose(t, -2, -1),
     "real": _complex_part("real"), "imag": _complex_part("imag"),
+    # x.data read: the same memory, outside autograd, as x.detach() (I-BERT's quantizers read
+    # x_act.data.min() in training); assigning x.data stays a break
+    "data": core.detach,
 }
 
 # Operator spelling (dis's argrepr for BINARY_OP / COMPARE_OP) -> adapter.

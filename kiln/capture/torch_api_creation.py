@@ -7,6 +7,7 @@ import torch
 from kiln.meta.defaults import default_device, default_dtype
 from kiln.meta.strides import channels_last_order, dense_strides, preserve_strides
 from kiln.capture.errors import Unsupported
+from kiln.capture.known_constants import as_size
 from kiln.graph import Proxy
 from kiln.graph.proxy import active_graph
 from kiln.meta.symbolic import SymSize, is_int_like
@@ -14,10 +15,16 @@ from kiln.meta.tensor_meta import contiguous_strides
 from kiln.ops import core
 
 
-def _size(size):
+def _size(size, kw=None):
+    """The size of a creation call: ints, one tuple/list/Size, or the ``size=`` keyword
+    (``x.new_ones(size=x.size())``, Longformer), popped from ``kw``."""
+    if kw is not None and "size" in kw:
+        if size:
+            raise TypeError("got multiple values for argument 'size'")  # eager's error
+        size = (kw.pop("size"),)
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
-        return tuple(size[0])
-    return tuple(size)
+        size = size[0]
+    return tuple(as_size(s) for s in size)  # a 0-d integer constant reads as its int, as in eager
 
 
 def _check(requires_grad=False, layout=None, pin_memory=False, out=None, memory_format=None, **_):
@@ -35,8 +42,9 @@ def _dev(device, like=None):
 
 def _filler(value):
     def adapter(*size, dtype=None, device=None, **kw):
+        size = _size(size, kw)
         _check(**kw)
-        return core.full(_size(size), value, dtype or default_dtype(), _dev(device))
+        return core.full(size, value, dtype or default_dtype(), _dev(device))
     return adapter
 
 
@@ -119,8 +127,9 @@ def full_like(input, fill_value, *, dtype=None, device=None, memory_format=None,
 
 def _new(value):
     def method(self, *size, dtype=None, device=None, **kw):
+        size = _size(size, kw)
         _check(**kw)
-        return core.full(_size(size), value, dtype or self.dtype, _dev(device, self))
+        return core.full(size, value, dtype or self.dtype, _dev(device, self))
     return method
 
 

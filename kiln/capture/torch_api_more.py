@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.capture.errors import Unsupported
+from kiln.capture.known_constants import as_size
 from kiln.graph import Proxy
 from kiln.meta.symbolic import SymInt, is_int_like
 from kiln.ops import core
@@ -202,6 +203,7 @@ def _sizes(args):
 
 
 def _check_ints(name, sizes):
+    sizes = tuple(as_size(s) for s in sizes)  # a 0-d integer constant reads as its int, as in eager
     for s in sizes:
         if not is_int_like(s):  # an int or a symbolic size
             raise Unsupported(f"{name}: size {s!r} is not a Python int")
@@ -356,7 +358,11 @@ def stack(tensors, dim=0, *, out=None):
     return core.cat([core.unsqueeze(t, dim) for t in tensors], dim)
 
 
-def flip(input, *dims):
+def flip(input, *dims, **kwargs):
+    if kwargs:  # flip(dims=[0]), as torch.flip and Tensor.flip both name it
+        if dims or set(kwargs) != {"dims"}:
+            raise TypeError(f"flip() got unexpected arguments {sorted(kwargs)}")  # eager's kind of error
+        dims = (kwargs["dims"],)
     return core.flip(input, _sizes(dims))
 
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from kiln.capture.errors import Unsupported
 from kiln.ops import core
+from kiln.capture.torch_api_inplace import Writes
 from kiln.meta.defaults import default_device, default_dtype
 
 
@@ -59,7 +60,17 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
               scale_grad_by_freq=False, sparse=False):
     if max_norm is not None:
         raise Unsupported("F.embedding(max_norm=...) renormalizes the weight in place")
-    return core.embedding(weight, input)
+    if scale_grad_by_freq and weight.meta.requires_grad:
+        raise Unsupported("F.embedding(scale_grad_by_freq=True) with a gradient is not captured")
+    out = core.embedding(weight, input)
+    if padding_idx is None or not weight.meta.requires_grad:
+        return out
+    # eager's backward leaves the padding row's gradient zero: the positions holding that id
+    # take the same values through a detached copy, so no gradient reaches the row from them
+    if padding_idx < 0:
+        padding_idx += weight.shape[0]
+    is_padding = core.unsqueeze(core.eq(input, padding_idx), -1)
+    return core.where(is_padding, core.detach(out), out)
 
 
 def _reduction(size_average, reduce, reduction):
@@ -127,6 +138,36 @@ def rand_like(input, *, dtype=None, layout=None, device=None, requires_grad=Fals
     dtype = dtype or input.dtype
     device = torch.device(device) if device is not None else input.device
     return make_like(input, lambda shape: core.rand(shape, dtype, device), memory_format)
+
+
+# In-place draws that fill a tensor (PhiMoE's router in training: ``empty_like(g).exponential_()``,
+# ``empty_like(h).uniform_(1 - eps, 1 + eps)``): fresh random values of self's shape and dtype,
+# written into self. A core random op is never recomputed, so a backward sees the same values.
+def _draw_into(self, generator, name):
+    if generator is not None:
+        raise Unsupported(f"Tensor.{name}(generator=...) is not captured")
+    if not self.dtype.is_floating_point:  # eager has no integer kernel for these
+        raise RuntimeError(f"[meta] Tensor.{name}: not implemented for {self.dtype}")
+    return core.rand(tuple(self.shape), self.dtype, self.device)
+
+
+def uniform_(self, a=0.0, b=1.0, *, generator=None, **kw):
+    a, b = kw.pop("from", a), kw.pop("to", b)  # torch's own keyword names
+    if kw:
+        raise TypeError(f"uniform_() got unexpected keyword arguments {sorted(kw)}")
+    u = _draw_into(self, generator, "uniform_")
+    return Writes([(self, core.add(core.mul(u, float(b - a)), float(a)))], self)
+
+
+def exponential_(self, lambd=1.0, *, generator=None):
+    u = _draw_into(self, generator, "exponential_")  # inverse CDF: -log(1 - u) / lambda
+    return Writes([(self, core.mul(core.log1p(core.neg(u)), -1.0 / float(lambd)))], self)
+
+
+def normal_(self, mean=0.0, std=1.0, *, generator=None):
+    _draw_into(self, generator, "normal_")
+    z = core.randn(tuple(self.shape), self.dtype, self.device)
+    return Writes([(self, core.add(core.mul(z, float(std)), float(mean)))], self)
 
 
 def scatter_add(input, dim, index, src):
@@ -263,7 +304,7 @@ FUNCTIONS = {
 METHODS = {
     "matmul": matmul, "bmm": bmm, "gather": gather, "index_select": index_select,
     "addmm": addmm, "baddbmm": baddbmm, "scatter_add": scatter_add, "index_add": index_add,
-    "__matmul__": matmul,
+    "__matmul__": matmul, "uniform_": uniform_, "exponential_": exponential_, "normal_": normal_,
 }
 
 BINARY_OPERATORS = {"@": matmul}

@@ -20,18 +20,31 @@ def _pair(v):
     return (v, v)
 
 
-def _whole(name, why, input, *args, **kwargs):
-    """An uncovered variant: a fallback node (no gradient through it) or a graph break."""
+def _whole(name, why, input, *args, torch_fn=None, **kwargs):
+    """An uncovered variant: a fallback node. Where a gradient is needed, ``torch_fn`` (a
+    C++-bound torch function taking these arguments) is one whose backward the fallback
+    replays with torch's autograd (EfficientNet's ``avg_pool2d(ceil_mode=True)`` in training);
+    without one, or where the fallback refuses to replay it, the call is a graph break."""
     if isinstance(input, Proxy) and input.meta.requires_grad:
-        raise Unsupported(f"{name}: {why} needs a gradient, which a fallback node cannot give")
+        if torch_fn is None:
+            raise Unsupported(f"{name}: {why} needs a gradient, and no torch function replays it")
+        from kiln.capture.fallback import fallback_adapter  # fallback reaches the capture tables
+        adapter, reason = fallback_adapter(torch_fn, name)
+        if adapter is None:
+            raise Unsupported(f"{name}: {why} needs a gradient ({reason})")
+        return adapter(input, *args, **kwargs)
     return core.fallback(name, input, *args, **kwargs)
 
 
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                return_indices=False):
     if ceil_mode or _pair(dilation) != (1, 1) or return_indices:
-        return _whole("torch.nn.functional.max_pool2d", "ceil_mode/dilation/return_indices", input,
-                      kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+        if return_indices:
+            return _whole("torch.nn.functional.max_pool2d", "return_indices", input, kernel_size,
+                          stride, padding, dilation, ceil_mode, return_indices)
+        return _whole("torch.nn.functional.max_pool2d", "ceil_mode/dilation", input, kernel_size,
+                      stride if stride is not None else [], padding, dilation, ceil_mode,
+                      torch_fn=torch.max_pool2d)
     k = _pair(kernel_size)
     return core.max_pool2d(input, k, _pair(stride) if stride else k, _pair(padding))
 
@@ -40,7 +53,8 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
                divisor_override=None):
     if ceil_mode:
         return _whole("torch.nn.functional.avg_pool2d", "ceil_mode", input, kernel_size, stride,
-                      padding, ceil_mode, count_include_pad, divisor_override)
+                      padding, ceil_mode, count_include_pad, divisor_override,
+                      torch_fn=torch._C._nn.avg_pool2d)
     k = _pair(kernel_size)
     return core.avg_pool2d(input, k, _pair(stride) if stride else k, _pair(padding),
                            count_include_pad, divisor_override)

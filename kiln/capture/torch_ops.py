@@ -20,7 +20,7 @@ import types
 
 import torch
 
-from kiln.capture import custom_ops, torch_api, torch_api_creation
+from kiln.capture import custom_ops, known_constants, torch_api, torch_api_creation
 from kiln.capture.errors import Unsupported
 from kiln.capture.fallback import fallback_adapter
 from kiln.capture.values import ConstantVariable, TensorVariable, Variable
@@ -341,7 +341,7 @@ def _on_numbers(overload):
         graph = active_graph()
         if not isinstance(out, torch.Tensor) or graph is None or out.numel() > 1 << 16:
             raise Unsupported(f"{overload} on numbers only returns no number or small tensor")
-        return Proxy(graph.get_attr("const", out))
+        return known_constants.constant(graph, out)  # its value stays known (a size, Longformer)
     return adapter
 
 

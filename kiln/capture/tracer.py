@@ -17,12 +17,13 @@ import types
 import torch
 
 from kiln.capture.torch_modules import is_torch_module
-from kiln.capture import mutation, torch_api, torch_ops
+from kiln.capture import known_constants, mutation, torch_api, torch_ops
 from kiln.capture.builtins import is_builtin
 from kiln.capture.autocast import AutocastState, wrap_autocast
 from kiln.capture.binding import CLOSURE_KEY, _placeholder_name, _unbind, bind_arguments, frame_locals  # noqa: F401 (re-exported)
 from kiln.capture.binding import numpy_aliases
 from kiln.capture.controls import dim_marks, is_disabled
+from kiln.capture.complex_grads import refuse_dropped_complex_grad
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, Source,
                                  IntCarrierSource, add_default_guards, closure_source, make_fetch)
@@ -490,6 +491,10 @@ class Tracer:
                 raise numbers[0].unknown(f"argument of {name}") from e
             # Bad arguments or a meta rule refusing the inputs: eager torch will report it.
             raise Unsupported(f"{name} failed during capture: {type(e).__name__}: {e}") from e
+        if isinstance(out, Proxy):  # computed from small constants only: a constant (known_constants)
+            out = known_constants.fold(out)
+        if self.grad_enabled:
+            refuse_dropped_complex_grad(out, py_args, py_kwargs, name)
         if not self.grad_enabled:
             out = _detach_all(out)  # results made under no_grad carry no gradient
         # views of arguments and in-place writes (kiln/capture/mutation.py)

@@ -21,6 +21,7 @@ from kiln.capture.dict_keys import dict_key
 from kiln.capture.fallback import fallback_adapter
 from kiln.capture import module_walks
 from kiln.capture.guards import AttrSource, ItemSource
+from kiln.capture.number_operands import call_on_numbers
 from kiln.capture.values import (ConstantVariable, DictVariable, ListVariable, TensorVariable,
                                  TupleVariable, Variable, is_constant)
 
@@ -403,6 +404,9 @@ class TorchFunctionVariable(Variable):
         name = torch_api.callable_name(self.fn)
         if self.fn is torch.nonzero and tx.scalar_outputs:  # its size fixed by torch._check
             return sized_later.nonzero(tx, args, kwargs)
+        folded = call_on_numbers(tx, self.fn, args, kwargs, name)
+        if folded is not None:
+            return folded
         adapter = torch_api.TORCH_FUNCTIONS.get(self.fn)
         if adapter is None:
             adapter, why = fallback_adapter(self.fn, name)

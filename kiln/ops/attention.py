@@ -172,6 +172,11 @@ def _dense_like(shape, order_of: TensorMeta):
     ``x.view(B, T, H, D).transpose(1, 2)`` returns a [B, H, T, D] view of [B, T, H, D] memory)."""
     strides = [hint_of(s) for s in order_of.stride]
     order = sorted(range(len(shape)), key=lambda d: (-strides[d], -d))  # outermost first
+    if order[-1] != len(shape) - 1 or 0 in strides:
+        # the kernels read the head dim as contiguous (CPU flash attention silently computes
+        # garbage otherwise), and a broadcast operand (k.expand(-1, H, -1, -1): stride 0, so
+        # sorted innermost) says nothing about memory order: row-major then
+        order = list(range(len(shape)))
     out = [None] * len(shape)
     step = 1
     for d in reversed(order):

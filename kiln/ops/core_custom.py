@@ -313,7 +313,7 @@ def _decompose_mutating(target, where, *args, **kwargs):
 
 # ------------------------------------------------------------------ autograd
 def _differentiable(a) -> bool:
-    return isinstance(a, TensorMeta) and a.requires_grad and a.dtype.is_floating_point
+    return isinstance(a, TensorMeta) and a.requires_grad and (a.dtype.is_floating_point or a.dtype.is_complex)
 
 
 def _opdef_formula(target):

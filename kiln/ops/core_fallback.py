@@ -126,6 +126,10 @@ def _map(obj, fn):
     return fn(obj)
 
 
+def _differentiable(dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
 def fallback_meta(target, *args, **kwargs):
     """Run the callable on meta tensors; outputs land on the inputs' device."""
     metas = [a for a in flatten_args((args, kwargs)) if isinstance(a, TensorMeta)]
@@ -133,9 +137,12 @@ def fallback_meta(target, *args, **kwargs):
         raise TypeError(f"[meta] core.fallback({target}): needs a tensor argument")
     device = next((m.device for m in metas if m.device.type != "cpu"), metas[0].device)
     fake = _map((args, kwargs), lambda a: a.fake() if isinstance(a, TensorMeta) else a)
-    grad = any(m.requires_grad and m.dtype.is_floating_point for m in metas)
+    # complex values carry gradients too: torch.fft.fftn(h).real is two fallbacks joined by a
+    # complex tensor, and h's gradient through them was dropped (FNet's Fourier layers)
+    grad = any(m.requires_grad and _differentiable(m.dtype) for m in metas)
     if grad:  # eager's autograd decides which results need a gradient
-        fake = _map(fake, lambda a: a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a)
+        fake = _map(fake, lambda a: a.requires_grad_() if isinstance(a, torch.Tensor)
+                    and _differentiable(a.dtype) else a)
     with torch.enable_grad() if grad else torch.no_grad():
         out = FALLBACK_METAS.get(target, resolve(target))(*fake[0], **fake[1])
 
