@@ -15,7 +15,7 @@ import types
 
 import torch
 
-from kiln.capture import controls, sized_later, torch_api
+from kiln.capture import controls, sized_later, torch_api, torch_optim
 from kiln.capture.errors import Unsupported
 from kiln.capture.dict_keys import dict_key
 from kiln.capture.fallback import fallback_adapter
@@ -404,6 +404,8 @@ class TorchFunctionVariable(Variable):
         if self.fn is torch.nonzero and tx.scalar_outputs:  # its size fixed by torch._check
             return sized_later.nonzero(tx, args, kwargs)
         adapter = torch_api.TORCH_FUNCTIONS.get(self.fn)
+        if adapter is None and torch_optim.is_inlined_optim_code(self.fn):
+            return torch_optim.optim_call(tx, self.fn, self.source).call(tx, args, kwargs)
         if adapter is None:
             adapter, why = fallback_adapter(self.fn, name)
             if _inlined_torch_python(self.fn):
