@@ -427,14 +427,14 @@ def _no_grad_leaf_write(tx, var) -> bool:
     return True
 
 
-def refuse_grad_read_of_written_leaf(tx, args):
-    """Called for each op with grad enabled: reading a leaf written under no_grad would lose
+def refuse_grad_read_of_written_leaf(tx, args, kwargs):
+    """Called for each op: with grad enabled, reading a leaf written under no_grad would lose
     the gradient eager gives it (``_no_grad_leaf_write``)."""
     written = tx.__dict__.get("_no_grad_written_leaves")
-    if not written:
+    if not written or not tx.grad_enabled:
         return
     from kiln.capture.values import TensorVariable
-    todo = list(args)
+    todo = [*args, *kwargs.values()]
     while todo:
         v = todo.pop()
         if isinstance(v, TensorVariable):

@@ -374,3 +374,8 @@ for _table, _declared in ((TORCH_FUNCTIONS, CAPTURE_FUNCTIONS), (TENSOR_METHODS,
 _inplace_functions, _inplace_methods = _inplace.build_tables(TORCH_FUNCTIONS, TENSOR_METHODS)
 TORCH_FUNCTIONS.update(_inplace_functions)
 TENSOR_METHODS.update(_inplace_methods)
+
+# torch._foreach_* (torch.optim's foreach paths): per-element calls of the entries above
+from kiln.capture import torch_api_foreach as _foreach  # noqa: E402
+
+TORCH_FUNCTIONS.update(_foreach.build_table(TENSOR_METHODS, TORCH_FUNCTIONS))

@@ -23,6 +23,7 @@ import types
 
 import torch
 import torch.optim.optimizer as _optimizer_module
+import torch.utils._foreach_utils as _foreach_utils
 
 from kiln.capture import controls
 from kiln.capture.errors import Unsupported
@@ -37,14 +38,23 @@ INLINED_OPTIM_MODULES = frozenset({"torch.optim.optimizer", "torch.optim.sgd", "
 _USE_GRAD_CODE = _optimizer_module._use_grad_for_differentiable(lambda self: None).__code__
 
 
+# torch.utils._foreach_utils' lists of device types with foreach/fused kernels, which
+# ``_default_to_fused_or_foreach`` reads when an optimizer's ``foreach`` is None (the default):
+# fixed for the process (the privateuse1 backend's name is set once, before any optimizer)
+_PROCESS_CONSTANTS = frozenset({_foreach_utils._get_fused_kernels_supported_devices,
+                                _foreach_utils._get_foreach_kernels_supported_devices})
+
+
 def is_optimizer(value) -> bool:
     """An optimizer instance, read as a plain Python object (``values_python.is_user_object``)."""
     return isinstance(value, torch.optim.Optimizer)
 
 
 def is_inlined_optim_code(fn) -> bool:
-    """A Python function of torch.optim that capture inlines as user code."""
-    return isinstance(fn, types.FunctionType) and fn.__module__ in INLINED_OPTIM_MODULES \
+    """A Python function of torch.optim that capture inlines as user code (or, for the device
+    lists it reads, calls at trace time)."""
+    return isinstance(fn, types.FunctionType) and (fn.__module__ in INLINED_OPTIM_MODULES
+                                                   or fn in _PROCESS_CONSTANTS) \
         and not controls.is_disabled(fn)
 
 
@@ -52,6 +62,8 @@ def optim_call(tx, fn, source, self_var=None):
     """The Variable that calls torch.optim's ``fn`` (a method when ``self_var`` is its optimizer):
     the step wrapper as the step under its grad mode, anything else inlined."""
     from kiln.capture.values_callables import FunctionVariable
+    if fn in _PROCESS_CONSTANTS:
+        return _ProcessConstant(fn)
     if fn.__code__ is _USE_GRAD_CODE:
         wrapped = getattr(fn, "__wrapped__", None)
         if not isinstance(wrapped, types.FunctionType):
@@ -59,6 +71,18 @@ def optim_call(tx, fn, source, self_var=None):
         return _StepUnderGradMode(FunctionVariable(wrapped, source=tx.attr_source(source, "__wrapped__")),
                                   self_var)
     return FunctionVariable(fn, source=source, self_var=self_var)
+
+
+class _ProcessConstant(Variable):
+    """A function of no arguments whose answer is fixed for the process: called at trace time."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def call(self, tx, args, kwargs):
+        if args or kwargs:
+            raise Unsupported(f"{self.fn.__qualname__} called with arguments")
+        return tx.wrap_constant(self.fn())
 
 
 class _StepUnderGradMode(Variable):
