@@ -40,6 +40,11 @@ def unary(op):
 def with_alpha(op):
     def adapter(input, other, *, alpha=1, out=None):
         _no_out(op.name, {"out": out})
+        if isinstance(alpha, Proxy):  # a 0-d tensor alpha (SGD's ``alpha=-lr``, a tensor lr):
+            # eager reads it as a number, so it scales ``other`` without promoting it
+            if alpha.ndim != 0 or not isinstance(other, Proxy) or not other.dtype.is_floating_point:
+                raise Unsupported(f"{op.name} with a tensor alpha other than a 0-d one scaling a float tensor")
+            return op(input, core.mul(other, core.to_dtype(alpha, other.dtype)))
         return op(input, other, alpha=alpha) if alpha != 1 else op(input, other)
     adapter.__name__ = op.name
     return adapter

@@ -73,6 +73,29 @@ def optim_call(tx, fn, source, self_var=None):
     return FunctionVariable(fn, source=source, self_var=self_var)
 
 
+def function_attribute(tx, fn, source, name):
+    """An attribute of an inlined torch.optim function: ``__get__`` binds it (an lr scheduler's
+    step wrapper calls ``func.__get__(opt, opt.__class__)``), the rest are a function's."""
+    from kiln.capture.values_callables import FunctionVariable
+    if name == "__get__":
+        return _Binder(fn, source)
+    return FunctionVariable(fn, source=source).getattr(tx, name)
+
+
+class _Binder(Variable):
+    """``fn.__get__(obj, cls)``: the bound method, as ``optim_call`` calls it."""
+
+    def __init__(self, fn, source):
+        self.fn, self.source = fn, source
+
+    def call(self, tx, args, kwargs):
+        from kiln.capture.values_python import ObjectVariable
+        if kwargs or not 1 <= len(args) <= 2 or not isinstance(args[0], ObjectVariable) \
+                or not issubclass(args[0].cls, torch.optim.Optimizer):
+            raise Unsupported(f"{self.fn.__qualname__}.__get__ with these arguments")
+        return optim_call(tx, self.fn, self.source, self_var=args[0])
+
+
 class _ProcessConstant(Variable):
     """A function of no arguments whose answer is fixed for the process: called at trace time."""
 

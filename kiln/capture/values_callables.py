@@ -419,6 +419,11 @@ class TorchFunctionVariable(Variable):
                 raise Unsupported(f"call to {name} is not supported (not in the capture table; {why})")
         return tx.call_adapter(adapter, args, kwargs, name)
 
+    def getattr(self, tx, name):
+        if torch_optim.is_inlined_optim_code(self.fn):  # ``step.__get__(opt, cls)`` (torch_optim.py)
+            return torch_optim.function_attribute(tx, self.fn, self.source, name)
+        return super().getattr(tx, name)
+
     def __repr__(self):
         return f"TorchFunction({torch_api.callable_name(self.fn)})"
 

@@ -150,3 +150,42 @@ def test_an_optimizer_kiln_does_not_inline_still_matches_eager():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _steps(m, o, m2, o2, kiln.compile(o2.step), 3)
+
+
+def test_a_step_wrapped_by_an_lr_scheduler_is_one_graph():
+    """An lr scheduler wraps ``opt.step`` (a weakref to the optimizer, ``func.__get__``) and
+    changes lr every step: one recompile, then lr is an input."""
+    m, o, m2, o2 = _pair("SGD", momentum=0.9, foreach=True)
+    scheds = [torch.optim.lr_scheduler.StepLR(opt, 1, 0.5) for opt in (o, o2)]
+    step = kiln.compile(o2.step)
+
+    def sched_step(i):
+        if i:
+            for s in scheds:
+                s.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the scheduler warns if it saw no optimizer step
+        _steps(m, o, m2, o2, step, 5, sched_step)
+    assert o2._opt_called is True
+    stats = kiln.stats()
+    assert (stats["frames_compiled"], stats["graph_breaks"]) == (2, 0), stats
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam"])
+def test_a_tensor_lr_with_a_scheduler_never_recompiles(name):
+    """The tutorial's advice for schedulers, ``lr=torch.tensor(...)``: lr is a graph input from
+    the start (SGD's ``alpha=-lr`` and Adam's tensor step sizes in the graph)."""
+    m, o, m2, o2 = _pair(name, foreach=False)
+    for opt in (o, o2):
+        opt.param_groups[0]["lr"] = torch.tensor(0.01)
+    scheds = [torch.optim.lr_scheduler.LinearLR(opt, total_iters=4) for opt in (o, o2)]
+    step = kiln.compile(o2.step)
+
+    def sched_step(i):
+        if i:
+            for s in scheds:
+                s.step()
+    _steps(m, o, m2, o2, step, 5, sched_step)
+    stats = kiln.stats()
+    assert (stats["frames_compiled"], stats["graph_breaks"], stats["eager_runs"]) == \
+        (1 if name == "SGD" else 2, 0, 0), stats
