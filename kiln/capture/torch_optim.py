@@ -50,9 +50,23 @@ def is_optimizer(value) -> bool:
     return isinstance(value, torch.optim.Optimizer)
 
 
+def _undo_dynamo_patch(fn):
+    """Once Dynamo has run in the process (``TorchPatcher.patch``) every optimizer class's
+    ``_init_group`` is wrapped in ``torch._dynamo.disable``: Dynamo runs it for real through its
+    own OptimizerVariable. That is Dynamo's mechanism, not the user's wish, so kiln reads the
+    function it wraps; anything else disabled stays a break."""
+    wrapped = getattr(fn, "__wrapped__", None)
+    if controls.is_disabled(fn) and isinstance(wrapped, types.FunctionType) \
+            and wrapped.__name__ == "_init_group" \
+            and str(getattr(fn, "_torchdynamo_disable_msg", "")).endswith("_init_group not supported"):
+        return wrapped
+    return fn
+
+
 def is_inlined_optim_code(fn) -> bool:
     """A Python function of torch.optim that capture inlines as user code (or, for the device
     lists it reads, calls at trace time)."""
+    fn = _undo_dynamo_patch(fn)
     return isinstance(fn, types.FunctionType) and (fn.__module__ in INLINED_OPTIM_MODULES
                                                    or fn in _PROCESS_CONSTANTS) \
         and not controls.is_disabled(fn)
@@ -62,6 +76,7 @@ def optim_call(tx, fn, source, self_var=None):
     """The Variable that calls torch.optim's ``fn`` (a method when ``self_var`` is its optimizer):
     the step wrapper as the step under its grad mode, anything else inlined."""
     from kiln.capture.values_callables import FunctionVariable
+    fn = _undo_dynamo_patch(fn)
     if fn in _PROCESS_CONSTANTS:
         return _ProcessConstant(fn)
     if fn.__code__ is _USE_GRAD_CODE:
