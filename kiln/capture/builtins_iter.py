@@ -163,12 +163,18 @@ def _count(tx, start=None, step=None):
 def _zip(tx, *iterables, **kwargs):
     """``zip``: over lists and other listed iterators, the tuples now; where a source is lazy
     (``map``, ``islice``, ``count``), pulled tuple by tuple (values_iterators.ZipVariable)."""
-    if kwargs:
-        return NotImplemented  # strict=True: a break
+    strict = kwargs.pop("strict", None)
+    strict = False if strict is None else strict.as_python()
+    if kwargs or not isinstance(strict, bool):
+        return NotImplemented
     if any(is_lazy(it) for it in iterables):
+        if strict:
+            return NotImplemented  # strict=True over a lazy source: a break
         return ZipVariable([as_iterator(tx, it) for it in iterables])
-    return IteratorVariable([TupleVariable(list(group))
-                             for group in zip(*(it.iterate(tx) for it in iterables))])
+    items = [it.iterate(tx) for it in iterables]
+    if strict and len({len(x) for x in items}) > 1:  # eager raises ValueError at the end
+        return NotImplemented
+    return IteratorVariable([TupleVariable(list(group)) for group in zip(*items)])
 
 
 @handles(itertools.zip_longest)

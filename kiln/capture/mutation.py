@@ -399,7 +399,7 @@ def mutate(tx, var, new: Proxy, what: str):
                               f"{old.dtype} (eager raises)")
         new = core.to_dtype(new, old.dtype)
     if not getattr(tx, "grad_enabled", True) and new.meta.requires_grad:
-        if old.meta.requires_grad:
+        if old.meta.requires_grad and not _no_grad_leaf_write(tx, var):
             # eager keeps the gradient path to the tensor's earlier history; kiln would drop it
             raise Unsupported(f"{what}: in-place update under no_grad of a tensor that requires "
                               "grad is not supported")
@@ -431,6 +431,39 @@ def mutate(tx, var, new: Proxy, what: str):
     st.value = cur
     st.version += 1
     var._proxy, var._seen = new, st.version
+
+
+def _no_grad_leaf_write(tx, var) -> bool:
+    """An input leaf that requires grad written whole under no_grad (an optimizer's
+    ``param.add_(...)``): it has no history to keep, so the written value is detached. The leaf
+    still requires grad in eager while kiln's new value does not, so a later read with grad
+    enabled is refused (``refuse_grad_read_of_written_leaf``)."""
+    alias = storage_of(tx, var)
+    st = alias.storage
+    if alias.chain or not st.from_input or not all(t.is_leaf for t in st.input_tensors(tx)):
+        return False
+    tx.__dict__.setdefault("_no_grad_written_leaves", set()).add(id(st))
+    return True
+
+
+def refuse_grad_read_of_written_leaf(tx, args, kwargs):
+    """Called for each op: with grad enabled, reading a leaf written under no_grad would lose
+    the gradient eager gives it (``_no_grad_leaf_write``)."""
+    written = tx.__dict__.get("_no_grad_written_leaves")
+    if not written or not tx.grad_enabled:
+        return
+    from kiln.capture.values import TensorVariable
+    todo = [*args, *kwargs.values()]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, TensorVariable):
+            if v.alias is not None and id(v.alias.storage) in written:
+                raise Unsupported("a parameter written under no_grad is read with grad enabled in "
+                                  "the same compiled call (its gradient would be lost)")
+        elif isinstance(v, (list, tuple)):
+            todo.extend(v)
+        elif hasattr(v, "items") and isinstance(getattr(v, "items"), list):
+            todo.extend(v.items)
 
 
 def _check_input_write(tx, st: Storage, what: str):
@@ -606,7 +639,9 @@ class WritebackGraph:
         outs = self.inner(*inputs)
         for i, o in self.input_mutations:
             t, new = given[i], outs[o]
-            if grad and t.requires_grad:
+            # a leaf that requires grad is only written under no_grad (capture refuses the rest:
+            # eager raises), an optimizer's step: its copy is not recorded either
+            if grad and t.requires_grad and not t.is_leaf:
                 t.copy_(new)  # recorded by autograd, as eager's in-place op was
             else:
                 with torch.no_grad():

@@ -40,6 +40,11 @@ def unary(op):
 def with_alpha(op):
     def adapter(input, other, *, alpha=1, out=None):
         _no_out(op.name, {"out": out})
+        if isinstance(alpha, Proxy):  # a 0-d tensor alpha (SGD's ``alpha=-lr``, a tensor lr):
+            # eager reads it as a number, so it scales ``other`` without promoting it
+            if alpha.ndim != 0 or not isinstance(other, Proxy) or not other.dtype.is_floating_point:
+                raise Unsupported(f"{op.name} with a tensor alpha other than a 0-d one scaling a float tensor")
+            return op(input, core.mul(other, core.to_dtype(alpha, other.dtype)))
         return op(input, other, alpha=alpha) if alpha != 1 else op(input, other)
     adapter.__name__ = op.name
     return adapter
@@ -377,3 +382,8 @@ for _table, _declared in ((TORCH_FUNCTIONS, CAPTURE_FUNCTIONS), (TENSOR_METHODS,
 _inplace_functions, _inplace_methods = _inplace.build_tables(TORCH_FUNCTIONS, TENSOR_METHODS)
 TORCH_FUNCTIONS.update(_inplace_functions)
 TENSOR_METHODS.update(_inplace_methods)
+
+# torch._foreach_* (torch.optim's foreach paths): per-element calls of the entries above
+from kiln.capture import torch_api_foreach as _foreach  # noqa: E402
+
+TORCH_FUNCTIONS.update(_foreach.build_table(TENSOR_METHODS, TORCH_FUNCTIONS))

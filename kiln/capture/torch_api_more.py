@@ -97,6 +97,8 @@ def lerp(input, end, weight, *, out=None):
 def addc(op):
     def adapter(input, tensor1, tensor2, *, value=1, out=None):
         _no_out(op.name, out)
+        if isinstance(value, Proxy):  # a 0-d tensor value, as eager takes it
+            return op(input, tensor1, tensor2, value)
         return op(input, tensor1, tensor2, value) if value != 1 else op(input, tensor1, tensor2)
     adapter.__name__ = op.name
     return adapter

@@ -474,6 +474,7 @@ class Tracer:
     def call_adapter(self, adapter, args, kwargs, name: str):
         if self.made_leaves:
             refuse_grad_mode_use(self, args, kwargs, name)
+        mutation.refuse_grad_read_of_written_leaf(self, args, kwargs)  # an optimizer's params
         py_args = [self.unwrap(a, name) for a in args]
         if "axis" in kwargs or "keepdims" in kwargs:
             kwargs = numpy_aliases(adapter, kwargs)

@@ -105,7 +105,8 @@ class ConstantVariable(Variable):
         if name == "fromkeys" and self.value in (collections.OrderedDict, collections.defaultdict):
             from kiln.capture.values_callables import _DictFromKeys
             return _DictFromKeys(self.value)
-        if isinstance(self.value, type) and not _is_library_class(self.value):
+        if isinstance(self.value, type) and (not _is_library_class(self.value)
+                                             or issubclass(self.value, torch.optim.Optimizer)):
             from kiln.capture.values_python import attribute_of_class
             out = attribute_of_class(tx, self.value, name, None, self.source)
             if out is not None:
@@ -173,6 +174,9 @@ class TensorVariable(Variable):
             return ConstantVariable(torch_api.TENSOR_ATTRIBUTES[name](self.proxy))
         if name == "__class__":  # type(x), not torch.Tensor's metaclass called as a method
             return ConstantVariable(self.python_type())
+        if name == "grad":  # an input's gradient, as an optimizer reads it (torch_optim.py)
+            from kiln.capture.torch_optim import input_grad
+            return input_grad(tx, self)
         if name in torch_api.TENSOR_VIEW_ATTRIBUTES:  # .T, .mT: attributes that are tensors
             return tx.call_adapter(torch_api.TENSOR_VIEW_ATTRIBUTES[name], [self], {}, f"Tensor.{name}")
         if name in torch_api.TENSOR_METHODS:

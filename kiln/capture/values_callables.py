@@ -15,7 +15,7 @@ import types
 
 import torch
 
-from kiln.capture import controls, sized_later, torch_api
+from kiln.capture import controls, sized_later, torch_api, torch_optim
 from kiln.capture.errors import Unsupported
 from kiln.capture.dict_keys import dict_key
 from kiln.capture.fallback import fallback_adapter
@@ -408,6 +408,8 @@ class TorchFunctionVariable(Variable):
         if folded is not None:
             return folded
         adapter = torch_api.TORCH_FUNCTIONS.get(self.fn)
+        if adapter is None and torch_optim.is_inlined_optim_code(self.fn):
+            return torch_optim.optim_call(tx, self.fn, self.source).call(tx, args, kwargs)
         if adapter is None:
             adapter, why = fallback_adapter(self.fn, name)
             if _inlined_torch_python(self.fn):
@@ -420,6 +422,11 @@ class TorchFunctionVariable(Variable):
             if adapter is None:
                 raise Unsupported(f"call to {name} is not supported (not in the capture table; {why})")
         return tx.call_adapter(adapter, args, kwargs, name)
+
+    def getattr(self, tx, name):
+        if torch_optim.is_inlined_optim_code(self.fn):  # ``step.__get__(opt, cls)`` (torch_optim.py)
+            return torch_optim.function_attribute(tx, self.fn, self.source, name)
+        return super().getattr(tx, name)
 
     def __repr__(self):
         return f"TorchFunction({torch_api.callable_name(self.fn)})"

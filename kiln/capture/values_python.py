@@ -27,7 +27,7 @@ import types
 import torch
 
 from kiln.capture.torch_modules import is_torch_module
-from kiln.capture import autograd_function, numpy_constants
+from kiln.capture import autograd_function, numpy_constants, torch_optim
 from kiln.capture.profiler_ranges import RANGE_CLASSES, make_range
 from kiln.capture.values_set import SetVariable  # noqa: F401 (re-exported: sets live there)
 from kiln.capture.dict_object import dict_method
@@ -113,6 +113,8 @@ def _bind(tx, fn, self_var):
     rule = MAPPING_MIXINS.get(fn)
     if rule is not None and isinstance(self_var, ObjectVariable):
         return _MixinCall(rule, self_var)
+    if torch_optim.is_inlined_optim_code(fn):  # an optimizer's own methods (torch_optim.py)
+        return torch_optim.optim_call(tx, fn, None, self_var)
     if is_torch_module(fn.__module__):
         raise Unsupported(f"calling torch's method {fn.__qualname__} on a user object")
     return FunctionVariable(fn, self_var=self_var)
@@ -609,6 +611,8 @@ def is_user_object(value) -> bool:
     cls = type(value)
     if not plain_metaclass(type(cls)) or isinstance(value, (torch.nn.Module, torch.Tensor, type)):
         return False
+    if torch_optim.is_optimizer(value):  # its class is torch's, its state plain Python
+        return True
     module = (cls.__module__ or "").split(".")[0]
     if module in ("builtins", "torch", "types", "functools", "typing", "collections", "math"):
         return False

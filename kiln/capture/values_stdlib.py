@@ -22,6 +22,7 @@ import logging
 import os
 import types
 import warnings
+import weakref
 
 from kiln.capture.dict_keys import is_tensor_key
 from kiln.capture.errors import Unsupported
@@ -32,6 +33,24 @@ from kiln.capture.values_deque import wrap_deque
 from kiln.capture.values_python import PartialVariable
 
 _Environ = type(os.environ)
+
+
+class WeakRefVariable(Variable):
+    """A ``weakref.ref`` from the inputs (an lr scheduler's wrapper of ``optimizer.step`` holds
+    the optimizer through one): calling it is its referent, read again by the guards through
+    ``ref.__call__()``, so a dead referent (None) fails them."""
+
+    def __init__(self, ref, source):
+        self.ref, self.source = ref, source
+
+    def truth(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        if args or kwargs:
+            raise Unsupported("calling a weakref with arguments")
+        from kiln.capture.values_dict import MethodCallSource
+        return tx.wrap(self.ref(), MethodCallSource(self.source, "__call__"))
 
 
 def wrap_stdlib(tx, value, source, guard):
@@ -50,6 +69,10 @@ def wrap_stdlib(tx, value, source, guard):
         return _EnvironMethod(EnvironVariable(os.environ, _EnvironSource()), "get")
     if type(value) is functools.partial:
         return wrap_partial(tx, value, source, guard)
+    if type(value) is weakref.ReferenceType and source is not None:
+        if guard:
+            tx.guards.identity(source, value)
+        return WeakRefVariable(value, source)
     if type(value) is collections.deque:  # a list tracker with deque's methods (values_deque.py)
         return wrap_deque(tx, value, source, guard)
     if isinstance(value, types.FunctionType) and value.__code__ is _CONTEXTMANAGER_HELPER \

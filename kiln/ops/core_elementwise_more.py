@@ -520,11 +520,15 @@ META_RULES[addcdiv] = _meta_of("addcdiv", Promotion.DEFAULT, 3)
 
 def _addc(prim):
     def decomp(x, t1, t2, value=1):
-        (x, t1, t2), compute, _ = _operands((x, t1, t2), Promotion.DEFAULT)
+        if _is_t(value):  # a tensor value (compiled optimizers: Adam's ``value=-step_size``)
+            (x, t1, t2, value), compute, _ = _operands((x, t1, t2, value), Promotion.DEFAULT)
+        else:
+            (x, t1, t2), compute, _ = _operands((x, t1, t2), Promotion.DEFAULT)
         if prim is prims.div and _is_int(compute):
             raise ElementwiseError("[decomposition] core.addcdiv: integer division is not supported, "
                                    "as in eager")
-        scaled = t1 if value == 1 else prims.mul(t1, scalar_for(value, compute))
+        scaled = prims.mul(t1, value) if _is_t(value) else \
+            t1 if value == 1 else prims.mul(t1, scalar_for(value, compute))
         return prims.add(x, prim(scaled, t2))
     return decomp
 
