@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from kiln.capture import torch_api
+from kiln.capture.torch_ops import _on_numbers
 from kiln.capture.values import ConstantVariable, TensorVariable
 from kiln.meta.symbolic import SymInt
 
@@ -36,9 +38,7 @@ def call_on_numbers(tx, fn, args, kwargs, name):
             or any(isinstance(v, TensorVariable) for v in (*args, *kwargs.values())):
         return None
     if not any(isinstance(v.value, SymInt) for v in operands):
-        from kiln.capture.torch_ops import _on_numbers  # torch_ops imports the capture table
         return tx.call_adapter(_on_numbers(fn), args, kwargs, name)
-    from kiln.capture import torch_api
     first = args[0] if args else kwargs["input"]
     value = first.value
     dtype = torch.bool if isinstance(value, bool) else \

@@ -28,6 +28,7 @@ from kiln.capture.dict_keys import is_tensor_key
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import AttrSource, ItemSource, Source
 from kiln.capture.values import ConstantVariable, Variable
+from kiln.capture.values_dict import MethodCallSource
 from kiln.capture.values_callables import FunctionVariable
 from kiln.capture.values_deque import wrap_deque
 from kiln.capture.values_python import PartialVariable
@@ -49,7 +50,6 @@ class WeakRefVariable(Variable):
     def call(self, tx, args, kwargs):
         if args or kwargs:
             raise Unsupported("calling a weakref with arguments")
-        from kiln.capture.values_dict import MethodCallSource
         return tx.wrap(self.ref(), MethodCallSource(self.source, "__call__"))
 
 
