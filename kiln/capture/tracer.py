@@ -449,10 +449,9 @@ class Tracer:
             return v.proxy
         if isinstance(v, ConstantVariable):
             return v.value
-        if isinstance(v, TupleVariable):
-            return tuple(self.unwrap(x, what) for x in v.items)
-        if isinstance(v, ListVariable):
-            return [self.unwrap(x, what) for x in v.items]
+        if isinstance(v, (TupleVariable, ListVariable)):
+            items = [self.unwrap(x, what) for x in v.items]
+            return tuple(items) if isinstance(v, TupleVariable) else items
         if isinstance(v, BuiltinVariable) and v.fn in _PYTHON_DTYPES:  # torch.tensor(0, dtype=int)
             return _PYTHON_DTYPES[v.fn]
         raise Unsupported(f"{what}: argument {v} is not supported")
