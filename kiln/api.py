@@ -175,6 +175,15 @@ def _unwrap(fn):
     return fn
 
 
+def _uncompiled(fn):
+    """A function kiln compiled already (a module whose class compiled its forward, compiled
+    again whole) is compiled as the function it wraps: one frame, not a frame calling another
+    that capture would trace through anyway (capture/controls.compiled_original)."""
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, CompiledFunction):
+        return types.MethodType(fn.__func__.fn, fn.__self__)
+    return fn.fn if isinstance(fn, CompiledFunction) else fn
+
+
 def _as_python_function(fn):
     """A callable with no bytecode of its own (a builtin such as ``torch.sin`` or
     ``F.linear``) as a Python function that calls it, so capture has a frame to trace."""
@@ -189,9 +198,11 @@ def _as_python_function(fn):
 
 
 class CompiledFunction:
+    _kiln_compiled_function = True  # traced as its .fn inside another compile (capture/controls.py)
+
     def __init__(self, fn, *, fullgraph=False, dynamic=None, backend="kiln", mode=None,
                  options=None, private_cache=False, recompile_limit=None, name=None):
-        fn = _as_python_function(fn)
+        fn = _as_python_function(_uncompiled(fn))
         self.fn = fn
         self.fullgraph = fullgraph
         self.dynamic = dynamic
@@ -603,6 +614,8 @@ def compile(model: Callable[..., Any] | torch.nn.Module | None = None, *, fullgr
                                  isolate_recompiles=isolate_recompiles)
     if disable:
         return model
+    if isinstance(model, type):
+        return _compile_class(model, opts)
     if isinstance(model, torch.nn.Module):
         for matches, make in MODEL_WRAPPERS:  # kiln.distributed's CompiledDDP, for DDP
             if matches(model):
@@ -611,6 +624,20 @@ def compile(model: Callable[..., Any] | torch.nn.Module | None = None, *, fullgr
     if not callable(model):
         raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(model).__name__}")
     return CompiledFunction(model, **opts)
+
+
+def _compile_class(cls: type, opts: dict) -> type:
+    """``@kiln.compile`` on a class, as torch.compile takes one: the class itself comes back
+    with its instances' calls compiled, not its constructor (which compiled nothing and ran
+    eagerly). An nn.Module subclass's ``forward`` is compiled (its hooks run around it, as
+    around a compiled module's), any other class's ``__call__``."""
+    name = "forward" if issubclass(cls, torch.nn.Module) else "__call__"
+    method = getattr(cls, name, None)
+    if not isinstance(method, types.FunctionType):
+        raise TypeError(f"kiln.compile({cls.__name__}): a class is compiled through its {name}, "
+                        f"which it does not define in Python")
+    setattr(cls, name, CompiledFunction(method, **opts))
+    return cls
 
 
 def reset() -> None:

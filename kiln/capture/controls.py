@@ -70,6 +70,16 @@ def is_disabled(fn) -> bool:
     return _mark(fn, "_kiln_disabled") or _mark(fn, "_torchdynamo_disable")
 
 
+def compiled_original(fn):
+    """The function a ``kiln.compile``'d function wraps, or None for anything else. Called in
+    a traced frame (a compiled function calling another, a module whose class compiled its
+    forward), it is traced as that function, in the caller's graph: Dynamo inlines a nested
+    torch.compile so, and the inner one's own options do not apply there."""
+    if _mark(type(fn), "_kiln_compiled_function"):
+        return fn.fn
+    return None
+
+
 def disabled_reason(fn) -> str:
     if _mark(fn, "_kiln_disabled"):
         return "marked kiln.disable"

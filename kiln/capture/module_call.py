@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 import types
 
+from kiln.capture.controls import compiled_original
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import AttrSource, ExprSource, ModuleSource
 from kiln.capture.values_stdlib import DictValueAtSource
@@ -205,4 +206,8 @@ def _forward(tx, mv):
     # (a class decorator's wrapper forward, as the ``kernels`` package's use_kernelized_func,
     # iterates modules held in its closure)
     source = None if mv.local or mv.source is None else AttrSource(AttrSource(mv.source, "forward"), "__func__")
-    return FunctionVariable(forward.__func__, self_var=mv, source=source)
+    func = forward.__func__
+    original = compiled_original(func)
+    if original is not None:  # a class whose forward kiln.compile'd (``@kiln.compile`` on it)
+        func, source = original, source and AttrSource(source, "fn")
+    return FunctionVariable(func, self_var=mv, source=source)

@@ -22,7 +22,7 @@ from kiln.capture.builtins import is_builtin
 from kiln.capture.autocast import AutocastState, wrap_autocast
 from kiln.capture.binding import CLOSURE_KEY, _placeholder_name, _unbind, bind_arguments, frame_locals  # noqa: F401 (re-exported)
 from kiln.capture.binding import numpy_aliases
-from kiln.capture.controls import dim_marks, is_disabled
+from kiln.capture.controls import compiled_original, dim_marks, is_disabled
 from kiln.capture.complex_grads import refuse_dropped_complex_grad
 from kiln.capture.errors import Unsupported
 from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, Source,
@@ -155,6 +155,9 @@ class Tracer:
         of kiln's own making and special objects, numbers and constants, containers and user
         objects, then callables and opaque values; the first that knows the value wins."""
         guard = guard and source is not None
+        original = compiled_original(value)
+        if original is not None:  # kiln.compile inside kiln.compile: traced in this graph
+            return self.wrap(original, self.attr_source(source, "fn"), guard)
         var = self._wrap_special(value, source, guard)
         if var is None:
             var = self._wrap_constant_value(value, source, guard)
