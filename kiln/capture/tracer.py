@@ -25,6 +25,7 @@ from kiln.capture.binding import numpy_aliases
 from kiln.capture.controls import compiled_original, dim_marks, is_disabled
 from kiln.capture.complex_grads import refuse_dropped_complex_grad
 from kiln.capture.errors import Unsupported
+from kiln.capture.tracer_helpers import ModuleGlobalsSource, _guarded_by_code, _is_hashable, _type_check  # noqa: F401 (re-exported)
 from kiln.capture.guards import (AttrSource, GuardSet, ItemSource, LocalSource, Source,
                                  IntCarrierSource, add_default_guards, closure_source, make_fetch)
 from kiln.capture.dynamic_floats import check_float_outputs, wrap_dynamic_float
@@ -643,37 +644,6 @@ class Tracer:
         return ModuleGlobalsSource(fn.globals.get("__name__", "?"))
 
 
-class ModuleGlobalsSource(Source):
-    """The globals dict of a module, for functions reached without a source (methods)."""
-    __slots__ = ("module",)
-
-    def __init__(self, module):
-        self.module = module
-
-    def expr(self, base=None):
-        return f"__import__('sys').modules[{self.module!r}].__dict__"
-
-
-def _guarded_by_code(value) -> bool:
-    """A plain function made at run time (``<lambda>``/``<locals>`` in its qualified name), without
-    function attributes (a decorator's ``__wrapped__``, ``kiln.disable``'s mark): these are
-    guarded by code, defaults and cells; module-level functions stay guarded by identity."""
-    if not isinstance(value, types.FunctionType) or value.__dict__:
-        return False
-    if is_torch_module(value.__module__):
-        return False
-    # a comprehension's or generator expression's function (``<genexpr>``): its qualified name
-    # can lose the ``<locals>`` part when the code holding it was rebuilt (a graph break)
-    return "<lambda>" in value.__qualname__ or "<locals>" in value.__qualname__ or \
-        value.__code__.co_name.startswith("<")
-
-
-def _type_check(cls) -> str:
-    if cls in (tuple, list, dict):
-        return f"type({{}}) is {cls.__name__}"
-    return f"id(type({{}})) == {id(cls)}"  # classes live as long as their module
-
-
 # Python's number types where torch takes a dtype, as torch reads them
 _PYTHON_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool, complex: torch.complex128}
 
@@ -688,14 +658,6 @@ def _detach_all(out):
     if isinstance(out, (tuple, list)) and not isinstance(out, torch.Size):
         return type(out)(_detach_all(o) for o in out)
     return out
-
-
-def _is_hashable(value) -> bool:
-    try:
-        hash(value)
-        return True
-    except TypeError:
-        return False
 
 
 def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
