@@ -66,7 +66,7 @@ def test_fallback_with_a_keyword_tensor_needing_a_gradient_is_a_graph_break():
 
 
 def test_side_effects_and_data_dependent_shapes_stay_graph_breaks():
-    # (x.uniform_() fills in the graph since session 37: test_random_fill_inplace.py)
-    for fn in (lambda x: torch.nonzero(x), lambda x: x.cpu() + 1):
+    # (x.uniform_() was here: in-place random fills are captured now, test_random_fill_inplace.py)
+    for fn in (lambda x: torch.nonzero(x), lambda x: x.bernoulli_(), lambda x: x.cpu() + 1):
         e = kiln.explain(fn)(torch.rand(3))
         assert e.graph_break_count == 1

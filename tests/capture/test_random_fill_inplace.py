@@ -43,6 +43,14 @@ def test_gradient_flows_past_a_jitter():
     torch.testing.assert_close(w.grad, x.sum(0)[:, None].expand(4, 4))
 
 
+def test_fill_of_an_input_is_written_back():
+    x = torch.full((1000,), 5.0)
+    kiln.reset()
+    out = kiln.compile(lambda t: t.uniform_(2.0, 3.0))(x)
+    assert out is x and x.min() >= 2.0 and x.max() <= 3.0 and x.std() > 0.2
+    assert kiln.stats()["graph_breaks"] == 0
+
+
 def test_integer_tensor_runs_eagers_error():
     def f(x):
         return torch.empty_like(x).uniform_()
