@@ -16,6 +16,7 @@ from kiln.capture import Unsupported, frame_locals, trace
 from kiln.capture.controls import is_disabled, stance as _stance
 from kiln.capture.binding import fast_locals_builder as _fast_locals_builder
 from kiln.capture.errors import eager_rejects
+from kiln.capture.rebuild import fresh_aliases, new_tensor_outputs
 from kiln.capture.resume_loops import TailCall, run_tail_calls, starts_in_loop
 from kiln.code_caches import CodeCaches
 from kiln.config import config
@@ -61,6 +62,15 @@ class GraphBreakError(RuntimeError):
     """Raised under fullgraph=True where a graph break would have happened."""
 
 
+def _aliased_new_outputs(spec, compiled) -> dict:
+    """{position: requires_grad} of outputs the frame computed (eager: new objects) that the
+    compiled graph returns as its own inputs (pipeline._input_outputs)."""
+    at = getattr(compiled, "input_outputs", None)
+    if not at or spec is None:
+        return {}
+    return {i: rg for i, rg in new_tensor_outputs(spec).items() if i in at}
+
+
 class CacheEntry:
     __slots__ = ("guard_fn", "guards", "fetch", "compiled", "call", "rebuild", "grad_enabled", "capture",
                  "compile_id")
@@ -80,8 +90,11 @@ class CacheEntry:
         if type(compiled) is CompiledGraph and getattr(compiled, "holders", None) is not None:
             compiled.holders.append(self)  # a cached graph's first call puts the plain call here
         spec = getattr(self.rebuild, "spec", None)
+        aliased = _aliased_new_outputs(spec, compiled)
+        if aliased:  # views/detaches of inputs that the graph returns as the inputs themselves
+            self.rebuild = fresh_aliases(self.rebuild, aliased)
         # the common `return t`, from the plain rebuild only (a wrapped one does more after it)
-        if type(spec) is tuple and len(spec) == 2 and spec[0] == "tensor" and \
+        elif type(spec) is tuple and len(spec) in (2, 3) and spec[0] in ("tensor", "new") and \
                 getattr(self.rebuild, "__name__", "") == "rebuild":
             self.rebuild = lambda outputs, L, i=spec[1]: outputs[i]
         self.grad_enabled = grad_enabled

@@ -475,7 +475,17 @@ def _compiled(prims_graph, device, call, wrapper, kernels, extern_count, target)
 
         def call(*inputs):
             return inner(*inputs, *constants)
-    return CompiledGraph(call, wrapper.source, list(kernels), extern_count, target, wrapper.size_args)
+    compiled = CompiledGraph(call, wrapper.source, list(kernels), extern_count, target, wrapper.size_args)
+    compiled.input_outputs = _input_outputs(prims_graph)
+    return compiled
+
+
+def _input_outputs(prims_graph) -> frozenset:
+    """Positions of the graph's outputs that are its inputs themselves: a view or detach that
+    decomposition folded away (``x.detach()``, ``x[0:]``) returns the input object, where eager
+    returns a new tensor; the call path makes those fresh aliases (api.CacheEntry)."""
+    outs = prims_graph.output_node.args[0]
+    return frozenset(i for i, n in enumerate(outs) if isinstance(n, Node) and n.op == "placeholder")
 
 
 def _graph_device(graph: Graph) -> torch.device:

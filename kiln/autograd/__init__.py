@@ -62,6 +62,9 @@ class _ForwardOnly:
         self.kernel_count = getattr(forward, "kernel_count", 0)
         self.extern_count = getattr(forward, "extern_count", 0)
         self.wrapper_source = getattr(forward, "wrapper_source", None)
+        # outputs that are the forward's own inputs (a folded detach): the call path makes them
+        # fresh detached aliases (api.CacheEntry), else an input requiring grad came back as is
+        self.input_outputs = frozenset(i for i in getattr(forward, "input_outputs", ()) if i < n)
 
     def __call__(self, *inputs):
         return tuple(self.forward(*inputs)[:self.n])

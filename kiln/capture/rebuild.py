@@ -28,6 +28,8 @@ def _output_spec(v: Variable, proxies: list):
             return ("number", len(proxies) - 1)
         if v.made_leaf:  # requires_grad_() under no_grad in the trace (made_leaves.py)
             return ("leaf", len(proxies) - 1)
+        if v.source is None:  # computed in the frame: eager's result is a new tensor object
+            return ("new", len(proxies) - 1, bool(getattr(v.proxy.meta, "requires_grad", False)))
         return ("tensor", len(proxies) - 1)
     if isinstance(v, ConstantVariable):
         if isinstance(v.value, SymInt):
@@ -124,7 +126,7 @@ def _make_rebuild(spec, globals_=None):
 
     def build(s, outputs, L, memo):
         kind = s[0]
-        if kind == "tensor":
+        if kind == "tensor" or kind == "new":
             return outputs[s[1]]
         if kind == "const":
             return s[1]
@@ -160,3 +162,36 @@ def _make_rebuild(spec, globals_=None):
 
     rebuild.spec = spec
     return rebuild
+
+
+def new_tensor_outputs(spec) -> dict:
+    """{output position: requires_grad} of the tensors a rebuild spec returns that the frame
+    computed (``("new", i, requires_grad)``): eager hands back a new tensor object for each."""
+    found: dict = {}
+
+    def walk(s):
+        if type(s) is tuple and s and s[0] == "new" and len(s) == 3 and type(s[1]) is int:
+            found[s[1]] = s[2]
+        elif isinstance(s, (tuple, list)):
+            for x in s:
+                walk(x)
+        elif isinstance(s, dict):
+            for x in s.values():
+                walk(x)
+    walk(spec)
+    return found
+
+
+def fresh_aliases(rebuild, positions: dict):
+    """``rebuild`` with the outputs at ``positions`` (graph outputs that are the call's own
+    input objects, for values the frame computed as a view or detach of them) replaced by new
+    alias objects, as eager returns: ``x.detach()`` must not hand back ``x`` itself (it would
+    require grad), and ``requires_grad_()`` on a returned ``x[0:]`` must not flip the input's."""
+    def rebuild_fresh(outputs, L=None):
+        outs = list(outputs)
+        for i, requires_grad in positions.items():
+            t = outs[i]
+            outs[i] = t.view_as(t) if requires_grad and t.requires_grad else t.detach()
+        return rebuild(outs, L)
+    rebuild_fresh.spec = getattr(rebuild, "spec", None)
+    return rebuild_fresh
