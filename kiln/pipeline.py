@@ -485,7 +485,32 @@ def _input_outputs(prims_graph) -> frozenset:
     decomposition folded away (``x.detach()``, ``x[0:]``) returns the input object, where eager
     returns a new tensor; the call path makes those fresh aliases (api.CacheEntry)."""
     outs = prims_graph.output_node.args[0]
-    return frozenset(i for i, n in enumerate(outs) if isinstance(n, Node) and n.op == "placeholder")
+    return frozenset(i for i, n in enumerate(outs) if _returns_input(n))
+
+
+# prims that only re-index their operand (lowering makes them views of it); core ops say so
+# with their ``view`` attribute
+_VIEW_PRIMS = frozenset({"permute", "reshape", "broadcast_in_dim", "slice", "select", "as_strided",
+                         "squeeze", "unsqueeze", "expand", "view", "alias"})
+
+
+def _is_view(target) -> bool:
+    return getattr(target, "view", None) is not None or getattr(target, "name", None) in _VIEW_PRIMS
+
+
+def _returns_input(node) -> bool:
+    """The output is an input, or a chain of views back to one with the input's own shape and
+    strides (``x.t().t()``): the wrapper then hands back the input object. Counting a view that
+    is not one costs only a second alias of a new object."""
+    base = node
+    while isinstance(base, Node) and base.op != "placeholder" and base.args and _is_view(base.target) \
+            and isinstance(base.args[0], Node):
+        base = base.args[0]
+    if not (isinstance(base, Node) and base.op == "placeholder"):
+        return False
+    a, b = node.meta.get("val"), base.meta.get("val")
+    return base is node or (getattr(a, "shape", None) == getattr(b, "shape", 0)
+                            and getattr(a, "stride", None) == getattr(b, "stride", 0))
 
 
 def _graph_device(graph: Graph) -> torch.device:

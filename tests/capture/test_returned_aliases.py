@@ -13,6 +13,8 @@ FOLDED = {
     "view": lambda x: x.view(x.shape),
     "reshape": lambda x: x.reshape(x.shape),
     "in_a_tuple": lambda x: (x.detach(), x + 1),
+    "transposed_back": lambda x: x.t().t(),          # a chain of views with the input's layout
+    "unsqueezed_back": lambda x: x.unsqueeze(0).squeeze(0),
 }
 
 
