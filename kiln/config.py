@@ -184,8 +184,11 @@ class Config:
     # them. -fno-math-errno lets sqrt and friends inline as vector instructions (errno is never
     # read). No flag here may change a result: no -ffast-math, no contraction beyond the
     # std::fma the code writes.
+    # -mprefer-vector-width=512: gcc's tuning for Intel's AVX-512 server parts vectorizes loops
+    # 256 bits wide unless told otherwise; Inductor's kernels use 512-bit vectors there
+    # (docs/notes/measurements.md). On a target without AVX-512 it changes nothing.
     cpp_flags: tuple = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-                        "-fno-trapping-math", "-fno-math-errno")
+                        "-fno-trapping-math", "-fno-math-errno", "-mprefer-vector-width=512")
     cpp_compiler: str = dataclasses.field(default_factory=lambda: os.environ.get("CXX", "g++"))
     # kernels are called through a small extension instead of ctypes (runtime/cpp_call.py)
     cpp_call: bool = True
