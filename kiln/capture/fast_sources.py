@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import ast
 import re
+import types
+import weakref
 
 import torch
 
@@ -63,6 +65,56 @@ class InstanceDictSource(Source):
 
     def expr(self, base=None):
         return f"{base or self.parent.expr()}.__dict__"
+
+
+# Classes a ClassSource names, by the name it spells them with: the generated functions bind
+# them in their namespace (``class_names``); weak, so a guard keeps alive only what it binds
+_CLASSES: "weakref.WeakValueDictionary[str, type]" = weakref.WeakValueDictionary()
+
+
+class ClassSource(Source):
+    """A class the guard compares some object's type with, as a constant bound in the
+    generated function's namespace (``_kc<id>``). A method's function reached through a typed
+    instance (``m.forward.__func__``) is spelled as the class attribute (``_kcN.forward``):
+    every instance of the class then reads and checks the function, its closure and its
+    globals through one temporary, once per guard, instead of once per instance (the twelve
+    identical blocks of a transformer walked the same decorator closures twelve times)."""
+    __slots__ = ("cls",)
+
+    def __init__(self, cls):
+        self.cls = cls
+        _CLASSES[self.expr()] = cls
+
+    def expr(self, base=None):
+        return f"_kc{id(self.cls)}"
+
+
+def class_names(fast: dict) -> dict:
+    """The classes the spellings in ``fast`` name (a ClassSource at their root), by name."""
+    out = {}
+    for src in fast.values():
+        while src is not None:
+            if isinstance(src, ClassSource):
+                out[src.expr()] = src.cls
+            src = getattr(src, "parent", None)
+    return out
+
+
+def _class_function(obj, name: str):
+    """``type(obj).name`` where ``obj.name`` is that plain function bound to ``obj`` (found on
+    the class, not the instance), else None."""
+    if name in getattr(obj, "__dict__", {}) or not _reads_instance_dict(obj):
+        return None
+    for klass in type(obj).__mro__:
+        if name in vars(klass):
+            fn = vars(klass)[name]
+            break
+    else:
+        return None
+    if type(fn) is not types.FunctionType or type(type(obj)).__getattribute__ is not type.__getattribute__:
+        return None
+    bound = getattr(obj, name, None)
+    return fn if isinstance(bound, types.MethodType) and bound.__func__ is fn and bound.__self__ is obj else None
 
 
 def _class_has(obj, name: str) -> bool:
@@ -121,19 +173,23 @@ def _evaluator(L: dict, G: dict):
     def value(text):
         if text not in values:
             try:
-                values[text] = eval(text, {"torch": torch, "__builtins__": __builtins__}, {"L": L, "G": G})
+                values[text] = eval(text, {"torch": torch, "__builtins__": __builtins__, **_CLASSES},
+                                    {"L": L, "G": G})
             except Exception:  # noqa: BLE001 - gone since tracing: keep the plain spelling
                 values[text] = _MISSING
         return values[text]
     return value
 
 
-def fast_map(sources, L: dict, G: dict, typed=frozenset()) -> dict:
+def fast_map(sources, L: dict, G: dict, typed=frozenset(), checked=None) -> dict:
     """expr -> faster Source, for every source (and its parents) that has one. ``typed``: the
     exprs of the sources whose class the guard compares; their reads may go through the
-    instance dict (the module docstring says when)."""
+    instance dict (the module docstring says when). ``checked``: the guard's (expr, check)
+    pairs; ``m.f.__func__`` is read off the class (ClassSource) where ``m`` is typed and the
+    guard checks ``'f' not in m.__dict__``."""
     evaluate = _evaluator(L, G)
     out: dict = {}
+    checked = checked or frozenset()
     done: dict = {}  # every source visited, rewritten or not: each chain is walked once (a
     # source with no faster form was walked again from each child, 2^depth times; a deep
     # source under a forward's closure hung ViT's training trace)
@@ -154,6 +210,11 @@ def fast_map(sources, L: dict, G: dict, typed=frozenset()) -> dict:
         fast_parent = faster(parent)
         obj = value(parent)
         result = None
+        if isinstance(src, AttrSource) and src.attr == "__func__" and isinstance(parent, AttrSource):
+            result = _class_method_source(parent, value(parent.parent), typed, checked)
+            if result is not None:
+                out[key] = result
+                return result
         if isinstance(obj, torch.nn.Module):
             own = InstanceDictSource(fast_parent) if parent.expr() in typed and _reads_instance_dict(obj) else None
 
@@ -183,6 +244,19 @@ def fast_map(sources, L: dict, G: dict, typed=frozenset()) -> dict:
         if s is not None:
             faster(s)
     return out
+
+
+def _class_method_source(method_src, owner, typed, checked):
+    """``_kcN.f`` for ``owner.f.__func__`` (``method_src`` is ``owner.f``), where the guard
+    compares ``owner``'s class and checks that ``f`` is not in its instance dict: then, on every
+    call the guard lets through, ``owner.f`` is the class's function bound to ``owner``."""
+    owner_expr = method_src.parent.expr()
+    name = method_src.attr
+    if owner_expr not in typed or (owner_expr, f"{name!r} not in {{}}.__dict__") not in checked:
+        return None
+    if _class_function(owner, name) is None:
+        return None
+    return AttrSource(ClassSource(type(owner)), name)
 
 
 def _with_parent(src, parent):

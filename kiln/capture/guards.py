@@ -219,6 +219,11 @@ class GuardSet:
         self.fast_names: dict = {}
         self.relations: dict = {}  # expr -> the Source an ``is``/``is not`` check compares with
 
+    @property
+    def checked(self) -> set:
+        """The (source expr, check) pairs recorded so far."""
+        return self._seen
+
     def dynamic_tensor(self, source, t, shape, stride):
         """Guards for a tensor with symbolic sizes: type, dtype, device and rank as usual, a
         static size per static dim, and each symbolic size or stride read into its symbol (its
@@ -304,6 +309,7 @@ class GuardSet:
         lines.append("    try:")
         lines.append("        pass")  # a capture may guard nothing (a break at entry)
         from kiln.capture.fast_sources import InstanceDictSource
+        emitted: set = set()  # (spelling, check): two sources with one spelling (ClassSource) check once
         i = 0
         while i < len(self.entries):
             src = self.entries[i][0]
@@ -313,10 +319,17 @@ class GuardSet:
             # "": a check that another one implies (fast_sources.fast_checks)
             checks = [c for c in (self.fast_checks.get((s.expr(), c), c) for s, c in self.entries[i:j]) if c]
             i = j
+            spelling = self.fast.get(src.expr(), src).expr()
+            checks = [c for c in checks if (spelling, c) not in emitted]
+            emitted.update((spelling, c) for c in checks)
             if not checks:
                 continue
             name = temp(src)
             checks = [self._relation_read(c, temp) for c in checks]
+            # ``{} is vN`` where this source's spelling is vN's own (ClassSource): always true
+            checks = [c for c in checks if c != f"{{}} is {name}"]
+            if not checks:
+                continue
             if any("{d}" in _STRING.sub("", c) for c in checks):  # the module's instance dict, read once
                 d = temp(InstanceDictSource(self.fast.get(src.expr(), src)))
                 checks = [fill(c, d, "{d}") for c in checks]
@@ -349,12 +362,13 @@ class GuardSet:
         """The guard function; with the frame's locals and globals (at capture), sources that
         read module tables spell them directly (fast_sources.py) in this and later compiles."""
         if L is not None:
-            from kiln.capture.fast_sources import fast_checks, fast_map
+            from kiln.capture.fast_sources import class_names, fast_checks, fast_map
             sources = [s for s, _ in self.entries] + [s for s, _ in self.symbol_reads.values()] + \
                 [s for s, _, _ in self.symbolic] + list(self.relations.values())
             typed = self.typed()
-            self.fast = fast_map(sources, L, G or {}, typed)
+            self.fast = fast_map(sources, L, G or {}, typed, self.checked)
             self.fast_checks, self.fast_names = fast_checks(self.entries, L, G or {}, self.fast, typed)
+            self.fast_names.update(class_names(self.fast))
         source = self.python()
         namespace = {"torch": torch, **self.fast_names}
         exec(compile(bind_torch_names(source, namespace), "<kiln guard>", "exec"), namespace)
@@ -402,7 +416,8 @@ def make_fetch(sources: list[Source], globals_: dict | None = None, fast: dict |
     names = [temp(s) for s in sources]
     lines.append(f"    return ({''.join(n + ', ' for n in names)})")
     source = "\n".join(lines) + "\n"
-    namespace = {"torch": torch, "G": globals_}
+    from kiln.capture.fast_sources import class_names
+    namespace = {"torch": torch, "G": globals_, **class_names(fast or {})}
     exec(compile(source, "<kiln fetch>", "exec"), namespace)
     return source, namespace["fetch"]
 

@@ -743,7 +743,8 @@ def trace(fn, args: tuple = (), kwargs: dict | None = None, dynamic=None,
     input_sources = [s.expr() for s in tx.input_sources]
     # the fetch runs only where the guard passed: it may rely on the guard's class checks
     fetch_source, fetch = make_fetch(tx.input_sources, func.__globals__,
-                                     fast_map(tx.input_sources, L, func.__globals__, tx.guards.typed()))
+                                     fast_map(tx.input_sources, L, func.__globals__, tx.guards.typed(),
+                                              tx.guards.checked))
     # guards the ambient autocast state; a region still open at a break is re-entered for real
     # by the glue (resume.py), so the resume function sees it as ambient autocast
     autocast_devices = tx.autocast.finish(tx.graph, at_break=break_state is not None)
