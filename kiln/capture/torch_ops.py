@@ -116,8 +116,11 @@ def _parameters(schema):
 
 
 # in-place ops that change self's metadata, not its values
-_SHAPE_CHANGING = {"unsqueeze", "squeeze", "transpose", "t", "resize", "as_strided", "swapdims",
-                   "swapaxes", "set", "detach"}
+# (``resize_as`` is autograd's deprecated same-numel reshape, not ``resize_as_`` without the write:
+# read as its functional form, ``x.resize_as_(bigger)`` failed at capture and ran the whole frame
+# eagerly; refused here, it is a graph break that resumes)
+_SHAPE_CHANGING = {"unsqueeze", "squeeze", "transpose", "t", "resize", "resize_as", "as_strided", "swapdims",
+                   "swapaxes", "set", "detach", "sparse_resize", "sparse_resize_and_clear", "resize_as_sparse"}
 
 
 def _write_into_self(tx, functional, args, kwargs, what):
