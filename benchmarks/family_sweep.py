@@ -13,8 +13,8 @@ configured, dropout on; the comparison with eager from the same model with every
 probability of its config set to 0 (still in train mode), since dropout's draws differ between
 any two runs. A family whose tiny config the library refuses is listed as "config" and skipped.
 One line per family and mode: graphs and breaks from ``kiln.explain``, whether the output (and in
-training the loss and every gradient) matches eager, Dynamo's graphs/breaks, the first break
-reasons.
+training the loss and every gradient) matches eager, Dynamo's graphs/breaks (with kiln's counted
+Dynamo's way beside them: graphs with an op, breaks as graphs minus one), the first break reasons.
 """
 from __future__ import annotations
 
@@ -91,6 +91,15 @@ def _dynamo_counts(fn, kwargs, grad):
     return f"  dynamo={e.graph_count}/{e.graph_break_count}"
 
 
+def _like_dynamo(out):
+    """kiln's figure counted as ``torch._dynamo.explain`` counts: only graphs with an op in them
+    (Dynamo compiles none without a call; kiln counts a resume function's tail that only
+    returns values, and a break whose prefix computes nothing is a break), and breaks as graphs
+    minus one (Dynamo's ``graph_break_count``)."""
+    n = sum(1 for g in out.graphs if g.ops_count() > 0)
+    return f" (as dynamo counts: {n}/{n - 1})"
+
+
 def _reasons(out):
     return list(dict.fromkeys(str(r)[:160] for r in out.break_reasons))[:2]
 
@@ -106,7 +115,7 @@ def sweep_inference(family, dynamo=False, backend="kiln"):
     line = (f"{family:20s} infer graphs={out.graph_count:<3d} breaks={out.graph_break_count:<3d} "
             f"matches_eager={ok}")
     if dynamo:
-        line += _dynamo_counts(model, kwargs, grad=False)
+        line += _like_dynamo(out) + _dynamo_counts(model, kwargs, grad=False)
     return [line] + [f"    {r}" for r in _reasons(out)]
 
 
@@ -145,7 +154,7 @@ def sweep_training(family, dynamo=False, backend="kiln"):
     if dynamo:
         model, kwargs = build(family)
         model.train()
-        line += _dynamo_counts(step, kwargs, grad=True)
+        line += _like_dynamo(counted) + _dynamo_counts(step, kwargs, grad=True)
     notes = [] if loss_ok and grads_ok else [f"    loss {compared.result.item():.6g} vs eager "
                                              f"{want_loss.item():.6g}; {note}"]
     return [line] + notes + [f"    {r}" for r in _reasons(counted)]

@@ -231,7 +231,15 @@ class CompiledFunction:
         self.globals = func.__globals__
         self.name = getattr(func, "__qualname__", self.code.co_name)
         self._fast_locals = _fast_locals_builder(fn)
-        self._private = CodeCache() if private_cache else None
+        # isolate_recompiles and kiln.explain: entries of its own, yet shared by code with the
+        # callees its breaks compile (one family per top-level compile, as the shared caches
+        # are shared): an explained model's twelve blocks broke into twelve compiles of one
+        # callee. True starts a family, a family's dict joins it (breaks.py).
+        if private_cache:
+            self._private_family = private_cache if isinstance(private_cache, dict) else {}
+            self._private = self._private_family.setdefault(self._cache_key, CodeCache())
+        else:
+            self._private_family = self._private = None
         self.recompile_limit = recompile_limit  # None: config.recompile_limit
         if name is not None:  # torch.compile(name=...): the name logs, dumps and warnings use
             self.name = name

@@ -99,7 +99,7 @@ def _record(err, resume_names, eager_rest, eager_reason):
 
 def _opts(cf):
     return dict(fullgraph=cf.fullgraph, dynamic=cf.dynamic, backend=cf.backend, mode=cf.mode,
-                options=cf.options, private_cache=cf._private is not None,
+                options=cf.options, private_cache=cf._private_family if cf._private is not None else False,
                 recompile_limit=cf.recompile_limit)
 
 

@@ -20,6 +20,7 @@ from kiln.capture import controls, sized_later, torch_api
 from kiln.capture.dict_keys import dict_key
 from kiln.capture.errors import Unsupported
 from kiln.capture.scalar_values import NumberVariable, to_number
+from kiln.capture.tensor_asserts import record_assert, tensor_condition
 from kiln.meta.defaults import default_dtype
 from kiln.capture.values import (ConstantVariable, DictVariable, IteratorVariable, ListVariable,
                                  MethodVariable, TensorVariable, TupleVariable, _Sequence)
@@ -450,7 +451,11 @@ def _mha_fastpath(tx):
 def _torch_assert(tx, condition, message=None):
     # ``assert`` spelled so tracers see it (timm checks image sizes with it): a condition known
     # at trace time (a size comparison, guarded where it read sizes) costs nothing when true; a
-    # false one breaks the graph so the call raises eager's AssertionError itself
+    # false one breaks the graph so the call raises eager's AssertionError itself; a
+    # one-element tensor is checked at run time (tensor_asserts.py)
+    if tensor_condition(condition) and isinstance(message, (ConstantVariable, type(None))):
+        record_assert(tx, condition, () if message is None else (message.value,))
+        return ConstantVariable(None)
     if condition.truth(tx):
         return ConstantVariable(None)
     raise Unsupported("torch._assert's condition is false at trace time")

@@ -24,6 +24,7 @@ from kiln.capture.values_callables import FunctionVariable, ModuleVariable
 from kiln.capture.values_python import SuperVariable
 from kiln.capture.guards import GlobalSource, ItemSource
 from kiln.capture.resume_cells import first_argument
+from kiln.capture.tensor_asserts import checked_assert
 
 MAX_STEPS = 200_000
 
@@ -416,14 +417,20 @@ def _is_none(v):
 @handler("POP_JUMP_IF_TRUE", versions=((3, 12), (3, 12)))
 @handler("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE", versions=((3, 11), (3, 11)))
 def pop_jump_if_true(frame, inst):
-    if frame.pop().truth(frame.tx):
+    value = frame.pop()
+    if checked_assert(frame, inst, value, jumps_if=True):  # `assert t`: checked at run time
+        return
+    if value.truth(frame.tx):
         frame.jump(inst)
 
 
 @handler("POP_JUMP_IF_FALSE", versions=((3, 12), (3, 12)))
 @handler("POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE", versions=((3, 11), (3, 11)))
 def pop_jump_if_false(frame, inst):
-    if not frame.pop().truth(frame.tx):
+    value = frame.pop()
+    if checked_assert(frame, inst, value, jumps_if=False):  # `assert t and u`'s first term
+        return
+    if not value.truth(frame.tx):
         frame.jump(inst)
 
 

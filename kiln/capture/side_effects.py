@@ -48,6 +48,7 @@ class SideEffects:
         self.cells: dict[int, object] = {}           # id(cell tracker) -> CellVariable
         self.trackers: dict[int, tuple] = {}         # id(real object) -> (object, tracker)
         self.calls: list[tuple] = []                 # (fn, args, kwargs): output-only calls
+        self.asserts: list[tuple] = []               # (tensor, error args, expect): tensor_asserts.py
 
     # ---------------------------------------------------------------- one tracker per object
     def tracker_of(self, value):
@@ -102,13 +103,14 @@ class SideEffects:
 
     def empty(self) -> bool:
         return not (self.attr_writes or self.containers or self.global_writes or self.cells
-                    or self.calls)
+                    or self.calls or self.asserts)
 
     # ---------------------------------------------------------------- the replay plan
     def plan(self, spec_of) -> list:
         """Steps ``(kind, target, ...specs)``; ``spec_of(variable)`` makes a value spec (and
         adds the tensors it holds to the graph outputs)."""
-        steps = []
+        # the run-time asserts first: a failing one raises before any write is replayed
+        steps = [("assert", spec_of(t), args, expect) for t, args, expect in self.asserts]
         for w in self.attr_writes.values():
             for name, value in w.values.items():
                 steps.append(("setattr", _accessor(w.target.source), name, spec_of(value)))
@@ -148,7 +150,10 @@ def replay(steps, build, L, G):
     """Run the plan after a call: ``build(spec)`` makes a value from the call's outputs."""
     for step in steps:
         kind = step[0]
-        if kind == "setattr":
+        if kind == "assert":  # eager's `assert t, message` (tensor_asserts.py)
+            if bool(build(step[1])) is not step[3]:
+                raise AssertionError(*step[2])
+        elif kind == "setattr":
             setattr(step[1](L, G), step[2], build(step[3]))
         elif kind == "list":
             step[1](L, G)[:] = [build(s) for s in step[2]]
