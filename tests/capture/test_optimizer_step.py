@@ -11,7 +11,9 @@ import torch
 
 import kiln
 
-CASES = [("SGD", dict(momentum=0.9)), ("SGD", {}), ("Adam", {}), ("AdamW", dict(weight_decay=0.1))]
+CASES = [("SGD", dict(momentum=0.9)), ("SGD", {}), ("Adam", {}), ("AdamW", dict(weight_decay=0.1)),
+         # amsgrad's single-tensor step is ``torch.maximum(..., out=...)`` (capture/out_arguments.py)
+         ("Adam", dict(amsgrad=True)), ("AdamW", dict(amsgrad=True, maximize=True))]
 
 
 def _pair(name, **kw):
