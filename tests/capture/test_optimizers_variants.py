@@ -89,3 +89,40 @@ def test_a_scheduler_changing_a_float_lr_compiles_twice_not_every_step(name):
     _steps(m, o, m2, o2, step, 6, sched_step)
     stats = kiln.stats()
     assert stats["frames_compiled"] <= 3 and stats["graph_breaks"] == 0, stats
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
+@pytest.mark.parametrize("name", ["RMSprop", "Adagrad", "Adamax", "NAdam"])
+def test_a_tensor_lr_with_a_scheduler_is_one_entry(name, foreach):
+    """``lr=torch.tensor(...)`` changed by a scheduler is a graph input from the start
+    (RMSprop's foreach ``_foreach_addcdiv_(..., value=-lr)`` takes the 0-d tensor as its number)."""
+    m, o, m2, o2 = _pair(name, foreach=foreach)
+    for opt in (o, o2):
+        opt.param_groups[0]["lr"] = torch.tensor(0.01)
+    scheds = [torch.optim.lr_scheduler.LinearLR(opt, total_iters=4) for opt in (o, o2)]
+
+    def sched_step(i):
+        if i:
+            for s in scheds:
+                s.step()
+    _steps(m, o, m2, o2, kiln.compile(o2.step), 5, sched_step)
+    stats = kiln.stats()
+    assert stats["frames_compiled"] <= 2 and (stats["graph_breaks"], stats["eager_runs"]) == (0, 0), stats
+
+
+@pytest.mark.parametrize("name,kw", [("RAdam", {}), ("Adam", dict(fused=True))], ids=["RAdam", "fused"])
+def test_a_break_under_an_lr_scheduler_calls_the_step_bound_to_its_optimizer(name, kw):
+    """A scheduler's step wrapper calls ``func.__get__(opt, cls)(*args)``; where the step
+    breaks, the glue runs that call eagerly with the bound method rebuilt as bound (it was
+    rebuilt as the bare function, and ``self, *_ = args`` raised ValueError)."""
+    m, o, m2, o2 = _pair(name, **kw)
+    scheds = [torch.optim.lr_scheduler.StepLR(opt, 1, 0.5) for opt in (o, o2)]
+
+    def sched_step(i):
+        if i:
+            for s in scheds:
+                s.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _steps(m, o, m2, o2, kiln.compile(o2.step), 4, sched_step)
+    assert kiln.stats()["graph_breaks"] >= 1
