@@ -68,10 +68,10 @@ def test_radam_branches_on_its_step_count_a_break_with_eager_answer(foreach):
                                      ("SGD", dict(momentum=0.9)), ("Adagrad", {})])
 def test_fused_is_an_explained_break_with_eager_answer(name, kw):
     """``fused=True`` on CPU calls ``torch._fused_adam_`` (and its siblings), one kernel that
-    writes lists of tensors in place: not in the capture table, a break naming it."""
-    fused = {"Adam": "_fused_adam_", "AdamW": "_fused_adamw_", "SGD": "_fused_sgd_",
-             "Adagrad": "_fused_adagrad_"}[name]
-    _explained_break(name, dict(fused=True, **kw), fused)
+    writes lists of tensors in place: not in the capture table, a break naming it. Once Dynamo
+    has run in the process, torch's Python ``_fused_adam`` is ``torch.compiler.disable``d ("don't
+    trace into fused optimizer"): a break naming that function instead."""
+    _explained_break(name, dict(fused=True, **kw), "_fused_")
 
 
 @pytest.mark.parametrize("name", ["Adam", "RMSprop", "Adagrad", "Adamax", "NAdam"])
