@@ -184,6 +184,15 @@ class Glue:
         if id(v) in self.temps:
             self.emit(Instr("LOAD_FAST", self.temps[id(v)]))
             return
+        if isinstance(v, FunctionVariable) and v.self_var is not None and v.source is not None:
+            # a method bound in the trace: its source is the function's (``m.forward.__func__``,
+            # an lr scheduler's ``func.__get__(opt, cls)``), so bind it again to the rebuilt self
+            self.emit(Instr("PUSH_NULL"), Instr("LOAD_CONST", types.MethodType))
+            self.load_source(v.source)
+            self.load(v.self_var)
+            self.emit(*_call(2))
+            self._memo(v)
+            return
         if v.source is not None and isinstance(v, (TupleVariable, ListVariable, DictVariable,
                                                    ModuleVariable, FunctionVariable, OpaqueVariable,
                                                    PythonModuleVariable, TorchFunctionVariable,

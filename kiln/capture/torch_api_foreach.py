@@ -9,7 +9,8 @@ ops). The forms here are the ones torch.optim's SGD and Adam/AdamW call:
   (a write into each element, returning None as eager does);
 - ``_foreach_pow(scalar, list)``: a Python number raised to each tensor;
 - ``_foreach_addcmul_/addcdiv_(self, t1, t2, scalars)`` where ``scalars`` may be a 1-d tensor,
-  one value per element (Adam's stacked step sizes while compiling).
+  one value per element (Adam's stacked step sizes while compiling), or ``value=`` a number or
+  0-d tensor for all (RMSprop's ``value=-lr`` with a tensor lr).
 
 A list argument of another length than the first is eager's error: a refusal here, so eager
 runs and raises it.
@@ -57,7 +58,10 @@ def _per_element(name, method, first_is_scalar_ok=False):
         n = len(self)
         if any(len(a) != n for a in _lists(args)):
             raise Unsupported(f"_foreach_{name}: lists of different lengths (eager raises)")
-        if "value" in kwargs and per_element_tensor:
+        if "value" in kwargs and per_element_tensor \
+                and not (isinstance(kwargs["value"], Proxy) and kwargs["value"].ndim == 0):
+            # ``value=`` is the Scalar overload's, one number for all; a 0-d tensor there is
+            # that number (RMSprop's ``value=-lr`` with a tensor lr), passed to each call as is
             kwargs = dict(kwargs)
             value = kwargs.pop("value")
             args = args + (value,)

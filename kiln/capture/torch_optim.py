@@ -6,8 +6,12 @@ or fallback nodes), so an optimizer was an opaque value and ``step`` ran eagerly
 allow-list lets capture treat an ``Optimizer`` as a plain Python object (its ``param_groups``,
 ``state``, ``defaults`` and hook dicts tracked like any input containers, so state initialised
 on the first step is a replayed write) and inline the Python code of the optimizers kiln has
-tested against eager: SGD, Adam, AdamW, single-tensor and foreach. Another optimizer's step
-reaches a function of a module not listed here and breaks there cleanly, as before.
+tested against eager: SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam and RAdam, single-tensor
+and foreach (tests/capture/test_optimizers_variants.py). Another optimizer's step (Rprop, ASGD,
+LBFGS, ...) reaches a function of a module not listed here and breaks there cleanly, as before.
+What stays a break inside the listed ones: RAdam's ``if rho_t > 5`` (the step count is a tensor
+while compiling, ``_get_value``) and ``fused=True``'s ``torch._fused_adam_`` (a kernel writing
+lists of tensors, not in the capture table); both run the step eagerly.
 
 Two pieces of torch.optim are not inlined as written:
 
@@ -30,9 +34,10 @@ from kiln.capture.errors import Unsupported
 from kiln.capture.values import ConstantVariable, Variable
 
 # the modules whose functions (and the Optimizer methods they define) capture inlines: each one
-# checked against eager in tests/capture/test_optimizer_step.py
+# checked against eager in tests/capture/test_optimizer_step.py and test_optimizers_variants.py
 INLINED_OPTIM_MODULES = frozenset({"torch.optim.optimizer", "torch.optim.sgd", "torch.optim.adam",
-                                   "torch.optim.adamw"})
+                                   "torch.optim.adamw", "torch.optim.rmsprop", "torch.optim.adagrad",
+                                   "torch.optim.adamax", "torch.optim.nadam", "torch.optim.radam"})
 
 # the inner function of ``_use_grad_for_differentiable`` (every optimizer's step is one)
 _USE_GRAD_CODE = _optimizer_module._use_grad_for_differentiable(lambda self: None).__code__

@@ -17,7 +17,7 @@ import types
 import torch
 
 from kiln.capture.torch_modules import is_torch_module
-from kiln.capture import known_constants, mutation, torch_api, torch_ops
+from kiln.capture import known_constants, mutation, out_arguments, torch_api, torch_ops
 from kiln.capture.builtins import is_builtin
 from kiln.capture.autocast import AutocastState, wrap_autocast
 from kiln.capture.binding import CLOSURE_KEY, _placeholder_name, _unbind, bind_arguments, frame_locals  # noqa: F401 (re-exported)
@@ -481,9 +481,10 @@ class Tracer:
         py_args = [self.unwrap(a, name) for a in args]
         if "axis" in kwargs or "keepdims" in kwargs:
             kwargs = numpy_aliases(adapter, kwargs)
+        op_kwargs, out_var = out_arguments.split_out(kwargs)  # out=t: a write of t (out_arguments.py)
         py_kwargs = {k: self.unwrap(v, name) for k, v in kwargs.items()}
         try:
-            out = adapter(*py_args, **py_kwargs)
+            out = adapter(*py_args, **{k: py_kwargs[k] for k in op_kwargs})
         except Unsupported as e:
             if not e.reason.startswith(name):
                 e.reason = f"{name}: {e.reason}"
@@ -501,6 +502,9 @@ class Tracer:
             refuse_dropped_complex_grad(out, py_args, py_kwargs, name)
         if not self.grad_enabled:
             out = _detach_all(out)  # results made under no_grad carry no gradient
+        if out_var is not None:
+            out_arguments.refuse_overlap(self, out_var, args, op_kwargs, name)
+            out = out_arguments.write_into(out, py_kwargs["out"], self.grad_enabled, name)
         # views of arguments and in-place writes (kiln/capture/mutation.py)
         result = mutation.wrap_outputs(self, out, args, kwargs, py_args, py_kwargs, name)
         if is_structseq(type(out)) and isinstance(result, TupleVariable):  # torch.return_types

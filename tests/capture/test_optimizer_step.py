@@ -11,7 +11,9 @@ import torch
 
 import kiln
 
-CASES = [("SGD", dict(momentum=0.9)), ("SGD", {}), ("Adam", {}), ("AdamW", dict(weight_decay=0.1))]
+CASES = [("SGD", dict(momentum=0.9)), ("SGD", {}), ("Adam", {}), ("AdamW", dict(weight_decay=0.1)),
+         # amsgrad's single-tensor step is ``torch.maximum(..., out=...)`` (capture/out_arguments.py)
+         ("Adam", dict(amsgrad=True)), ("AdamW", dict(amsgrad=True, maximize=True))]
 
 
 def _pair(name, **kw):
@@ -146,7 +148,7 @@ def test_reading_an_updated_parameter_with_grad_is_a_break_not_a_lost_gradient()
 
 
 def test_an_optimizer_kiln_does_not_inline_still_matches_eager():
-    m, o, m2, o2 = _pair("RMSprop", foreach=False)
+    m, o, m2, o2 = _pair("Rprop", foreach=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _steps(m, o, m2, o2, kiln.compile(o2.step), 3)

@@ -68,6 +68,28 @@ def test_cse_merges_identical_calls():
     torch.testing.assert_close(g.run(x)[0], torch.exp(x) * 2)
 
 
+def test_cse_keeps_two_outputs_two_tensors():
+    """Two equal calls that are two outputs (or the bases of two outputs' views) stay two: eager
+    returns two tensors, and a write into one must not show in the other (torch.optim's
+    ``zeros(())`` step counter per parameter counted every parameter's steps)."""
+    g = Graph()
+    xp = Proxy(g.placeholder("x", TensorMeta.of(torch.randn(4))))
+    a, b, c = core.exp(xp), core.exp(xp), core.exp(xp)
+    g.output((a, core.reshape(b, (2, 2)), core.add(c, 1)))
+    cse(g)
+    dce(g)
+    assert sum(n.target is core.exp for n in g.calls) == 2  # c, read only inside, merges
+
+
+def test_compiled_function_returns_two_fresh_tensors_as_two():
+    import kiln
+
+    def f(x):
+        return torch.zeros(()), torch.zeros(()), torch.zeros(3).view(3, 1), torch.zeros(3) + x
+    a, b, c, d = kiln.compile(f)(torch.ones(3))
+    assert len({t.data_ptr() for t in (a, b, c, d)}) == 4
+
+
 def test_verify_reports_wrong_vocabulary_with_the_graph():
     x, b = torch.randn(4, 8), torch.randn(8)
     g = _seed_graph(x, b)
