@@ -6,8 +6,9 @@ and ``torch.ops.ns.f`` / ``torch.ops.ns.f.default``) and ops made with
 What stays a graph break, with the reason:
 * no fake (meta) implementation (``register_fake`` / ``impl_abstract``), or one that fails on
   meta tensors (a data-dependent output size);
-* a schema that returns a view of an input, or mutates something other than a plain Tensor
-  argument; a mutating op that a gradient flows through, or whose written argument shares
+* a schema that returns a view of an input, or mutates something other than a ``Tensor``,
+  ``Tensor?``, ``Tensor[]`` or ``Tensor[]?`` argument (or returns a written argument while it
+  writes a list); a mutating op that a gradient flows through, or whose written argument shares
   memory with another argument. Other mutating ops (``mutates_args``, ``Tensor(a!)``) are
   functionalized: ``core.custom_op_mutating`` runs the op on copies of what it writes and
   capture writes the copies back (``Writes``), so views and graph inputs see the write;
@@ -79,14 +80,31 @@ def _refusal(overload) -> str | None:
                for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
     for a in schema.arguments:
         info = a.alias_info
-        if info is not None and info.is_write and a.type.kind() != "TensorType":
-            return f"it mutates {a.name}, a {a.type} (only plain Tensor arguments are functionalized)"
+        if info is not None and info.is_write and _written_kind(a.type) is None:
+            return (f"it mutates {a.name}, a {a.type} (Tensor, Tensor?, Tensor[] and Tensor[]? "
+                    "arguments are functionalized)")
+    lists = any(_written_kind(a.type) == "list" for a in schema.arguments
+                if a.alias_info is not None and a.alias_info.is_write)
+    if lists and any(r.alias_info is not None for r in schema.returns):
+        return "it returns a mutated argument and mutates a list of tensors"
     for r in schema.returns:
         if r.alias_info is not None and not (r.alias_info.is_write and
                                              frozenset(r.alias_info.before_set) in written):
             return "it returns a view of an input (an alias annotation in its schema)"
     if len(schema.returns) > 1 and any(r.alias_info is not None for r in schema.returns):
         return "it returns a mutated argument among several results"
+    return None
+
+
+def _written_kind(t) -> str | None:
+    """"tensor" for a written ``Tensor``/``Tensor?``, "list" for ``Tensor[]``/``Tensor[]?``, else
+    None (a written argument of another type is not functionalized)."""
+    if t.kind() == "OptionalType":
+        t = t.getElementType()
+    if t.kind() == "TensorType":
+        return "tensor"
+    if t.kind() == "ListType" and t.getElementType().kind() == "TensorType":
+        return "list"
     return None
 
 
@@ -108,11 +126,13 @@ def _functionalized(overload, target, label, where, args, kwargs):
     written = []
     for w in where:
         a = kwargs.get(w) if isinstance(w, str) else args[w] if w < len(args) else None
-        if not isinstance(a, Proxy):
-            raise Unsupported(f"{label}: the argument it mutates is not a tensor")
-        written.append(a)
+        # an omitted ``Tensor?``/``Tensor[]?`` writes nothing; a list writes each of its tensors
+        items = () if a is None else a if isinstance(a, (list, tuple)) else (a,)
+        if not all(isinstance(x, Proxy) for x in items):
+            raise Unsupported(f"{label}: the argument it mutates is not a tensor or a list of tensors")
+        written.extend(items)
     outs = custom_op_mutating(target, where, *args, **kwargs)
-    results, news = list(outs[:len(outs) - len(where)]), outs[len(outs) - len(where):]
+    results, news = list(outs[:len(outs) - len(written)]), outs[len(outs) - len(written):]
     returns = overload._schema.returns
     if not returns:
         result = None
@@ -177,15 +197,19 @@ def check_written_memory(tx, overload, pos, kw, label: str):
     """A mutating op's written argument must not share memory with another tensor argument:
     eager's answer would depend on the order the op reads and writes in; the copy it gets
     here reads the old values."""
-    from kiln.capture.values import TensorVariable
+    from kiln.capture.values import ListVariable, TensorVariable, TupleVariable
     where = mutated_arguments(overload._schema)
     if not where:
         return
-    tensors = [(i, v) for i, v in list(enumerate(pos)) + list(kw.items()) if isinstance(v, TensorVariable)]
-    for w in where:
-        var = dict(tensors).get(w)
-        if var is None:
+    tensors = []  # ((argument, index in its list or None), tensor variable)
+    for k, v in list(enumerate(pos)) + list(kw.items()):
+        if isinstance(v, TensorVariable):
+            tensors.append(((k, None), v))
+        elif isinstance(v, (ListVariable, TupleVariable)):
+            tensors += [((k, j), x) for j, x in enumerate(v.items) if isinstance(x, TensorVariable)]
+    for key, var in tensors:
+        if key[0] not in where:
             continue
         st = mutation.storage_of(tx, var).storage
-        if any(k != w and mutation.storage_of(tx, o).storage is st for k, o in tensors):
+        if any(k != key and mutation.storage_of(tx, o).storage is st for k, o in tensors):
             raise Unsupported(f"{label}: the tensor it mutates shares memory with another argument")

@@ -285,8 +285,15 @@ def _mutating_eager(target, where, *args, **kwargs):
     fresh = []
     for w in where:
         holder, key = (args, w) if isinstance(w, int) else (kwargs, w)
-        holder[key] = holder[key].clone(memory_format=torch.contiguous_format)
-        fresh.append(holder[key])
+        value = holder[key] if isinstance(w, str) or w < len(holder) else None
+        if value is None:  # an omitted Tensor? / Tensor[]? argument
+            continue
+        if isinstance(value, (list, tuple)):  # a written Tensor[]: each tensor copied
+            holder[key] = [t.clone(memory_format=torch.contiguous_format) for t in value]
+            fresh.extend(holder[key])
+        else:
+            holder[key] = value.clone(memory_format=torch.contiguous_format)
+            fresh.append(holder[key])
     op = _resolve(target)
     out = op(*args, **kwargs)
     outs = () if out is None else out if isinstance(out, (tuple, list)) else (out,)
@@ -296,7 +303,10 @@ def _mutating_eager(target, where, *args, **kwargs):
 
 def _mutating_meta(target, where, *args, **kwargs):
     outs, _ = _outputs_meta(target, args, kwargs, aliased_returns(_resolve(target)._schema))
-    written = [args[w] if isinstance(w, int) else kwargs[w] for w in where]
+    written = []
+    for w in where:
+        value = kwargs.get(w) if isinstance(w, str) else args[w] if w < len(args) else None
+        written += [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
     return tuple(outs) + tuple(TensorMeta.contiguous(m.shape, m.dtype, m.device) for m in written)
 
 
