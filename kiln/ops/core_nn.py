@@ -278,12 +278,24 @@ def _batch_norm_meta(x, running_mean, running_var, weight=None, bias=None, train
     return _norm_result(x, weight, bias)
 
 
+def batch_norm_dtype(x, training):
+    """The dtype batch norm computes in. fp32 training on the CPU: float64, as torch's CPU
+    kernel accumulates its statistics in double. A batch of few elements per channel (a 1x1
+    feature map over a batch of 2) makes the input gradient a difference of nearly equal terms,
+    (g - mean(g)) - xhat * mean(g * xhat), whose fp32 rounding a later layer amplifies: in fp32
+    kiln's gradients of MobileNet-v1/v2 (transformers, tiny configs) were 2-2.6x further from
+    float64 than eager's, in float64 below eager's (docs/notes/session-38-bn.md)."""
+    if training and x.dtype == torch.float32 and x.device.type == "cpu":
+        return torch.float64
+    return _accum_dtype(x.dtype)
+
+
 @DECOMPOSITIONS.register(batch_norm)
 def _batch_norm_decomp(x, running_mean, running_var, weight=None, bias=None, training=False,
                        momentum=0.1, eps=1e-5):
     c = x.shape[1]
     per_channel = (1, c) + (1,) * (x.ndim - 2)
-    xa = to_dtype(x, _accum_dtype(x.dtype))
+    xa = to_dtype(x, batch_norm_dtype(x, training))
     if training:  # batch statistics over every dim but the channels
         dims = tuple(d for d in range(x.ndim) if d != 1)
         y = _normalize(xa, dims, eps)
