@@ -20,6 +20,7 @@ import torch
 
 from kiln.config import config
 from kiln.ops import attention, conv, core
+from kiln.ops.core_nn import batch_norm_dtype
 from kiln.ops.core_views import normalize_dim
 from kiln.ops.core_einsum import letter_sizes, parse_einsum
 from kiln.ops.registry import TRAINING_FORMS, VJP_RULES
@@ -165,7 +166,10 @@ def group_norm_vjp(g, out, x, num_groups, weight=None, bias=None, eps=1e-5):
 @VJP_RULES.register(core.batch_norm)
 def batch_norm_vjp(g, out, x, running_mean, running_var, weight=None, bias=None, training=False,
                    momentum=0.1, eps=1e-5):
-    xa, ga = _acc(x), _acc(g)
+    # in the forward's dtype (core_nn.batch_norm_dtype: float64 for fp32 training on the CPU),
+    # each gradient cast back to its input's dtype
+    acc = batch_norm_dtype(x, training)
+    xa, ga = _cast(x, acc), _cast(g, acc)
     gxhat = core.mul(ga, _per_channel(weight, x)) if is_tensor(weight) else ga
     # the statistics come from the forward (reductions, saved: a few floats per channel); the
     # normalized activations are computed here from the input (a convolution wrote it: saving
@@ -182,9 +186,17 @@ def batch_norm_vjp(g, out, x, running_mean, running_var, weight=None, bias=None,
         with in_backward(g):
             xhat = core.mul(core.sub(xa, _per_channel(running_mean, x)), rstd)
         gx = core.mul(gxhat, rstd)
-    gw = _channel_sum(core.mul(ga, xhat)) if is_tensor(weight) else None
-    gb = _channel_sum(ga) if is_tensor(bias) else None
-    return gx, None, None, gw, gb, None, None, None
+    gw = _to(_channel_sum(core.mul(ga, xhat)), weight) if is_tensor(weight) else None
+    gb = _to(_channel_sum(ga), bias) if is_tensor(bias) else None
+    return _to(gx, x), None, None, gw, gb, None, None, None
+
+
+def _cast(v, dtype):
+    return v if v.dtype == dtype else core.to_dtype(v, dtype)
+
+
+def _to(v, like):
+    return _cast(v, like.dtype)
 
 
 # ------------------------------------------------------------------ indexing with tensors

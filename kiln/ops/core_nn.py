@@ -278,12 +278,35 @@ def _batch_norm_meta(x, running_mean, running_var, weight=None, bias=None, train
     return _norm_result(x, weight, bias)
 
 
+# fp32 CPU training batch norm with at most this many elements per channel computes in float64
+FEW_PER_CHANNEL = 256
+
+
+def batch_norm_dtype(x, training):
+    """The dtype batch norm computes in. fp32 training on the CPU over few elements per channel
+    (at most FEW_PER_CHANNEL, known statically): float64. There (a 1x1 feature map over a
+    batch of 2) the input gradient is a difference of nearly equal terms,
+    (g - mean(g)) - xhat * mean(g * xhat), whose fp32 rounding later layers amplify: kiln's
+    gradients of MobileNet-v2 (transformers, tiny config) were 2-2.6x further from float64 than
+    eager's (whose CPU kernel accumulates in double), in float64 below eager's. Over many
+    elements per channel fp32 with the C++ reductions' cascaded sums is as accurate as eager,
+    and float64 there cost 55% of a BN-ReLU-BN training step (docs/notes/session-38-bn.md)."""
+    if training and x.dtype == torch.float32 and x.device.type == "cpu":
+        per_channel = 1
+        for d, n in enumerate(x.shape):
+            if d != 1:
+                per_channel *= n
+        if type(per_channel) is int and per_channel <= FEW_PER_CHANNEL:
+            return torch.float64
+    return _accum_dtype(x.dtype)
+
+
 @DECOMPOSITIONS.register(batch_norm)
 def _batch_norm_decomp(x, running_mean, running_var, weight=None, bias=None, training=False,
                        momentum=0.1, eps=1e-5):
     c = x.shape[1]
     per_channel = (1, c) + (1,) * (x.ndim - 2)
-    xa = to_dtype(x, _accum_dtype(x.dtype))
+    xa = to_dtype(x, batch_norm_dtype(x, training))
     if training:  # batch statistics over every dim but the channels
         dims = tuple(d for d in range(x.ndim) if d != 1)
         y = _normalize(xa, dims, eps)

@@ -24,6 +24,10 @@ from kiln.inductor.codegen.cpp import (C_MEM_TYPES, PRELUDE, CppKernel, CppOps, 
                                        cpp_store_value, ctype, index_check_support)
 
 TILES = (256, 128, 64)  # kept elements per tile (64: 4 AVX-512 vectors of float accumulators)
+# fp32 sums are cascaded: the float tile accumulates CASCADE_ROWS reduced rows, then is added
+# into a double tile and restarts from zero (cpp_reduction.CASCADE_BLOCKS says why; one float
+# chain over every row of a bias gradient's [tokens, features] was 2-3x eager's error)
+CASCADE_ROWS = 256
 COLUMN_REDUCTIONS = ("sum", "prod", "max", "min")
 MIN_KEPT = 8  # a narrower contiguous kept dim leaves the vector loop mostly empty
 
@@ -120,6 +124,10 @@ def _tile_width(kernel, ranges, width: int, xo_numel: int) -> int:
             return t
     return busy[-1]
 
+
+
+def _cascaded(node, dt) -> bool:
+    return node.reduction_type == "sum" and dt == torch.float32
 
 class _BodiesMapped:
     """A kernel whose node bodies pass through ``fn`` (what the writer emits and recomputes)."""
@@ -314,6 +322,9 @@ class _ColumnWriter:
             ident = cpp_const(IDENTITY[node.reduction_type](dt), dt)
             lines.append(f"{ctype(dt)} {acc}_v[{tile}];")
             lines.append(f"for (int64_t kk = 0; kk < {tile}; ++kk) {acc}_v[kk] = {ident};")
+            if _cascaded(node, dt):
+                lines.append(f"double {acc}_d[{tile}];")
+                lines.append(f"for (int64_t kk = 0; kk < {tile}; ++kk) {acc}_d[kk] = 0.0;")
             accs[node.name] = (acc, dt)
         self._reduce_loop(phase, accs)
         self._epilogue(phase, accs)
@@ -324,7 +335,13 @@ class _ColumnWriter:
     def _reduce_loop(self, phase, accs):
         """Over the reduced rows, each row's tile accumulated lane by lane."""
         kernel, lines, writer = self.kernel, self.lines, self.writer
-        lines.append(f"for (int64_t r0 = 0; r0 < {self.rnumel}; ++r0) {{")
+        cascade = any(_cascaded(node, dt) for node in phase.reductions for _, dt in [accs[node.name]])
+        if cascade:  # blocks of CASCADE_ROWS rows, each flushed into the double tile after it
+            lines.append(f"for (int64_t rc = 0; rc < {self.rnumel}; rc += {CASCADE_ROWS}) {{")
+            lines.append(f"const int64_t rc_end = rc + {CASCADE_ROWS} < {self.rnumel} ? rc + {CASCADE_ROWS} : {self.rnumel};")
+            lines.append("for (int64_t r0 = rc; r0 < rc_end; ++r0) {")
+        else:
+            lines.append(f"for (int64_t r0 = 0; r0 < {self.rnumel}; ++r0) {{")
         lines += ["    " + f"const int64_t i{d} = {e};"
                   for d, e in decompose_index("r0", self.rshape, kernel.reduced_dims, "/")]
         lines.append("    #pragma omp simd")
@@ -347,7 +364,12 @@ class _ColumnWriter:
             self.store(node, writer.emit_node(node))
         lines[start:] = ["        " + ln for ln in lines[start:]]
         writer.pop_scope()
-        lines += ["    }", "}"]
+        lines.append("    }")
+        flush = [f"for (int64_t kk = 0; kk < kn; ++kk) {{ {acc}_d[kk] += {acc}_v[kk]; {acc}_v[kk] = 0.0f; }}"
+                 for node in phase.reductions for acc, dt in [accs[node.name]] if _cascaded(node, dt)]
+        lines.append("}")
+        if flush:
+            lines += flush + ["}"]
 
     def _epilogue(self, phase, accs):
         """Once per kept element of the tile: the reduced values and what follows them."""
@@ -358,7 +380,8 @@ class _ColumnWriter:
         lines.append(f"const int64_t i{self.last} = k0 + kk;")
         for node in phase.reductions:
             acc, dt = accs[node.name]
-            value = f"({acc}_v[kk] != 0)" if node.dtype == torch.bool else f"{acc}_v[kk]"
+            part = f"{acc}_d" if _cascaded(node, dt) else f"{acc}_v"
+            value = f"({part}[kk] != 0)" if node.dtype == torch.bool else f"{part}[kk]"
             reg = writer._tmp(value, node.dtype)
             writer.in_registers[(node.name, writer.canon(kernel.store_index(node)))] = reg
             self.store(node, reg)

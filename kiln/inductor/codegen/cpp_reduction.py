@@ -26,11 +26,33 @@ from kiln.inductor.codegen.cpp import (C_MEM_TYPES, PRELUDE, CppKernel, CppOps, 
 # Partial accumulators per reduction in a vectorized row loop: 32 floats are two AVX-512 (or
 # four AVX2) registers, so two independent vector chains hide the add/max latency.
 LANES = 32
+# fp32 sums are cascaded: the float lanes run at most CASCADE_BLOCKS lane blocks (or one run
+# of a split row), then are added into double partials and restart from zero. One float chain
+# over a whole long row lost 2-3x eager's accuracy (torch's CPU sum cascades, its batch norm
+# accumulates across planes in double); a double accumulator in the inner loop cost 17-30%
+# on reduction-bound kernels, the flush costs nothing measurable.
+CASCADE_BLOCKS = 64
 LANE_REDUCTIONS = ("sum", "prod", "max", "min")
 # prefetching the next row (``next_row_prefetches``): only for data unlikely to stay in cache
 # between calls (a 256x4096 fp32 softmax's 4 MB lost 3% with it) and rows of at least 8 KB
 PREFETCH_MIN_BYTES = 16 << 20
 PREFETCH_MIN_ROW_BYTES = 8 << 10
+
+
+def cascaded(node, dt) -> bool:
+    """Whether a reduction's float partials are flushed into double ones (``CASCADE_BLOCKS``)."""
+    return node.reduction_type == "sum" and dt == torch.float32
+
+
+def flush_cascade(accs: dict, phase, lanes: str) -> list[str]:
+    """Each cascaded reduction's float lanes added into its double partials, and zeroed."""
+    out = []
+    for node in phase.reductions:
+        acc, _, dt = accs[node.name]
+        if cascaded(node, dt):
+            out.append(f"for (int64_t rl = 0; rl < {lanes}; ++rl) {{ {acc}_d[rl] += {acc}_v[rl]; "
+                       f"{acc}_v[rl] = 0.0f; }}")
+    return out
 
 
 def _combine(kind: str, acc: str, other: str, dt) -> str:
@@ -343,8 +365,11 @@ class _RowsWriter:
             if lanes:
                 lines.append(f"{ctype(dt)} {acc}_v[{LANES}];")
                 lines.append(f"for (int64_t rl = 0; rl < {LANES}; ++rl) {acc}_v[rl] = {ident};")
-            else:
-                lines.append(f"{ctype(dt)} {acc} = {ident};")
+                if cascaded(node, dt):
+                    lines.append(f"double {acc}_d[{LANES}];")
+                    lines.append(f"for (int64_t rl = 0; rl < {LANES}; ++rl) {acc}_d[rl] = 0.0;")
+            else:  # a scalar loop (no lanes): a float sum accumulates in double outright
+                lines.append(f"{'double' if cascaded(node, dt) else ctype(dt)} {acc} = {ident};")
             if node.reduction_type in ("argmax", "argmin"):
                 idx = f"{acc}_idx"
                 lines.append(f"int64_t {idx} = 0;")
@@ -391,8 +416,15 @@ class _RowsWriter:
         lines += hoisted
         if lanes:
             rmain = f"rmain{pnum}"
+            flush = flush_cascade(accs, phase, LANES)
+            chunk = LANES * CASCADE_BLOCKS
             lines.append(f"const int64_t {rmain} = ({rtext} / {LANES}) * {LANES};")
-            lines.append(f"for (int64_t rb = 0; rb < {rmain}; rb += {LANES}) {{")
+            if flush:  # blocks of CASCADE_BLOCKS lane blocks, flushed into double after each
+                lines.append(f"for (int64_t rc = 0; rc < {rmain}; rc += {chunk}) {{")
+                lines.append(f"const int64_t rc_end = rc + {chunk} < {rmain} ? rc + {chunk} : {rmain};")
+                lines.append(f"for (int64_t rb = rc; rb < rc_end; rb += {LANES}) {{")
+            else:
+                lines.append(f"for (int64_t rb = 0; rb < {rmain}; rb += {LANES}) {{")
             if self.prefetches and pnum == self.last_lanes and pnum > 0:
                 i_kept = f"i{kernel.kept_dims[0]}"
                 lines.append(f"    if ({i_kept} + 1 < {int(kernel.ranges[kernel.kept_dims[0]])}) {{ "
@@ -401,9 +433,12 @@ class _RowsWriter:
             lines.append(f"    for (int64_t rl = 0; rl < {LANES}; ++rl) {{")
             lines.append("        const int64_t r0 = rb + rl;")
             lines += ["        " + ln for ln in body] + ["    }", "}"]
+            if flush:
+                lines += flush + ["}"]
             lines.append(f"for (int64_t r0 = {rmain}; r0 < {rtext}; ++r0) {{")
             lines.append("    const int64_t rl = 0;")
             lines += ["    " + ln for ln in body] + ["}"]
+            lines += flush
             _combine_lanes(lines, phase, accs)
             return
         lines += [f"float {arr}[{rtext}];" for arr, _, _ in runs]
@@ -481,6 +516,13 @@ def _emit_split_row(lines, body, phase, accs, lanes, odecomp, outer_dims, outer,
             lines.append("        const int64_t rl = 0;")
             lines.append(f"        const int64_t r0 = ro * {inner} + ri;")
             lines += ["        " + ln for ln in body] + ["    }"]
+        # whole runs of the row (image planes of batch norm's statistics) per float chain, as
+        # many as make about one unsplit chunk (LANES * CASCADE_BLOCKS elements)
+        flush = flush_cascade(accs, phase, LANES if rmain else 1)
+        every = max(1, LANES * CASCADE_BLOCKS // inner)
+        if flush and every < outer:
+            lines.append(f"    if ((ro + 1) % {every} == 0 || ro + 1 == {outer}) {{")
+            lines += ["        " + ln for ln in flush] + ["    }"]
     else:
         if not phase.reductions:
             lines.append("    #pragma omp simd")
@@ -489,6 +531,8 @@ def _emit_split_row(lines, body, phase, accs, lanes, odecomp, outer_dims, outer,
         lines += ["        " + ln for ln in body] + ["    }"]
     lines.append("}")
     if lanes:
+        if flush and every >= outer:  # the whole row fit one chain
+            lines += flush
         _combine_lanes(lines, phase, accs)
 
 
@@ -496,5 +540,6 @@ def _combine_lanes(lines, phase, accs):
     """Each reduction's partial accumulators (one per lane) combined into one after its loop."""
     for node in phase.reductions:
         acc, _, dt = accs[node.name]
-        lines.append(f"{ctype(dt)} {acc} = {acc}_v[0];")
-        lines.append(f"for (int64_t rl = 1; rl < {LANES}; ++rl) {_combine(node.reduction_type, acc, f'{acc}_v[rl]', dt)};")
+        part = f"{acc}_d" if cascaded(node, dt) else f"{acc}_v"  # flushed already
+        lines.append(f"{'double' if cascaded(node, dt) else ctype(dt)} {acc} = {part}[0];")
+        lines.append(f"for (int64_t rl = 1; rl < {LANES}; ++rl) {_combine(node.reduction_type, acc, f'{part}[rl]', dt)};")
