@@ -14,6 +14,7 @@ when an argument requires grad; kiln refuses it too rather than drop the gradien
 """
 from __future__ import annotations
 
+from kiln.capture import mutation
 from kiln.capture.errors import Unsupported
 from kiln.capture.torch_api_inplace import Writes
 from kiln.graph import Proxy
@@ -32,7 +33,6 @@ def split_out(kwargs: dict):
 def refuse_overlap(tx, out_var, args, kwargs, name: str):
     """Eager refuses an ``out`` that partly overlaps an input; kiln's functional write would not
     notice, so an input sharing out's memory must be out itself (``maximum(a, b, out=a)``)."""
-    from kiln.capture import mutation
     from kiln.capture.values import TensorVariable
     storage = mutation.storage_of(tx, out_var).storage
     for v in [*args, *kwargs.values()]:
