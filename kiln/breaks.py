@@ -161,6 +161,10 @@ def _callee_wrapper(cf, where):
                 target = v.fn
             elif isinstance(v.self_var, ModuleVariable):
                 target, owner = v.fn, v.self_var
+            elif v.self_var is not None and getattr(v.self_var, "source", None) is not None:
+                # a method of another object the frame reaches (``opt.step`` of an optimizer):
+                # compiled, and bound at run time to the object the glue loads, as a module's
+                target, owner = v.fn, v.self_var
         elif isinstance(v, ModuleVariable) and isinstance(v.module, CompiledModule):
             return None  # compiled already (a sharded kiln.compile-d layer): called as it is
         elif isinstance(v, ModuleVariable):

@@ -65,9 +65,29 @@ def _mark(fn, attr) -> bool:
         return False
 
 
+def _torch_disable_code():
+    """The code of the wrapper ``torch._disable_dynamo(fn)`` returns (torch/_compile.py's
+    ``inner``): it carries no mark until its first call, when it makes and caches Dynamo's
+    disabled function. torch decorates ``Optimizer.zero_grad``, ``state_dict`` and
+    ``load_state_dict`` with it, and its optimizers' functional steps when Dynamo compiles."""
+    made = getattr(torch, "_disable_dynamo", None)
+    try:
+        return made(lambda: None).__code__ if made is not None else None
+    except Exception:  # noqa: BLE001 - another torch's spelling: nothing to recognize
+        return None
+
+
+_TORCH_DISABLE_CODE = _torch_disable_code()
+
+
 def is_disabled(fn) -> bool:
-    """Not to be traced: the call is a graph break and runs natively."""
-    return _mark(fn, "_kiln_disabled") or _mark(fn, "_torchdynamo_disable")
+    """Not to be traced: the call is a graph break and runs natively (marked kiln.disable or
+    torch.compiler.disable, or torch's own ``_disable_dynamo`` wrapper: traced, it broke four
+    times on its lazy import of Dynamo and its attribute cache before reaching the call)."""
+    if _mark(fn, "_kiln_disabled") or _mark(fn, "_torchdynamo_disable"):
+        return True
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return code is not None and code is _TORCH_DISABLE_CODE
 
 
 def compiled_original(fn):
@@ -83,6 +103,8 @@ def compiled_original(fn):
 def disabled_reason(fn) -> str:
     if _mark(fn, "_kiln_disabled"):
         return "marked kiln.disable"
+    if not _mark(fn, "_torchdynamo_disable"):
+        return "torch._disable_dynamo (torch keeps it out of compiled code)"
     msg = getattr(fn, "_torchdynamo_disable_msg", None)
     return "marked torch.compiler.disable" + (f" ({msg})" if msg else "")
 
