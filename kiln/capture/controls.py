@@ -104,7 +104,7 @@ def disabled_reason(fn) -> str:
     if _mark(fn, "_kiln_disabled"):
         return "marked kiln.disable"
     if not _mark(fn, "_torchdynamo_disable"):
-        return "torch._disable_dynamo (torch keeps it out of compiled code)"
+        return "wrapped by torch._disable_dynamo (torch keeps it out of compiled code)"
     msg = getattr(fn, "_torchdynamo_disable_msg", None)
     return "marked torch.compiler.disable" + (f" ({msg})" if msg else "")
 

@@ -27,7 +27,7 @@ import types
 import torch
 
 from kiln.capture.torch_modules import is_torch_module
-from kiln.capture import autograd_function, numpy_constants, torch_optim
+from kiln.capture import autograd_function, controls, numpy_constants, torch_optim
 from kiln.capture.profiler_ranges import RANGE_CLASSES, make_range
 from kiln.capture.values_set import SetVariable  # noqa: F401 (re-exported: sets live there)
 from kiln.capture.dict_object import dict_method
@@ -115,6 +115,8 @@ def _bind(tx, fn, self_var):
         return _MixinCall(rule, self_var)
     if torch_optim.is_inlined_optim_code(fn):  # an optimizer's own methods (torch_optim.py)
         return torch_optim.optim_call(tx, fn, None, self_var)
+    if controls.is_disabled(fn):  # one break at the call (``opt.zero_grad()``), not at the read
+        return FunctionVariable(fn, self_var=self_var)
     if is_torch_module(fn.__module__):
         raise Unsupported(f"calling torch's method {fn.__qualname__} on a user object")
     return FunctionVariable(fn, self_var=self_var)

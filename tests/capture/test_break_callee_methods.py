@@ -78,3 +78,22 @@ def test_torch_s_disable_dynamo_wrapper_runs_natively():
     for _ in range(2):
         torch.testing.assert_close(compiled(x, mine), fn(x, theirs))
         torch.testing.assert_close(mine, theirs)
+
+
+def test_optimizer_zero_grad_is_one_break_at_the_call():
+    kiln.reset()
+    m = torch.nn.Linear(3, 3)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def f(x):
+        y = m(x).sum()
+        opt.zero_grad()
+        return y * 2
+    x = torch.randn(2, 3)
+    m.weight.grad = torch.ones(3, 3)
+    e = kiln.explain(f)(x)
+    assert e.graph_break_count == 1, e.break_reasons
+    assert "zero_grad" in e.break_reasons[0].reason and "_disable_dynamo" in e.break_reasons[0].reason
+    m.weight.grad = torch.ones(3, 3)
+    torch.testing.assert_close(kiln.compile(f)(x), f(x))
+    assert m.weight.grad is None
