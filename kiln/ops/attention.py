@@ -221,7 +221,17 @@ def _fused_backward_meta(g, q, k, v, out, lse, seed, offset, attn_mask, is_causa
     if tuple(g.shape) != tuple(out.shape):
         raise AttentionError(f"[meta] prims.sdpa_fused_backward: grad {list(g.shape)} does not match "
                              f"the output {list(out.shape)}")
+    if backend == "cpu_flash":
+        # ATen's CPU backward allocates each grad as [B, T, H, D] memory and returns its
+        # transpose, whatever its operand's layout; saying so spares the wrapper a copy per grad
+        return tuple(TensorMeta(t.shape, _bthd(t.shape), t.dtype, t.device, False) for t in (q, k, v))
     return tuple(TensorMeta(t.shape, _dense_like(t.shape, t), t.dtype, t.device, False) for t in (q, k, v))
+
+
+def _bthd(shape):
+    """Strides of a [B, H, T, D] view of [B, T, H, D] memory."""
+    b, h, t, d = shape
+    return (t * h * d, d, h * d, 1)
 
 
 # ------------------------------------------------------------------ lowering
