@@ -27,28 +27,32 @@ class WrapperSource:
         return self.source
 
 
-def _ref_expr(ref: ir.TensorRef, buffers: dict) -> str:
+def _ref_expr(ref: ir.TensorRef, buffers: dict, actual: dict | None = None) -> str:
+    """The text of a tensor reference: the buffer's name where the tensor bound to that name
+    already has the reference's layout (``actual``: the layout of a name bound to a recycled
+    buffer's tensor, see generate_wrapper), else a view of it."""
     buf = buffers[ref.buffer]
-    if tuple(ref.shape) == tuple(buf.shape) and tuple(ref.stride) == tuple(buf.stride) and ref.offset == 0:
+    shape, stride = (actual or {}).get(ref.buffer) or (tuple(buf.shape), tuple(buf.stride))
+    if tuple(ref.shape) == shape and tuple(ref.stride) == stride and ref.offset == 0:
         return ref.buffer
     offset = f"{ref.buffer}.storage_offset() + {py(ref.offset)}" if ref.offset else f"{ref.buffer}.storage_offset()"
     return f"as_strided({ref.buffer}, {py_tuple(ref.shape)}, {py_tuple(ref.stride)}, {offset})"
 
 
-def _value_text(v, buffers=None) -> str:
+def _value_text(v, buffers=None, actual=None) -> str:
     """A Python value as wrapper source; symbolic sizes print as expressions over s0, s1 ...,
     tensors (also inside tuples and lists, e.g. index_put's indices) as buffer expressions."""
     if isinstance(v, ir.TensorRef):
-        return _ref_expr(v, buffers)
+        return _ref_expr(v, buffers, actual)
     if isinstance(v, sympy.Basic):
         return py(v)
     if isinstance(v, torch.device):
         return f"torch.device({str(v)!r})"
     if isinstance(v, tuple) and any(isinstance(x, (sympy.Basic, ir.TensorRef, tuple, list)) for x in v):
-        items = ", ".join(_value_text(x, buffers) for x in v)
+        items = ", ".join(_value_text(x, buffers, actual) for x in v)
         return f"({items},)" if len(v) == 1 else f"({items})"
     if isinstance(v, list) and any(isinstance(x, (sympy.Basic, ir.TensorRef, tuple, list)) for x in v):
-        return f"[{', '.join(_value_text(x, buffers) for x in v)}]"
+        return f"[{', '.join(_value_text(x, buffers, actual) for x in v)}]"
     return repr(v)
 
 
@@ -200,6 +204,11 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
     for sym, (buf, kind, d) in sorted(program.symbol_reads.items(), key=lambda kv: kv[0].name):
         lines.append(f"    {sym.name} = {buf}.{kind}({d})")
     reuse = config.reuse_buffers
+    # name -> (shape, stride) of the tensor bound to it, where that differs from its buffer's
+    # declared layout: a recycled buffer's tensor, kept as it was (only kernels that take
+    # addresses read it, so only the C++ and Triton targets; loop_python's kernels take tensors)
+    actual: dict = {}
+    lazy = target in ("cpp", "triton")
     pool = _ReusePool()
     pending_del: dict = {}  # pooled buffer -> index of its `del` line
     allocated: set = set()  # buffers this wrapper allocates (the only ones it may recycle)
@@ -231,6 +240,11 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
                 if getattr(gen, "checked", False):
                     lines += _check_lines(gen, "scatter_add/index_add")
             lines.append(f"    {step.node.name} = {step.node.target}  # accumulated in place")
+            target_buf = buffers[step.node.target]
+            have = actual.get(step.node.target) or (tuple(target_buf.shape), tuple(target_buf.stride))
+            mine = buffers.get(step.node.name)
+            if mine is None or have != (tuple(mine.shape), tuple(mine.stride)):
+                actual[step.node.name] = have
         elif isinstance(step, Kernel):
             gen = generated[step.name]
             _check_bound(step, gen, bound)
@@ -250,9 +264,18 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
                         lines[pending_del.pop(old)] = None
                         lines.append(f"    # reuse {old} for {name}")
                 if old is not None:
-                    same = tuple(buffers[old].shape) == tuple(b.shape) and tuple(buffers[old].stride) == tuple(b.stride)
-                    lines.append(f"    {name} = {old}" if same else
-                                 f"    {name} = as_strided({old}, {py_tuple(b.shape)}, {py_tuple(b.stride)})")
+                    have = actual.get(old) or (tuple(buffers[old].shape), tuple(buffers[old].stride))
+                    if have == (tuple(b.shape), tuple(b.stride)):
+                        lines.append(f"    {name} = {old}")
+                    elif lazy:
+                        # generated kernels read only its address: the name takes the old tensor
+                        # as it is, and a view with its own layout is made only where a library
+                        # call or the outputs need one (_ref_expr). A view is a dispatcher call
+                        # (3-15 us with cold caches between kernels); a Llama backward made 14.
+                        lines.append(f"    {name} = {old}")
+                        actual[name] = have
+                    else:
+                        lines.append(f"    {name} = as_strided({old}, {py_tuple(b.shape)}, {py_tuple(b.stride)})")
                     if old not in in_place:  # an in-place source is still read: deleted after
                         lines.append(f"    del {old}")
                     allocated.add(name)
@@ -277,8 +300,8 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
         else:
             if type(step) is ir.Extern and step.op.fresh_result:
                 recyclable.add(step.name)  # a library's new tensor: a kernel may overwrite it
-            args = [_value_text(r, buffers) for r in step.inputs]
-            kwargs = [f"{k}={_value_text(v, buffers)}" for k, v in step.kwargs.items()]
+            args = [_value_text(r, buffers, actual) for r in step.inputs]
+            kwargs = [f"{k}={_value_text(v, buffers, actual)}" for k, v in step.kwargs.items()]
             direct = step.op.wrapper_call(step.inputs, args, kwargs) if step.op.wrapper_call else None
             call = direct or f"extern_{step.op.name}({', '.join(args + kwargs)})"
             lines.append(f"    {step.name} = {call}")
@@ -300,7 +323,7 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
                 lines.append(f"    del {b}")
     outs = []
     for o in program.outputs:
-        outs.append(_ref_expr(o, buffers) if isinstance(o, ir.TensorRef) else _value_text(o))
+        outs.append(_ref_expr(o, buffers, actual) if isinstance(o, ir.TensorRef) else _value_text(o))
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     header = [f"{d} = torch.device({str(dev)!r})" for d, dev in devices.items()] + launch_defs
     lines = [ln for ln in lines if ln is not None]
