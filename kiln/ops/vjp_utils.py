@@ -3,6 +3,8 @@ written in prims). They live with the ops, not the autograd stage, so an op file
 VJP rule beside its other rules without importing a stage."""
 from __future__ import annotations
 
+import torch
+
 from kiln.graph.proxy import Proxy
 from kiln.meta.symbolic import same_shape
 from kiln.ops import core
@@ -61,9 +63,21 @@ def _one_minus(y):
 
 
 def zeros_like(x):
-    """Zeros of x's shape and dtype that stay zero for inf and NaN (``x * 0`` would not):
-    ``|x| < -1`` is False for every value, NaN included."""
-    return core.to_dtype(core.lt(core.abs(x), -1.0), x.dtype)
+    """Zeros of x's shape and dtype: a fill, not a function of x (``x * 0`` would turn inf into
+    NaN, and any function of x reads all of it: a BERT embedding gradient's zeros read the
+    whole weight). Made in the backward: a fill that depends on nothing would otherwise be
+    computed in the forward and saved."""
+    dtype = x.dtype
+    value = False if dtype == torch.bool else 0.0 if (dtype.is_floating_point or dtype.is_complex) else 0
+
+    def fill():
+        return core.full(tuple(x.shape), value, dtype, x.device)
+
+    builder = getattr(x, "graph_builder", None)
+    if builder is None:
+        return fill()
+    with builder.inherit(backward_only=True):
+        return fill()
 
 
 def in_backward(g):

@@ -47,7 +47,7 @@ def column_plan(kernel) -> bool:
     if last in kernel.reduced_dims or int(kernel.ranges[last]) < MIN_KEPT:
         return False
     pre, phases = plan_phases(kernel)
-    if pre or len(phases) != 1:
+    if len(phases) != 1 or not _extra_outputs(kernel, pre):
         return False
     if any(n.reduction_type not in COLUMN_REDUCTIONS for n in phases[0].reductions):
         return False
@@ -72,6 +72,16 @@ def column_plan(kernel) -> bool:
                 return False
             walking += 1
     return walking > 0
+
+
+def _extra_outputs(kernel, pre) -> bool:
+    """Whether the nodes computed before the pass (``plan_phases``' ``pre``: per kept element,
+    nothing reduced) are only stored results no other node of the kernel reads: a pointwise
+    output fused beside the column sum (a BERT backward's mask cast beside its embedding
+    gradient's batch sum). They are then written in the tile's epilogue, once per element."""
+    names = {n.name for n in pre}
+    return all(n.name in kernel.stores for n in pre) and \
+        not any(names & set(n.reads()) for n in kernel.nodes)
 
 
 def _moves_with_kept(index, kept_sym) -> bool:
@@ -126,8 +136,9 @@ def _tile_width(kernel, ranges, width: int, xo_numel: int) -> int:
 
 
 
-def _cascaded(node, dt) -> bool:
-    return node.reduction_type == "sum" and dt == torch.float32
+def _cascaded(node, dt, rnumel) -> bool:
+    # more rows than one float chain takes (else the double tile adds nothing but its set-up)
+    return node.reduction_type == "sum" and dt == torch.float32 and rnumel > CASCADE_ROWS
 
 class _BodiesMapped:
     """A kernel whose node bodies pass through ``fn`` (what the writer emits and recomputes)."""
@@ -307,7 +318,7 @@ class _ColumnWriter:
 
     def generate(self) -> CppKernel:
         kernel, lines, tile = self.kernel, self.lines, self.tile
-        _, (phase,) = plan_phases(kernel)
+        pre, (phase,) = plan_phases(kernel)
         lines.append(f"const int64_t xt = x0 % {self.tiles};")
         if self.kept_outer:
             lines += [f"const int64_t i{d} = {e};"
@@ -322,12 +333,12 @@ class _ColumnWriter:
             ident = cpp_const(IDENTITY[node.reduction_type](dt), dt)
             lines.append(f"{ctype(dt)} {acc}_v[{tile}];")
             lines.append(f"for (int64_t kk = 0; kk < {tile}; ++kk) {acc}_v[kk] = {ident};")
-            if _cascaded(node, dt):
+            if _cascaded(node, dt, self.rnumel):
                 lines.append(f"double {acc}_d[{tile}];")
                 lines.append(f"for (int64_t kk = 0; kk < {tile}; ++kk) {acc}_d[kk] = 0.0;")
             accs[node.name] = (acc, dt)
         self._reduce_loop(phase, accs)
-        self._epilogue(phase, accs)
+        self._epilogue(phase, accs, pre)
         lines[bases_at:bases_at] = [decl for _, decl in self.tile_bases.values()] + \
             [ln for _, decls, _ in self.selects.values() for ln in decls.split("\n")]
         return self._kernel_object()
@@ -335,7 +346,7 @@ class _ColumnWriter:
     def _reduce_loop(self, phase, accs):
         """Over the reduced rows, each row's tile accumulated lane by lane."""
         kernel, lines, writer = self.kernel, self.lines, self.writer
-        cascade = any(_cascaded(node, dt) for node in phase.reductions for _, dt in [accs[node.name]])
+        cascade = any(_cascaded(node, dt, self.rnumel) for node in phase.reductions for _, dt in [accs[node.name]])
         if cascade:  # blocks of CASCADE_ROWS rows, each flushed into the double tile after it
             lines.append(f"for (int64_t rc = 0; rc < {self.rnumel}; rc += {CASCADE_ROWS}) {{")
             lines.append(f"const int64_t rc_end = rc + {CASCADE_ROWS} < {self.rnumel} ? rc + {CASCADE_ROWS} : {self.rnumel};")
@@ -366,13 +377,14 @@ class _ColumnWriter:
         writer.pop_scope()
         lines.append("    }")
         flush = [f"for (int64_t kk = 0; kk < kn; ++kk) {{ {acc}_d[kk] += {acc}_v[kk]; {acc}_v[kk] = 0.0f; }}"
-                 for node in phase.reductions for acc, dt in [accs[node.name]] if _cascaded(node, dt)]
+                 for node in phase.reductions for acc, dt in [accs[node.name]] if _cascaded(node, dt, self.rnumel)]
         lines.append("}")
         if flush:
             lines += flush + ["}"]
 
-    def _epilogue(self, phase, accs):
-        """Once per kept element of the tile: the reduced values and what follows them."""
+    def _epilogue(self, phase, accs, pre=()):
+        """Once per kept element of the tile: the reduced values, what follows them, and the
+        stored values that need no reduction (``_extra_outputs``)."""
         kernel, lines, writer = self.kernel, self.lines, self.writer
         lines.append("for (int64_t kk = 0; kk < kn; ++kk) {")
         writer.push_scope()
@@ -380,12 +392,12 @@ class _ColumnWriter:
         lines.append(f"const int64_t i{self.last} = k0 + kk;")
         for node in phase.reductions:
             acc, dt = accs[node.name]
-            part = f"{acc}_d" if _cascaded(node, dt) else f"{acc}_v"
+            part = f"{acc}_d" if _cascaded(node, dt, self.rnumel) else f"{acc}_v"
             value = f"({part}[kk] != 0)" if node.dtype == torch.bool else f"{part}[kk]"
             reg = writer._tmp(value, node.dtype)
             writer.in_registers[(node.name, writer.canon(kernel.store_index(node)))] = reg
             self.store(node, reg)
-        for node in phase.after:
+        for node in list(pre) + phase.after:
             self.store(node, writer.emit_node(node))
         lines[start:] = ["    " + ln for ln in lines[start:]]
         writer.pop_scope()

@@ -39,17 +39,25 @@ PREFETCH_MIN_BYTES = 16 << 20
 PREFETCH_MIN_ROW_BYTES = 8 << 10
 
 
-def cascaded(node, dt) -> bool:
-    """Whether a reduction's float partials are flushed into double ones (``CASCADE_BLOCKS``)."""
-    return node.reduction_type == "sum" and dt == torch.float32
+def cascaded(node, dt, rnumel) -> bool:
+    """Whether a reduction's float partials are flushed into double ones (``CASCADE_BLOCKS``).
+    Not where the row is known to fit one float chain (at most LANES * CASCADE_BLOCKS
+    elements): the flush would come once, at the end, and add nothing to the accuracy, while
+    the double lanes cost a set-up and a combine per row (a layer norm over 128 features)."""
+    if node.reduction_type != "sum" or dt != torch.float32:
+        return False
+    if rnumel is None:  # a scalar loop: a double accumulator outright
+        return True
+    run = sympy.sympify(rnumel)
+    return not (run.is_Integer and int(run) <= LANES * CASCADE_BLOCKS)
 
 
-def flush_cascade(accs: dict, phase, lanes: str) -> list[str]:
+def flush_cascade(accs: dict, phase, lanes: str, rnumel) -> list[str]:
     """Each cascaded reduction's float lanes added into its double partials, and zeroed."""
     out = []
     for node in phase.reductions:
         acc, _, dt = accs[node.name]
-        if cascaded(node, dt):
+        if cascaded(node, dt, rnumel):
             out.append(f"for (int64_t rl = 0; rl < {lanes}; ++rl) {{ {acc}_d[rl] += {acc}_v[rl]; "
                        f"{acc}_v[rl] = 0.0f; }}")
     return out
@@ -340,7 +348,8 @@ class _RowsWriter:
             # lanes: each reduction keeps LANES partial accumulators, one per position of a
             # fixed-length inner loop that gcc vectorizes (a scalar loop-carried max or product
             # stays serial); the rows' remainder runs on lane 0, and the lanes are combined after
-            lanes = bool(phase.reductions) and all(n.reduction_type in LANE_REDUCTIONS for n in phase.reductions)
+            lanes = bool(phase.reductions) and all(n.reduction_type in LANE_REDUCTIONS for n in phase.reductions) \
+                and not self._short_run()
             accs = self._accumulators(phase, lanes)
             body = self._phase_body(pnum, phase, accs, lanes)
             if self.split is not None:
@@ -352,6 +361,15 @@ class _RowsWriter:
             for node in phase.after:
                 self.store(node, self.emit_value(node))
         return self._kernel_object(), self.writer.seen
+
+    def _short_run(self) -> bool:
+        """Whether the vectorized run is known shorter than LANES: the lane arrays would be
+        set up, flushed and combined per kept element around a loop that never fills them (a
+        BERT backward's position-embedding gradient, summed over a batch of 2, spent 300 us on
+        8192 such elements; one scalar accumulator does it in 10)."""
+        run = math.prod(self.inner_shape) if self.split is not None else self.rnumel
+        run = sympy.sympify(run)
+        return bool(run.is_Integer) and int(run) < LANES
 
     def _accumulators(self, phase, lanes: bool) -> dict:
         """node name -> (accumulator, index of an arg reduction, dtype), declared before the loop."""
@@ -365,11 +383,13 @@ class _RowsWriter:
             if lanes:
                 lines.append(f"{ctype(dt)} {acc}_v[{LANES}];")
                 lines.append(f"for (int64_t rl = 0; rl < {LANES}; ++rl) {acc}_v[rl] = {ident};")
-                if cascaded(node, dt):
+                if cascaded(node, dt, self.rnumel):
                     lines.append(f"double {acc}_d[{LANES}];")
                     lines.append(f"for (int64_t rl = 0; rl < {LANES}; ++rl) {acc}_d[rl] = 0.0;")
-            else:  # a scalar loop (no lanes): a float sum accumulates in double outright
-                lines.append(f"{'double' if cascaded(node, dt) else ctype(dt)} {acc} = {ident};")
+            else:  # a scalar loop (no lanes): a float sum accumulates in double outright, unless
+                # the row is shorter than the lanes (summed in float in order, as on lane 0)
+                wide = cascaded(node, dt, None) and not self._short_run()
+                lines.append(f"{'double' if wide else ctype(dt)} {acc} = {ident};")
             if node.reduction_type in ("argmax", "argmin"):
                 idx = f"{acc}_idx"
                 lines.append(f"int64_t {idx} = 0;")
@@ -416,7 +436,7 @@ class _RowsWriter:
         lines += hoisted
         if lanes:
             rmain = f"rmain{pnum}"
-            flush = flush_cascade(accs, phase, LANES)
+            flush = flush_cascade(accs, phase, LANES, self.rnumel)
             chunk = LANES * CASCADE_BLOCKS
             lines.append(f"const int64_t {rmain} = ({rtext} / {LANES}) * {LANES};")
             if flush:  # blocks of CASCADE_BLOCKS lane blocks, flushed into double after each
@@ -439,7 +459,7 @@ class _RowsWriter:
             lines.append("    const int64_t rl = 0;")
             lines += ["    " + ln for ln in body] + ["}"]
             lines += flush
-            _combine_lanes(lines, phase, accs)
+            _combine_lanes(lines, phase, accs, self.rnumel)
             return
         lines += [f"float {arr}[{rtext}];" for arr, _, _ in runs]
         if not phase.reductions:
@@ -518,7 +538,7 @@ def _emit_split_row(lines, body, phase, accs, lanes, odecomp, outer_dims, outer,
             lines += ["        " + ln for ln in body] + ["    }"]
         # whole runs of the row (image planes of batch norm's statistics) per float chain, as
         # many as make about one unsplit chunk (LANES * CASCADE_BLOCKS elements)
-        flush = flush_cascade(accs, phase, LANES if rmain else 1)
+        flush = flush_cascade(accs, phase, LANES if rmain else 1, outer * inner)
         every = max(1, LANES * CASCADE_BLOCKS // inner)
         if flush and every < outer:
             lines.append(f"    if ((ro + 1) % {every} == 0 || ro + 1 == {outer}) {{")
@@ -533,13 +553,14 @@ def _emit_split_row(lines, body, phase, accs, lanes, odecomp, outer_dims, outer,
     if lanes:
         if flush and every >= outer:  # the whole row fit one chain
             lines += flush
-        _combine_lanes(lines, phase, accs)
+        _combine_lanes(lines, phase, accs, outer * inner)
 
 
-def _combine_lanes(lines, phase, accs):
+def _combine_lanes(lines, phase, accs, rnumel):
     """Each reduction's partial accumulators (one per lane) combined into one after its loop."""
     for node in phase.reductions:
         acc, _, dt = accs[node.name]
-        part = f"{acc}_d" if cascaded(node, dt) else f"{acc}_v"  # flushed already
-        lines.append(f"{'double' if cascaded(node, dt) else ctype(dt)} {acc} = {part}[0];")
+        cascade = cascaded(node, dt, rnumel)
+        part = f"{acc}_d" if cascade else f"{acc}_v"  # flushed already
+        lines.append(f"{'double' if cascade else ctype(dt)} {acc} = {part}[0];")
         lines.append(f"for (int64_t rl = 1; rl < {LANES}; ++rl) {_combine(node.reduction_type, acc, f'{part}[rl]', dt)};")
