@@ -495,13 +495,40 @@ def _sibling_reading_the_same(buf, i: int, earliest: int, steps: list, position:
     return None
 
 
+PARTNER_REACH = 8  # later buffers a buffer looks ahead to for one that shares its reads
+
+
+def _space(buf):
+    """The number of elements a buffer's kernel iterates over (a reduction's input space)."""
+    return math.prod(buf.ranges if isinstance(buf, ir.Reduction) else buf.shape)
+
+
+def _later_partner(j: int, buffers: list, facts: _ProgramFacts) -> bool:
+    """Whether a buffer shortly after ``buffers[j]`` in program order reads one of its non-tiny
+    inputs over an iteration space of the same size: a kernel partner that saves a read (and
+    often a recomputation) which a horizontal fusion into an unrelated earlier kernel would
+    forfeit. A backward's recomputed SiLU (GELU) of layer 0, needed by its down projection's
+    weight gradient, joined layer 1's SiLU backward kernel; layer 0's own SiLU backward then
+    read the pre-activation again and computed its sigmoid a second time."""
+    buf = buffers[j]
+    mine = {b for b in buf.reads() if (_nbytes(facts.by_name[b]) or PEAK_IGNORE_BYTES) > 4096} \
+        if all(b in facts.by_name for b in buf.reads()) else set(buf.reads())
+    if not mine:
+        return False
+    space = _space(buf)
+    for later in buffers[j + 1:j + 1 + PARTNER_REACH]:
+        if isinstance(later, (ir.Pointwise, ir.Reduction)) and later.reads() & mine and _space(later) == space:
+            return True
+    return False
+
+
 def schedule(program: ir.LoopProgram) -> Schedule:
     program = sink_pointwise(program)
     facts = _ProgramFacts(program)
     steps: list = []
     position: dict[str, int] = {}  # buffer -> index of the step that produces it
     kernel_ids = 0
-    for buf in program.buffers:
+    for j, buf in enumerate(program.buffers):
         deps = buf.reads()
         earliest = max((position[d] for d in deps if d in position), default=-1)
         if isinstance(buf, (ir.Pointwise, ir.Reduction)):
@@ -520,6 +547,9 @@ def schedule(program: ir.LoopProgram) -> Schedule:
                 horizontal = reason is None and not (buf.reads() & step.buffer_names())
                 if horizontal:
                     reason = _peak_reason(buf, i, steps, position, facts)
+                if horizontal and reason is None and not (buf.reads() & step.reads()) \
+                        and _later_partner(j, program.buffers, facts):
+                    reason = "a later buffer reads what it reads: it waits to start a kernel with it"
                 if reason is None:
                     chosen = i
                     if horizontal and not (buf.reads() & step.reads()):

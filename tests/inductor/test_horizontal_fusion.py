@@ -132,3 +132,37 @@ def test_alternating_layouts_keep_the_kernel_index_maps_small(target, monkeypatc
         assert 0 < largest[0] <= 12, f"an index map of {largest[0]} operations"
         for o, r in zip(out, ref):
             assert_close(o, r)
+
+
+def test_a_recompute_waits_for_the_backward_that_reads_the_same_input():
+    # a two-layer SiLU MLP's backward: each layer's recomputed SiLU (for its down projection's
+    # weight gradient) belongs with that layer's SiLU backward, which reads the same
+    # pre-activation; joined horizontally to the other layer's kernel, it made layer 0 compute
+    # its sigmoid twice. One sigmoid per layer in the backward, and grads as eager's.
+    torch.manual_seed(0)
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = torch.nn.ModuleList(torch.nn.Linear(32, 96, bias=False) for _ in range(2))
+            self.down = torch.nn.ModuleList(torch.nn.Linear(96, 32, bias=False) for _ in range(2))
+
+        def forward(self, x):
+            for up, down in zip(self.up, self.down):
+                x = x + down(torch.nn.functional.silu(up(x)))
+            return x.square().sum()
+
+    m = MLP()
+    x = torch.randn(64, 32)
+    cm = kiln.compile(m, dynamic=False)
+    with kiln.config.patch(strict=True, cpu_backend="cpp"):
+        r = kiln.explain(lambda t: cm(t).backward())(x)
+    got = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    m(x).backward()
+    for g, p in zip(got, m.parameters()):
+        assert_close(g, p.grad)
+    backward = r.kernels[len(r.kernels_per_graph[0]):]  # the forward's kernels come first
+    assert backward
+    calls = sum(k.source[k.source.index('extern "C" void'):].count("kiln_sigmoidf(") for k in backward)
+    assert calls == 2, calls
