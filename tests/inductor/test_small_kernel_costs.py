@@ -178,3 +178,31 @@ def test_recycled_buffers_are_renamed_not_viewed():
     renamed = [ln for ln in src.splitlines() if " = as_strided(buf" in ln and "reuse" not in ln]
     assert reuse and not renamed, src
     assert "as_strided" not in src, src  # nor is one made for the matmul: the tensor has its layout
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", [64, 1 << 17], ids=["small", "parallel"])
+def test_bounds_checks_are_vectorizable_and_still_raise(threads, n):
+    # the check ORs into a local flag reduced over threads and lanes; an index out of range
+    # anywhere (here only the last) still raises eager's IndexError, and in range the gather
+    # matches eager
+    torch.manual_seed(0)
+    table = torch.randn(32, 8)
+    fn = lambda t, i: t[i] * 2  # noqa: E731
+    idx = torch.randint(0, 32, (n,))
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        r = _explain(fn, table, idx)
+        assert_close(r.result, fn(table, idx), torch.float32)
+        body = next(b for b in _bodies(r) if "kiln_index_bad" in b)
+        assert "reduction(|:kiln_index_bad)" in body and "if (kiln_index_bad) kiln_index_error = 1;" in body
+        compiled = kiln.compile(fn, dynamic=False)
+        assert_close(compiled(table, idx), fn(table, idx), torch.float32)
+        bad = idx.clone()
+        bad[-1] = 32
+        with pytest.raises(IndexError):
+            compiled(table, bad)
+        assert_close(compiled(table, idx), fn(table, idx), torch.float32)  # the flag was cleared
+    finally:
+        torch.set_num_threads(old)

@@ -20,7 +20,7 @@ from kiln.inductor import ir
 from kiln.inductor.codegen.common import (IDENTITY, IndexPrinter, KernelWriter, compute_dtype,
                                           decompose_index, plan_phases)
 from kiln.inductor.codegen.cpp import (C_MEM_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for,
-                                       cpp_bounds_check, cpp_cast, cpp_const, cpp_declare, cpp_load,
+                                       cpp_bounds_check, with_index_flag, cpp_cast, cpp_const, cpp_declare, cpp_load,
                                        cpp_store_value, ctype, index_check_support)
 
 TILES = (256, 128, 64)  # kept elements per tile (64: 4 AVX-512 vectors of float accumulators)
@@ -415,6 +415,7 @@ class _ColumnWriter:
         code += ["        " + ln for ln in lines] + ["    }", "}"]
         code_text = "\n".join(code)
         header = "\n".join(f"// from: {o}" for o in kernel.origins)
+        code_text = with_index_flag(code_text)
         source = (header + PRELUDE + _helpers_for(code_text) + "\n" + index_check_support(name, code_text) + "\n"
                   + code_text + "\n")
         return CppKernel(name, source, list(self.in_names) + list(self.out_names), math.prod(kernel.xshape) * rnumel,

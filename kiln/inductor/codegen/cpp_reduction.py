@@ -19,7 +19,7 @@ from kiln.inductor.codegen.common import (IDENTITY, IndexPrinter, KernelWriter, 
                                           decompose_index, is_symbolic, plan_phases, size_params,
                                           size_text)
 from kiln.inductor.codegen.cpp import (C_MEM_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for,
-                                       cpp_bounds_check, cpp_cast, cpp_const, cpp_declare, cpp_load,
+                                       cpp_bounds_check, with_index_flag, cpp_cast, cpp_const, cpp_declare, cpp_load,
                                        cpp_store_value, ctype, index_check_support)
 
 
@@ -503,6 +503,7 @@ class _RowsWriter:
         code += ["        " + ln for ln in lines] + ["    }", "}"]
         code_text = "\n".join(code)
         header = "\n".join(f"// from: {o}" for o in kernel.origins)
+        code_text = with_index_flag(code_text)
         source = header + PRELUDE + _helpers_for(code_text) + "\n" + index_check_support(name, code_text) + "\n" + code_text + "\n"
         return CppKernel(name, source, list(self.in_names) + list(self.out_names), xnumel * rnumel,
                          list(kernel.origins), sizes)

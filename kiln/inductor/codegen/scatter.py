@@ -14,7 +14,7 @@ from kiln.inductor import ir
 from kiln.inductor.codegen.common import (LOW_PRECISION, IndexPrinter, KernelWriter, decompose_index,
                                           is_symbolic, size_params, size_text)
 from kiln.meta.symbolic import py
-from kiln.inductor.codegen.cpp import (C_MEM_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for, cpp_bounds_check,
+from kiln.inductor.codegen.cpp import (C_MEM_TYPES, PRELUDE, CppKernel, CppOps, _helpers_for, cpp_bounds_check, with_index_flag,
                                        cpp_cast, cpp_const, cpp_declare, cpp_load, ctype,
                                        index_check_support)
 from kiln.inductor.codegen.triton import (TL_DTYPES, TritonKernel, TritonOps, _block_config,
@@ -135,6 +135,7 @@ def _cpp(step, buffers):
     helpers = _helpers_for(text)
     if "kiln_float_to_bf16" in text and "kiln_bf16_to_float" not in helpers:
         helpers = _helpers_for(text + " kiln_round_bf16")
+    text = with_index_flag(text)
     omp = "#ifdef _OPENMP\n#include <omp.h>\n#endif\n" if "omp_get_max_threads" in text else ""
     source = header + PRELUDE + omp + helpers + "\n" + index_check_support(name, text) + "\n" + text + "\n"
     return CppKernel(name, source, list(in_names) + [node.target], numel, list(node.origins), sizes)
