@@ -200,17 +200,20 @@ class KilnFunction(torch.autograd.Function):
         double = torch.is_grad_enabled()
         # backward() inside torch.autocast: the backward graph's dtypes are fixed, torch must not cast
         with torch.no_grad(), autocast_disabled():
-            saved = [t.detach() for t in saved]
-            tangents = [t.detach() for t in tangents]
+            # only what requires grad needs a detached alias (inputs, the forward's outputs);
+            # a detach is a dispatcher call, ~0.7 us for each of a BERT backward's 63 saved
+            saved = [t.detach() if t.requires_grad else t for t in saved]
+            tangents = [t.detach() if t.requires_grad else t for t in tangents]
             fn = runtime.backward_fn(saved, tangents, ctx.sizes)
             grads = list(fn(*saved, *tangents))
         if double and grads:
             # create_graph=True: these grads have no derivative of their own; make any attempt
             # to differentiate them fail loudly instead of silently giving zero.
             grads = list(_NoDoubleBackward.apply(*[g.detach().requires_grad_() for g in grads]))
-        result = [None] * (len(ctx.needs_input_grad) - 1)
+        needs = ctx.needs_input_grad  # (a property that builds its tuple on every read)
+        result = [None] * (len(needs) - 1)
         for i, g in zip(runtime.grad_input_indices, grads):
-            if ctx.needs_input_grad[i + 1]:
+            if needs[i + 1]:
                 result[i] = g
         return (None, *result)
 
