@@ -206,3 +206,18 @@ def test_bounds_checks_are_vectorizable_and_still_raise(threads, n):
         assert_close(compiled(table, idx), fn(table, idx), torch.float32)  # the flag was cleared
     finally:
         torch.set_num_threads(old)
+
+
+def test_lane_partials_that_cancel_combine_in_double():
+    # a row that fits one float chain still combines its 32 lane partials in double: lanes
+    # 0, 1 and 2 hold 2^24, 1 and -2^24 (each exact in float); a float combine loses the 1.
+    # mobilenet_v1's batch-norm backward sums cancel this way (its stem gradient went 360x
+    # further from float64 than eager's with float combines)
+    x = torch.zeros(3, 64)
+    x[:, 0] = x[:, 32] = 2.0 ** 23
+    x[:, 1] = 1.0
+    x[:, 2] = x[:, 34] = -(2.0 ** 23)
+    fn = lambda t: t.sum(-1) * 1  # noqa: E731
+    r = _explain(fn, x)
+    assert torch.equal(r.result, torch.ones(3)), r.result
+    assert torch.equal(r.result, x.double().sum(-1).float())

@@ -42,8 +42,9 @@ PREFETCH_MIN_ROW_BYTES = 8 << 10
 def cascaded(node, dt, rnumel) -> bool:
     """Whether a reduction's float partials are flushed into double ones (``CASCADE_BLOCKS``).
     Not where the row is known to fit one float chain (at most LANES * CASCADE_BLOCKS
-    elements): the flush would come once, at the end, and add nothing to the accuracy, while
-    the double lanes cost a set-up and a combine per row (a layer norm over 128 features)."""
+    elements): the flush would come once, at the end, while the double lanes cost a set-up and
+    a flush per row (a layer norm over 128 features); the lanes still combine in double
+    (``_combine_lanes``), which is what that one flush gave."""
     if node.reduction_type != "sum" or dt != torch.float32:
         return False
     if rnumel is None:  # a scalar loop: a double accumulator outright
@@ -367,8 +368,9 @@ class _RowsWriter:
         set up, flushed and combined per kept element around a loop that never fills them (a
         BERT backward's position-embedding gradient, summed over a batch of 2, spent 300 us on
         8192 such elements; one scalar accumulator does it in 10)."""
-        run = math.prod(self.inner_shape) if self.split is not None else self.rnumel
-        run = sympy.sympify(run)
+        # the whole row, split or not: a split row's short inner runs still flush into double
+        # partials every CASCADE_BLOCKS lane blocks' worth of elements when the row is long
+        run = sympy.sympify(self.rnumel)
         return bool(run.is_Integer) and int(run) < LANES
 
     def _accumulators(self, phase, lanes: bool) -> dict:
@@ -563,5 +565,9 @@ def _combine_lanes(lines, phase, accs, rnumel):
         acc, _, dt = accs[node.name]
         cascade = cascaded(node, dt, rnumel)
         part = f"{acc}_d" if cascade else f"{acc}_v"  # flushed already
-        lines.append(f"{'double' if cascade else ctype(dt)} {acc} = {part}[0];")
+        # an fp32 sum's lanes combine in double even where they were never flushed: partials
+        # that cancel (a batch norm backward's sum of g * (x - mean)) lose the result in a
+        # float combine (mobilenet_v1's stem gradient went 360x further from float64 than eager's)
+        wide = cascade or cascaded(node, dt, None)
+        lines.append(f"{'double' if wide else ctype(dt)} {acc} = {part}[0];")
         lines.append(f"for (int64_t rl = 1; rl < {LANES}; ++rl) {_combine(node.reduction_type, acc, f'{part}[rl]', dt)};")
