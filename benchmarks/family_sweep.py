@@ -74,13 +74,24 @@ def _grads_close(model, want, wide=None):
     return True, f"worst gradient error {worst:.1e}"
 
 
-def _float64_grads(family, step):
-    """Eager's gradients of the dropout-free model in float64, its inputs' floats too."""
+def _float64_run(family, step):
+    """Eager's loss and gradients of the dropout-free model in float64, its inputs' floats too."""
     model, kwargs = build(family, dropout=False)
     model.double().train()
     kwargs = {k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()}
-    step(model, kwargs).backward()
-    return [None if p.grad is None else p.grad.double() for p in model.parameters()]
+    loss = step(model, kwargs)
+    loss.backward()
+    return loss.item(), [None if p.grad is None else p.grad.double() for p in model.parameters()]
+
+
+def _loss_close(got, want, ref) -> bool:
+    """Whether kiln's loss is within TOL of eager's, or (``ref``: the float64 loss) at most
+    twice eager's own fp32 error from it: the rule ``_grads_close`` applies to gradients, for a
+    model whose fp32 forward is ill-conditioned (LeViT's train-mode batch norms over a batch of
+    2: eager -4.7900, kiln -4.7975, float64 -4.8103)."""
+    if abs(got - want) <= TOL + TOL * abs(want):
+        return True
+    return ref is not None and abs(got - ref) <= 2 * abs(want - ref) + 1e-5 * max(1.0, abs(ref))
 
 
 def _dynamo_counts(fn, kwargs, grad):
@@ -141,12 +152,14 @@ def sweep_training(family, dynamo=False, backend="kiln"):
     kiln.reset()
     compared = kiln.explain(step, backend=backend)(**kwargs)
     compared.result.backward()
-    loss_ok = torch.allclose(compared.result.detach(), want_loss.detach(), rtol=TOL, atol=TOL)
+    got, eager = compared.result.item(), want_loss.item()
+    loss_ok = _loss_close(got, eager, None)
     grads_ok, note = _grads_close(model, want)
-    if loss_ok and not grads_ok:
-        wide = _float64_grads(family, lambda m, kw: loss_of(m(**kw)))
+    if not (loss_ok and grads_ok):
+        ref, wide = _float64_run(family, lambda m, kw: loss_of(m(**kw)))
+        loss_ok = _loss_close(got, eager, ref)
         grads_ok, note = _grads_close(model, want, wide)
-        note += " (float64 reference)"
+        note += f" (float64 reference; its loss {ref:.6g})"
     line = (f"{family:20s} train graphs={counted.graph_count:<3d} breaks={counted.graph_break_count:<3d} "
             f"matches_eager={loss_ok and grads_ok}")
     if (compared.graph_count, compared.graph_break_count) != (counted.graph_count, counted.graph_break_count):
