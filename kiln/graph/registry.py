@@ -181,9 +181,11 @@ def _resolve(rule):
 #                  operand (the wrapper may reuse its operands' buffers)
 #   exact_layout   a library prim whose result always has its meta's strides (torch.mm / bmm
 #                  return a fresh row-major result): the wrapper skips ensure_layout
-#   wrapper_call   for a library prim: ``f(inputs, arg_texts, kwarg_texts)`` -> the wrapper's
-#                  call text, or None for the eager function's (``extern_<name>(...)``); an op
-#                  whose eager function only normalizes its arguments calls the library itself
+#   wrapper_call   for a library prim: ``f(inputs, arg_texts, kwarg_texts, bound=...)`` -> the
+#                  wrapper's call text, or None for the eager function's (``extern_<name>(...)``);
+#                  an op whose eager function only normalizes its arguments calls the library
+#                  itself. ``bound(buffer name)`` gives the (shape, stride) of the tensor the
+#                  wrapper holds under that name (mm reads a weight's transpose as linear)
 #   autocast       {device type: policy} under torch.autocast (ops/autocast.py's LOWER, FP32,
 #                  PROMOTE, BANNED); ops without one are looked up by name in autocast.py's tables
 _DEFAULTS = {"library": False, "random": False, "pointwise": False, "recompute": False, "view": None,

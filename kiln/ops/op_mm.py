@@ -37,7 +37,26 @@ C = stage_api("capture")   # capture/torch_api.py (Unsupported)
 __all__ = ["mm", "prim_mm", "prim_mm_compact"]
 
 # ------------------------------------------------------------------ prims.mm
-prim_mm = define("prims", "mm", torch.mm, library=True, fresh_result=True, exact_layout=True)
+def _mm_wrapper_call(inputs, args, kwargs, bound=None):
+    """``a @ w.t()`` as ``torch.nn.functional.linear(a, w)`` where the second operand is the
+    transpose of the tensor bound to its buffer (a Linear's weight): one Python call where the
+    view and the product were two (each a dispatcher call, 2-5 us with caches cold between
+    kernels; T5's forward made 33). ``linear`` of a 2-D input without bias is ``mm(a, w.t())``
+    in ATen, the same library call. ``bound(name)``: the (shape, stride) of the tensor that
+    name holds in the wrapper."""
+    if kwargs or len(inputs) != 2 or bound is None:
+        return None
+    b = inputs[1]
+    if not hasattr(b, "buffer") or b.offset != 0 or len(b.shape) != 2:
+        return None
+    shape, stride = bound(b.buffer)
+    if len(shape) != 2 or tuple(b.shape) != (shape[1], shape[0]) or tuple(b.stride) != (stride[1], stride[0]):
+        return None
+    return f"torch.nn.functional.linear({args[0]}, {b.buffer})"
+
+
+prim_mm = define("prims", "mm", torch.mm, library=True, fresh_result=True, exact_layout=True,
+                 wrapper_call=_mm_wrapper_call)
 
 
 @META_RULES.register(prim_mm)

@@ -150,7 +150,7 @@ def _conv_eager(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), 
                              (0,) * nd, groups)
 
 
-def _conv_wrapper_call(inputs, args, kwargs):
+def _conv_wrapper_call(inputs, args, kwargs, bound=None):
     """``torch.convolution``'s own call for a convolution whose arguments capture normalized
     (one entry per spatial dim, a static groups): ``_conv_eager``'s checks and tuple building
     cost ~1.5 us a convolution a call, and a host-bound ResNet-50 makes 53."""

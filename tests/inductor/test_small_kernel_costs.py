@@ -221,3 +221,21 @@ def test_lane_partials_that_cancel_combine_in_double():
     r = _explain(fn, x)
     assert torch.equal(r.result, torch.ones(3)), r.result
     assert torch.equal(r.result, x.double().sum(-1).float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_weight_read_transposed_is_one_linear_call(dtype):
+    torch.manual_seed(0)
+    x, w, v = torch.randn(16, 32, dtype=dtype), torch.randn(24, 32, dtype=dtype), torch.randn(32, 24, dtype=dtype)
+    xt = torch.randn(32, 16, dtype=dtype).t()  # a non-contiguous activation
+
+    def fn(x, w, v, xt):
+        return torch.relu(x @ w.t()), (x @ v) * 2, xt @ w.t()
+
+    r = _explain(fn, x, w, v, xt)
+    for got, want in zip(r.result, fn(x, w, v, xt)):
+        assert torch.equal(got, want), (got - want).abs().max()  # the same library call as eager's
+        assert got.stride() == want.stride() and got.dtype == want.dtype
+    (src,) = [str(wr) for wr in r.wrappers]
+    assert src.count("torch.nn.functional.linear(") == 2 and "extern_mm(" in src, src
+    assert "as_strided(arg1" not in src, src  # no view of the weight

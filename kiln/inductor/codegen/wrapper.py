@@ -302,7 +302,8 @@ def generate_wrapper(sched: Schedule, generated: dict, target: str) -> WrapperSo
                 recyclable.add(step.name)  # a library's new tensor: a kernel may overwrite it
             args = [_value_text(r, buffers, actual) for r in step.inputs]
             kwargs = [f"{k}={_value_text(v, buffers, actual)}" for k, v in step.kwargs.items()]
-            direct = step.op.wrapper_call(step.inputs, args, kwargs) if step.op.wrapper_call else None
+            direct = step.op.wrapper_call(step.inputs, args, kwargs, bound=lambda name: actual.get(name) or (
+                tuple(buffers[name].shape), tuple(buffers[name].stride))) if step.op.wrapper_call else None
             call = direct or f"extern_{step.op.name}({', '.join(args + kwargs)})"
             lines.append(f"    {step.name} = {call}")
             if not step.op.exact_layout and not isinstance(step, ir.MultiExtern):
